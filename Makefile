@@ -1,0 +1,103 @@
+# QNCCL build.
+#   make          libqnccl.so (+ CUDA kernels when nvcc is found), cffi header, perf binaries
+#   make setup    install what building and testing need (idempotent)
+#   make test     setup + build + the test suite
+#   make bench    setup + build + the benchmark
+# Knobs: CXX, NVCC (empty: no CUDA), CUDA_HOME, NVCC_GENCODE, BUILD, PYTHON.
+
+BUILD   ?= build
+CXX     ?= g++
+CUDA_HOME ?= /usr/local/cuda
+NVCC    ?= $(shell command -v nvcc 2>/dev/null || { test -x $(CUDA_HOME)/bin/nvcc && echo $(CUDA_HOME)/bin/nvcc; })
+# One architecture by default (SASS for sm_80 plus PTX that newer GPUs JIT).
+# For a release build list the GPUs you ship to, e.g.
+#   NVCC_GENCODE="-gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
+#                 -gencode arch=compute_100,code=sm_100 -gencode arch=compute_120,code=[sm_120,compute_120]"
+NVCC_GENCODE ?= -gencode arch=compute_80,code=[sm_80,compute_80]
+VENV    ?= .venv
+PYTHON  ?= $(VENV)/bin/python
+
+# -ffp-contract=off and no -ffast-math: the codec must round exactly as the
+# kernels and the emulator do (docs/wire-format.md).
+CXXFLAGS ?= -O3 -g
+CXXFLAGS += -std=c++17 -fPIC -ffp-contract=off -fno-fast-math -fno-trapping-math -fvisibility=hidden \
+            -Wall -Wextra -Wshadow -Werror -Isrc/include -Isrc
+NVCCFLAGS ?= -O3
+NVCCFLAGS += -std=c++17 -fmad=false -prec-div=true -ftz=false -Xcompiler -fPIC,-fvisibility=hidden \
+             -Werror all-warnings -Isrc/include -Isrc $(NVCC_GENCODE)
+LDFLAGS += -shared -Wl,--no-undefined -Wl,-soname,libqnccl.so
+
+LIB_SRCS := src/common/error.cc src/codec/host_isa.cc src/codec/codec_api.cc
+CU_SRCS  := src/codec/codec_cuda.cu
+HEADERS  := $(wildcard src/include/*.h src/*/*.h)
+
+ifneq ($(strip $(NVCC)),)
+  CXXFLAGS += -DQNCCL_WITH_CUDA -I$(CUDA_HOME)/include
+  NVCCFLAGS += -DQNCCL_WITH_CUDA
+  CU_OBJS := $(CU_SRCS:%.cu=$(BUILD)/obj/%.o)
+  CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcudart_static -lrt -lpthread -ldl
+endif
+
+# The host codec is built once per instruction set and picked at run time.
+HOST_ISAS := generic
+ifeq ($(shell uname -m),x86_64)
+  HOST_ISAS += avx2
+  CXXFLAGS += -DQNCCL_HOST_AVX2
+endif
+ISA_FLAGS_generic :=
+ISA_FLAGS_avx2 := -mavx2 -mf16c -mbmi2
+HOST_CODEC_OBJS := $(HOST_ISAS:%=$(BUILD)/obj/src/codec/codec_host_%.o)
+
+LIB_OBJS := $(LIB_SRCS:%.cc=$(BUILD)/obj/%.o) $(HOST_CODEC_OBJS) $(CU_OBJS)
+LIB      := $(BUILD)/lib/libqnccl.so
+CDEF     := $(BUILD)/include/qnccl_cdef.h
+PERF_BINS := $(BUILD)/bin/codec_bench
+GPU_TESTS := $(if $(strip $(NVCC)),$(BUILD)/bin/codec_gpu_test)
+
+.PHONY: all setup test bench clean
+all: $(LIB) $(CDEF) $(PERF_BINS) $(GPU_TESTS)
+
+$(BUILD)/obj/%.o: %.cc $(HEADERS) Makefile
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) -c $< -o $@
+
+$(BUILD)/obj/src/codec/codec_host_%.o: src/codec/codec_host.cc $(HEADERS) Makefile
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) $(ISA_FLAGS_$*) -DQNCCL_HOST_ISA=$* -c $< -o $@
+
+$(BUILD)/obj/%.o: %.cu $(HEADERS) Makefile
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+
+$(LIB): $(LIB_OBJS)
+	@mkdir -p $(dir $@)
+	$(CXX) $(LDFLAGS) -o $@ $^ $(CUDA_LIBS)
+
+# The cffi binding reads the public header itself, preprocessed into plain
+# declarations (bindings/qnccl_ffi.py).
+$(CDEF): src/include/qnccl.h src/include/nccl_abi.h
+	@mkdir -p $(dir $@)
+	$(CXX) -E -P -x c -DQNCCL_CDEF -Isrc/include $< -o $@
+
+$(BUILD)/bin/codec_bench: perf/codec_bench.cc $(LIB) $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CXX) $(filter-out -fvisibility=hidden,$(CXXFLAGS)) $< -o $@ -L$(BUILD)/lib -lqnccl -Wl,-rpath,'$$ORIGIN/../lib'
+
+$(BUILD)/bin/codec_gpu_test: tests/gpu/codec_gpu_test.cc $(LIB) $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CXX) $(filter-out -fvisibility=hidden,$(CXXFLAGS)) $< -o $@ -L$(BUILD)/lib -lqnccl \
+	  -L$(CUDA_HOME)/lib64 -lcudart_static -lrt -lpthread -ldl -Wl,-rpath,'$$ORIGIN/../lib'
+
+setup:
+	@bash scripts/setup.sh
+
+test: setup
+	@$(MAKE) --no-print-directory all
+	$(PYTHON) -m pytest tests
+
+bench: setup
+	@$(MAKE) --no-print-directory all
+	$(PYTHON) -m qnccl bench
+
+clean:
+	rm -rf $(BUILD)

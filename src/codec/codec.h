@@ -1,0 +1,44 @@
+/* Internal interface of the codec: one host implementation (codec_host.cc)
+ * and one CUDA implementation (codec_cuda.cu) of the same operations. The
+ * public entry points (codec_api.cc) validate arguments and pick one by
+ * where the buffers live; the collectives call these directly. */
+#ifndef QNCCL_CODEC_CODEC_H_
+#define QNCCL_CODEC_CODEC_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "qnccl.h"
+
+namespace qnccl {
+
+/* A validated codec configuration plus the random stream of one call. */
+struct CodecParams {
+  int bits;
+  size_t bucket;
+  qncclRounding_t rounding;
+  uint64_t seed;
+  uint64_t stream;
+};
+
+/* Host: src holds `count` values of `type`; dst compressed_bytes(...) bytes. */
+void host_quantize(const void* src, size_t count, ncclDataType_t type, const CodecParams& p,
+                   void* dst);
+/* Host: decode `count` values; accumulate ? dst += y : dst = y, in `type`. */
+void host_dequantize(const void* src, size_t count, const CodecParams& p, void* dst,
+                     ncclDataType_t type, bool accumulate);
+
+#ifdef QNCCL_WITH_CUDA
+/* Device: same contract, enqueued on `stream`; returns a cudaError_t value. */
+int device_quantize(const void* src, size_t count, ncclDataType_t type, const CodecParams& p,
+                    void* dst, cudaStream_t stream);
+int device_dequantize(const void* src, size_t count, const CodecParams& p, void* dst,
+                      ncclDataType_t type, bool accumulate, cudaStream_t stream);
+/* 1: device memory, 0: host memory (also when no driver or device exists). */
+int is_device_pointer(const void* ptr);
+const char* device_error_string(int err);
+#endif
+
+}  // namespace qnccl
+
+#endif

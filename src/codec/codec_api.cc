@@ -1,0 +1,188 @@
+/* Public codec entry points: validate every argument, then run the host or
+ * the CUDA implementation according to where the buffers live. */
+#include <stdint.h>
+
+#include "codec/codec.h"
+#include "codec/codec_math.h"
+#include "common/error.h"
+
+using namespace qnccl;
+
+namespace {
+
+/* Counts above this could overflow the byte arithmetic of the wire format. */
+constexpr size_t kMaxCount = SIZE_MAX / 16;
+
+ncclResult_t check_config(const char* fn, const qncclCodecConfig_t* config) {
+  if (config == nullptr)
+    return set_error(ncclInvalidArgument, "%s: config is NULL; pass a qncclCodecConfig_t", fn);
+  if (config->bits < QNCCL_MIN_BITS || config->bits > QNCCL_MAX_BITS)
+    return set_error(ncclInvalidArgument, "%s: bits = %d is out of range; allowed: %d..%d", fn,
+                     config->bits, QNCCL_MIN_BITS, QNCCL_MAX_BITS);
+  if (config->bucketSize < 1)
+    return set_error(ncclInvalidArgument, "%s: bucketSize = 0 is invalid; allowed: >= 1", fn);
+  if (config->rounding != qncclRoundNearest && config->rounding != qncclRoundStochastic)
+    return set_error(ncclInvalidArgument,
+                     "%s: rounding = %d is unknown; allowed: qncclRoundNearest (0) or "
+                     "qncclRoundStochastic (1)",
+                     fn, (int)config->rounding);
+  return ncclSuccess;
+}
+
+ncclResult_t check_type(const char* fn, const char* arg, ncclDataType_t type) {
+  if (type == ncclFloat32 || type == ncclFloat16 || type == ncclBfloat16) return ncclSuccess;
+  return set_error(ncclInvalidArgument,
+                   "%s: %s = %d (%s) is not supported by the codec; allowed: ncclFloat32 (%d), "
+                   "ncclFloat16 (%d), ncclBfloat16 (%d)",
+                   fn, arg, (int)type, type_name(type), (int)ncclFloat32, (int)ncclFloat16,
+                   (int)ncclBfloat16);
+}
+
+ncclResult_t check_count(const char* fn, size_t count) {
+  if (count <= kMaxCount) return ncclSuccess;
+  return set_error(ncclInvalidArgument, "%s: count = %zu is too large; allowed: <= %zu", fn, count,
+                   kMaxCount);
+}
+
+ncclResult_t check_buffer(const char* fn, const char* arg, const void* ptr, size_t count) {
+  if (ptr != nullptr || count == 0) return ncclSuccess;
+  return set_error(ncclInvalidArgument, "%s: %s is NULL with count = %zu; pass a buffer", fn, arg,
+                   count);
+}
+
+ncclResult_t check_bytes(const char* fn, const char* arg, size_t have, size_t count,
+                         const qncclCodecConfig_t* config) {
+  size_t need = compressed_bytes(count, config->bits, config->bucketSize);
+  if (have >= need) return ncclSuccess;
+  return set_error(ncclInvalidArgument,
+                   "%s: %s = %zu is too small; %zu values at %d bits, bucket %zu take %zu bytes "
+                   "(qncclCompressedSize)",
+                   fn, arg, have, count, config->bits, config->bucketSize, need);
+}
+
+/* The codec reads one buffer while writing the other: they must not overlap. */
+ncclResult_t check_disjoint(const char* fn, const void* a, size_t abytes, const void* b,
+                            size_t bbytes) {
+  uintptr_t a0 = (uintptr_t)a, b0 = (uintptr_t)b;
+  if (abytes == 0 || bbytes == 0 || a0 + abytes <= b0 || b0 + bbytes <= a0) return ncclSuccess;
+  return set_error(ncclInvalidArgument,
+                   "%s: the compressed and the uncompressed buffer overlap; pass separate buffers",
+                   fn);
+}
+
+CodecParams params_of(const qncclCodecConfig_t* config, uint64_t stream) {
+  return CodecParams{config->bits, config->bucketSize, config->rounding, config->seed, stream};
+}
+
+#ifdef QNCCL_WITH_CUDA
+/* Where the buffers live decides who computes: both on the device, or both
+ * on the host. Sets *on_device. */
+ncclResult_t locate(const char* fn, const void* a, const void* b, bool* on_device) {
+  int da = is_device_pointer(a), db = is_device_pointer(b);
+  if (da != db)
+    return set_error(ncclInvalidArgument,
+                     "%s: one buffer is in device memory and the other in host memory; pass both "
+                     "on the same side",
+                     fn);
+  *on_device = da != 0;
+  return ncclSuccess;
+}
+
+ncclResult_t cuda_result(const char* fn, int err) {
+  if (err == 0) return ncclSuccess;
+  return set_error(ncclUnhandledCudaError, "%s: CUDA error %d: %s", fn, err,
+                   device_error_string(err));
+}
+#endif
+
+ncclResult_t dequantize_common(const char* fn, const void* src, size_t srcBytes, size_t count,
+                               const qncclCodecConfig_t* config, void* dst,
+                               ncclDataType_t datatype, cudaStream_t stream, bool accumulate) {
+  QNCCL_CHECK(check_config(fn, config));
+  QNCCL_CHECK(check_type(fn, "datatype", datatype));
+  QNCCL_CHECK(check_count(fn, count));
+  if (count == 0) return ncclSuccess;
+  QNCCL_CHECK(check_buffer(fn, "src", src, count));
+  QNCCL_CHECK(check_buffer(fn, accumulate ? "acc" : "dst", dst, count));
+  QNCCL_CHECK(check_bytes(fn, "srcBytes", srcBytes, count, config));
+  QNCCL_CHECK(check_disjoint(fn, src, srcBytes, dst, count * float_type_size(datatype)));
+  CodecParams p = params_of(config, 0);
+#ifdef QNCCL_WITH_CUDA
+  bool on_device;
+  QNCCL_CHECK(locate(fn, src, dst, &on_device));
+  if (on_device)
+    return cuda_result(fn, device_dequantize(src, count, p, dst, datatype, accumulate, stream));
+#else
+  (void)stream;
+#endif
+  host_dequantize(src, count, p, dst, datatype, accumulate);
+  return ncclSuccess;
+}
+
+}  // namespace
+
+QNCCL_EXPORT ncclResult_t qncclGetVersion(int* version) {
+  if (version == nullptr)
+    return set_error(ncclInvalidArgument, "qncclGetVersion: version is NULL; pass an int*");
+  *version = QNCCL_VERSION_CODE;
+  return ncclSuccess;
+}
+
+QNCCL_EXPORT ncclResult_t qncclCudaCompiled(int* compiled) {
+  if (compiled == nullptr)
+    return set_error(ncclInvalidArgument, "qncclCudaCompiled: compiled is NULL; pass an int*");
+#ifdef QNCCL_WITH_CUDA
+  *compiled = 1;
+#else
+  *compiled = 0;
+#endif
+  return ncclSuccess;
+}
+
+QNCCL_EXPORT ncclResult_t qncclCompressedSize(size_t count, const qncclCodecConfig_t* config,
+                                              size_t* bytes) {
+  const char* fn = "qncclCompressedSize";
+  QNCCL_CHECK(check_config(fn, config));
+  QNCCL_CHECK(check_count(fn, count));
+  if (bytes == nullptr) return set_error(ncclInvalidArgument, "%s: bytes is NULL; pass a size_t*", fn);
+  *bytes = compressed_bytes(count, config->bits, config->bucketSize);
+  return ncclSuccess;
+}
+
+QNCCL_EXPORT ncclResult_t qncclQuantize(const void* src, size_t count, ncclDataType_t datatype,
+                                        const qncclCodecConfig_t* config, uint64_t randomStream,
+                                        void* dst, size_t dstBytes, cudaStream_t stream) {
+  const char* fn = "qncclQuantize";
+  QNCCL_CHECK(check_config(fn, config));
+  QNCCL_CHECK(check_type(fn, "datatype", datatype));
+  QNCCL_CHECK(check_count(fn, count));
+  if (count == 0) return ncclSuccess;
+  QNCCL_CHECK(check_buffer(fn, "src", src, count));
+  QNCCL_CHECK(check_buffer(fn, "dst", dst, count));
+  QNCCL_CHECK(check_bytes(fn, "dstBytes", dstBytes, count, config));
+  QNCCL_CHECK(check_disjoint(fn, dst, dstBytes, src, count * float_type_size(datatype)));
+  CodecParams p = params_of(config, randomStream);
+#ifdef QNCCL_WITH_CUDA
+  bool on_device;
+  QNCCL_CHECK(locate(fn, src, dst, &on_device));
+  if (on_device) return cuda_result(fn, device_quantize(src, count, datatype, p, dst, stream));
+#else
+  (void)stream;
+#endif
+  host_quantize(src, count, datatype, p, dst);
+  return ncclSuccess;
+}
+
+QNCCL_EXPORT ncclResult_t qncclDequantize(const void* src, size_t srcBytes, size_t count,
+                                          const qncclCodecConfig_t* config, void* dst,
+                                          ncclDataType_t datatype, cudaStream_t stream) {
+  return dequantize_common("qncclDequantize", src, srcBytes, count, config, dst, datatype, stream,
+                           false);
+}
+
+QNCCL_EXPORT ncclResult_t qncclDequantizeAccumulate(const void* src, size_t srcBytes, size_t count,
+                                                    const qncclCodecConfig_t* config, void* acc,
+                                                    ncclDataType_t datatype, cudaStream_t stream) {
+  return dequantize_common("qncclDequantizeAccumulate", src, srcBytes, count, config, acc,
+                           datatype, stream, true);
+}

@@ -1,0 +1,59 @@
+/* The counter-based random numbers of stochastic rounding.
+ *
+ * u(seed, stream, i) is a pure function: no state, no order. Host, device and
+ * the numpy emulator (qnccl/emulate/codec.py) compute the same bits for the
+ * same (seed, stream, i), whatever thread or lane handles element i.
+ *
+ *   key        = mix64(seed ^ mix64(stream))         once per call
+ *   h          = hash32(hash32(lo32(i) ^ lo32(key)) + (hi32(key) ^ hi32(i)))
+ *   u          = (h >> 8) * 2^-24                    uniform on [0, 1), 24 bits
+ *
+ * mix64 is the splitmix64 finalizer; hash32 a 32-bit xorshift-multiply
+ * finalizer. 32-bit multiplies keep the per-element work vectorizable. */
+#ifndef QNCCL_CODEC_RNG_H_
+#define QNCCL_CODEC_RNG_H_
+
+#include "hd.h"
+
+namespace qnccl {
+
+QNCCL_HD uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+QNCCL_HD uint32_t hash32(uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x7feb352du;
+  x ^= x >> 15;
+  x *= 0x846ca68bu;
+  x ^= x >> 16;
+  return x;
+}
+
+struct RngKey {
+  uint32_t lo, hi;
+};
+
+QNCCL_HD RngKey rng_key(uint64_t seed, uint64_t stream) {
+  uint64_t k = mix64(seed ^ mix64(stream));
+  RngKey key = {(uint32_t)k, (uint32_t)(k >> 32)};
+  return key;
+}
+
+/* 24 random bits of element i = hi * 2^32 + lo, as a float in [0, 1). The
+ * split form lets a loop over a run that does not cross a multiple of 2^32
+ * keep hi fixed (and vectorize). */
+QNCCL_HD float rng_uniform_split(RngKey key, uint32_t lo, uint32_t hi) {
+  uint32_t h = hash32(hash32(lo ^ key.lo) + (key.hi ^ hi));
+  return (float)(int32_t)(h >> 8) * 0x1p-24f;  // via int32: SIMD converts signed natively
+}
+
+QNCCL_HD float rng_uniform(RngKey key, uint64_t i) {
+  return rng_uniform_split(key, (uint32_t)i, (uint32_t)(i >> 32));
+}
+
+}  // namespace qnccl
+
+#endif

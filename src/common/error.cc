@@ -1,0 +1,29 @@
+#include "common/error.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+
+namespace qnccl {
+
+static thread_local char last_error[1024];
+
+ncclResult_t set_error(ncclResult_t code, const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(last_error, sizeof last_error, fmt, ap);
+  va_end(ap);
+  return code;
+}
+
+const char* type_name(ncclDataType_t type) {
+  static const char* const names[] = {"ncclInt8",    "ncclUint8",   "ncclInt32",
+                                      "ncclUint32",  "ncclInt64",   "ncclUint64",
+                                      "ncclFloat16", "ncclFloat32", "ncclFloat64",
+                                      "ncclBfloat16", "ncclFloat8e4m3", "ncclFloat8e5m2"};
+  unsigned t = (unsigned)type;
+  return t < sizeof names / sizeof names[0] ? names[t] : "unknown";
+}
+
+}  // namespace qnccl
+
+QNCCL_EXPORT const char* qncclGetLastError(void) { return qnccl::last_error; }

@@ -1,0 +1,85 @@
+/*
+ * QNCCL public C API.
+ *
+ * Quantized collectives over the stock NCCL. This header holds everything a
+ * program calls directly; the NCCL entry points themselves (ncclAllReduce,
+ * ...) keep their NCCL signatures and are declared in nccl_abi.h.
+ *
+ * Errors: every function returns an ncclResult_t. On failure
+ * qncclGetLastError() returns a message that names the offending argument or
+ * setting and the values allowed (thread-local, valid until the next failing
+ * QNCCL call on the same thread).
+ */
+#ifndef QNCCL_H_
+#define QNCCL_H_
+
+#include "nccl_abi.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define QNCCL_MAJOR 0
+#define QNCCL_MINOR 1
+#define QNCCL_PATCH 0
+/* QNCCL_VERSION_CODE = major*10000 + minor*100 + patch */
+#define QNCCL_VERSION_CODE (QNCCL_MAJOR * 10000 + QNCCL_MINOR * 100 + QNCCL_PATCH)
+
+/* Version of the compressed wire format (docs/wire-format.md). Peers must
+ * agree on it; it changes whenever a byte of the format would. */
+#define QNCCL_WIRE_VERSION 1
+
+#define QNCCL_MIN_BITS 1
+#define QNCCL_MAX_BITS 8
+
+ncclResult_t qncclGetVersion(int* version);
+const char* qncclGetLastError(void);
+
+/* ---- Codec: bucketed max-min quantization (docs/wire-format.md) ---------- */
+
+typedef enum {
+  qncclRoundNearest = 0,    /* round to nearest, ties to even */
+  qncclRoundStochastic = 1  /* unbiased: E[decode(encode(x))] == x */
+} qncclRounding_t;
+
+typedef struct {
+  int bits;                 /* bits per value, QNCCL_MIN_BITS..QNCCL_MAX_BITS */
+  size_t bucketSize;        /* values sharing one (min, max) pair, >= 1 */
+  qncclRounding_t rounding;
+  uint64_t seed;            /* seed of the stochastic-rounding random streams */
+} qncclCodecConfig_t;
+
+/* Bytes that qncclQuantize writes for `count` values. */
+ncclResult_t qncclCompressedSize(size_t count, const qncclCodecConfig_t* config, size_t* bytes);
+
+/* Quantizes `count` values of `datatype` (ncclFloat32, ncclFloat16 or
+ * ncclBfloat16) from `src` into `dst` (at least qncclCompressedSize bytes).
+ * `randomStream` selects the stochastic-rounding stream: the random number of
+ * value i is a pure function of (config->seed, randomStream, i), so callers
+ * give every rank and every call a stream of its own. Ignored for nearest
+ * rounding. Buffers in device memory run on `stream` (CUDA builds); host
+ * buffers run synchronously and `stream` is ignored. */
+ncclResult_t qncclQuantize(const void* src, size_t count, ncclDataType_t datatype,
+                           const qncclCodecConfig_t* config, uint64_t randomStream, void* dst,
+                           size_t dstBytes, cudaStream_t stream);
+
+/* Decodes `count` values from `src` (`srcBytes` long) into `dst` of
+ * `datatype` (float32, float16 or bfloat16). */
+ncclResult_t qncclDequantize(const void* src, size_t srcBytes, size_t count,
+                             const qncclCodecConfig_t* config, void* dst,
+                             ncclDataType_t datatype, cudaStream_t stream);
+
+/* acc[i] = acc[i] + decode(src)[i], added in float32 and stored back as
+ * `datatype` (float32, float16 or bfloat16): the hot step of a reduction. */
+ncclResult_t qncclDequantizeAccumulate(const void* src, size_t srcBytes, size_t count,
+                                       const qncclCodecConfig_t* config, void* acc,
+                                       ncclDataType_t datatype, cudaStream_t stream);
+
+/* 1 when this library was built with the CUDA kernels, else 0. */
+ncclResult_t qncclCudaCompiled(int* compiled);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* QNCCL_H_ */
