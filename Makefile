@@ -57,15 +57,21 @@ GPU_TESTS := $(if $(strip $(NVCC)),$(BUILD)/bin/codec_gpu_test)
 .PHONY: all setup test bench clean
 all: $(LIB) $(CDEF) $(PERF_BINS) $(GPU_TESTS)
 
-$(BUILD)/obj/%.o: %.cc $(HEADERS) Makefile
+# Objects depend on the compilers and flags they were built with: a build
+# with other settings (say NVCC=) rebuilds everything instead of mixing.
+FLAGS_STAMP := $(BUILD)/flags.txt
+FLAGS_NOW := $(CXX) $(CXXFLAGS) | $(NVCC) $(NVCCFLAGS) | $(LDFLAGS) $(CUDA_LIBS)
+$(shell mkdir -p $(BUILD) && { test -f $(FLAGS_STAMP) && test "$$(cat $(FLAGS_STAMP))" = '$(FLAGS_NOW)' || echo '$(FLAGS_NOW)' > $(FLAGS_STAMP); })
+
+$(BUILD)/obj/%.o: %.cc $(HEADERS) $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) -c $< -o $@
 
-$(BUILD)/obj/src/codec/codec_host_%.o: src/codec/codec_host.cc $(HEADERS) Makefile
+$(BUILD)/obj/src/codec/codec_host_%.o: src/codec/codec_host.cc $(HEADERS) $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) $(ISA_FLAGS_$*) -DQNCCL_HOST_ISA=$* -c $< -o $@
 
-$(BUILD)/obj/%.o: %.cu $(HEADERS) Makefile
+$(BUILD)/obj/%.o: %.cu $(HEADERS) $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
@@ -79,11 +85,11 @@ $(CDEF): src/include/qnccl.h src/include/nccl_abi.h
 	@mkdir -p $(dir $@)
 	$(CXX) -E -P -x c -DQNCCL_CDEF -Isrc/include $< -o $@
 
-$(BUILD)/bin/codec_bench: perf/codec_bench.cc $(LIB) $(HEADERS)
+$(BUILD)/bin/codec_bench: perf/codec_bench.cc $(LIB) $(HEADERS) $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CXX) $(filter-out -fvisibility=hidden,$(CXXFLAGS)) $< -o $@ -L$(BUILD)/lib -lqnccl -Wl,-rpath,'$$ORIGIN/../lib'
 
-$(BUILD)/bin/codec_gpu_test: tests/gpu/codec_gpu_test.cc $(LIB) $(HEADERS)
+$(BUILD)/bin/codec_gpu_test: tests/gpu/codec_gpu_test.cc $(LIB) $(HEADERS) $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CXX) $(filter-out -fvisibility=hidden,$(CXXFLAGS)) $< -o $@ -L$(BUILD)/lib -lqnccl \
 	  -L$(CUDA_HOME)/lib64 -lcudart_static -lrt -lpthread -ldl -Wl,-rpath,'$$ORIGIN/../lib'

@@ -108,7 +108,7 @@ ncclResult_t dequantize_common(const char* fn, const void* src, size_t srcBytes,
   QNCCL_CHECK(check_disjoint(fn, src, srcBytes, dst, count * float_type_size(datatype)));
   CodecParams p = params_of(config, 0);
 #ifdef QNCCL_WITH_CUDA
-  bool on_device;
+  bool on_device = false;
   QNCCL_CHECK(locate(fn, src, dst, &on_device));
   if (on_device)
     return cuda_result(fn, device_dequantize(src, count, p, dst, datatype, accumulate, stream));
@@ -163,7 +163,7 @@ QNCCL_EXPORT ncclResult_t qncclQuantize(const void* src, size_t count, ncclDataT
   QNCCL_CHECK(check_disjoint(fn, dst, dstBytes, src, count * float_type_size(datatype)));
   CodecParams p = params_of(config, randomStream);
 #ifdef QNCCL_WITH_CUDA
-  bool on_device;
+  bool on_device = false;
   QNCCL_CHECK(locate(fn, src, dst, &on_device));
   if (on_device) return cuda_result(fn, device_quantize(src, count, datatype, p, dst, stream));
 #else

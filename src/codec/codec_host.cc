@@ -70,9 +70,10 @@ void encode_stochastic_run(const typename D::T* x, size_t n, const BucketParams&
 }
 
 /* Packs `n` staged codes (the stage is zero past n up to the next group)
- * into `out`, which has room for `room` bytes. Groups store whole 8-byte
- * words, overlapping the next group (which overwrites the excess), while a
- * word fits in `room`; the remaining groups store exactly BITS bytes. */
+ * into `out`, which has room for `room` bytes. A group stores a whole 8-byte
+ * word, overlapping the next group (which overwrites the excess), while the
+ * word fits in `room`; near the end it stores only the bytes that fit (a
+ * partial last group may own fewer than BITS bytes). */
 template <int BITS>
 void pack_stage(const uint8_t* stage, size_t n, uint8_t* out, size_t room) {
   const size_t groups = (n + kGroup - 1) / kGroup;
@@ -83,7 +84,7 @@ void pack_stage(const uint8_t* stage, size_t n, uint8_t* out, size_t room) {
     if (g * BITS + 8 <= room)
       memcpy(out + g * BITS, &w, 8);
     else
-      memcpy(out + g * BITS, &w, BITS);
+      memcpy(out + g * BITS, &w, std::min<size_t>(BITS, room - g * BITS));
   }
 }
 
@@ -96,7 +97,7 @@ void unpack_stage(const uint8_t* in, size_t n, size_t room, uint8_t* stage) {
     if (g * BITS + 8 <= room)
       memcpy(&w, in + g * BITS, 8);
     else
-      memcpy(&w, in + g * BITS, BITS);
+      memcpy(&w, in + g * BITS, std::min<size_t>(BITS, room - g * BITS));
     w = unpack8<BITS>(w);
     memcpy(stage + g * kGroup, &w, 8);
   }

@@ -41,10 +41,10 @@ QNCCL_HD float div_rn(float a, float b) {
 #endif
 }
 
-/* Grid positions lie in [-1, 2^bits] (up to rounding), far inside the range
+/* Grid positions lie in [0, 2^bits] (up to rounding), far inside the range
  * where adding and subtracting 2^23 rounds a float32 to an integer, ties to
  * even. Written as plain adds, this is the same on every target and
- * vectorizes without SSE4.1's roundps. Valid for |t| < 2^22. */
+ * vectorizes without SSE4.1's roundps. Valid for 0 <= t < 2^22. */
 QNCCL_HD float round_even(float t) {
   const float shift = 0x1p23f;
   return (t + shift) - shift;
@@ -99,8 +99,9 @@ QNCCL_HD BucketMeta stats_meta(const BucketStats& s) {
 
 /* Everything encode and decode need of a bucket, derived from its metadata
  * alone so both ends derive the same values.
- *   step  s = (max - min) / (2^bits - 1), raised to 2^-126 when it is a
- *           nonzero subnormal (so 1/s stays finite);
+ *   step  s = sigma * (max - min) / (2^bits - 1), raised to 2^-126 when
+ *           it is below that and max > min (1/s stays finite, and a tiny
+ *           nonzero range is never mistaken for a constant bucket);
  *   sigma = 1/2 when |min| or |max| >= 2^126, else 1: works in half-scale
  *           so that x - min and max - min cannot overflow.
  *   encode q = clamp(round((sigma*x - sigma*min) / s), 0, 2^bits - 1)
@@ -129,14 +130,18 @@ QNCCL_HD BucketParams bucket_params(BucketMeta m, int bits) {
   p.a = p.sigma * m.min;
   float d = p.sigma * m.max - p.a;
   float s = div_rn(d, p.top);
-  if (s > 0.0f && s < 0x1p-126f) s = 0x1p-126f;
+  if (d > 0.0f && s < 0x1p-126f) s = 0x1p-126f;  // also when d / top underflowed to 0
   p.step = s;
   p.inv_step = s > 0.0f ? div_rn(1.0f, s) : 0.0f;
   return p;
 }
 
-/* Position of x on the bucket's grid, in steps from min. */
-QNCCL_HD float grid_position(const BucketParams& p, float x) { return (p.sigma * x - p.a) * p.inv_step; }
+/* Position of x on the bucket's grid, in steps from min; never negative
+ * (rounding can put the minimum a hair below 0, where it codes 0 anyway). */
+QNCCL_HD float grid_position(const BucketParams& p, float x) {
+  float t = (p.sigma * x - p.a) * p.inv_step;
+  return t > 0.0f ? t : 0.0f;
+}
 
 QNCCL_HD float clamp_code(float q, float top) {
   q = q < 0.0f ? 0.0f : q;

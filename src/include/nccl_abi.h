@@ -59,7 +59,11 @@ typedef enum {
   ncclMin = 3,
   ncclAvg = 4,
   ncclNumOps = 5, /* first value of ops created at run time (PreMulSum, ...) */
+#ifdef QNCCL_CDEF /* cffi evaluates no sizeof; the enum is 4 bytes on every ABI NCCL supports */
+  ncclMaxRedOp = 0x7fffffff
+#else
   ncclMaxRedOp = 0x7fffffff >> (32 - 8 * sizeof(ncclRedOp_dummy_t))
+#endif
 } ncclRedOp_t;
 
 typedef enum {

@@ -1,0 +1,260 @@
+"""Quantize and dequantize arrays with libqnccl.so (docs/wire-format.md).
+
+    q = qnccl.codec.quantize(x, bits=4, bucket_size=128)   # a QuantizedArray
+    y = qnccl.codec.dequantize(q)                          # shape and dtype of x
+    qnccl.codec.dequantize_accumulate(q, acc)              # acc += y, in place
+
+Host arrays are numpy float32, float16 or bfloat16 (ml_dtypes.bfloat16, or
+uint16 bits with dtype="bfloat16"). Device arrays, anything exposing a
+C-contiguous __cuda_array_interface__ (CuPy arrays, torch CUDA tensors), are
+processed on the GPU on the stream their interface names; the results this
+module allocates for them are CuPy arrays (bfloat16 as uint16 bits).
+qnccl.emulate computes the same bytes in numpy.
+
+Arguments the library rejects raise QncclError with its message (naming the
+argument and the values allowed); Python-level type problems raise TypeError
+or ValueError.
+"""
+from __future__ import annotations
+
+import dataclasses
+import operator
+from typing import Any, Tuple
+
+import numpy as np
+
+from . import _lib
+from .emulate import codec as _emulator
+
+_NCCL_TYPE_NAMES = {"float32": "ncclFloat32", "float16": "ncclFloat16", "bfloat16": "ncclBfloat16"}
+_ROUNDING_NAMES = {"nearest": "qncclRoundNearest", "stochastic": "qncclRoundStochastic"}
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class QuantizedArray:
+    """The wire bytes of a quantized array and everything needed to decode them."""
+
+    data: Any  # uint8 array of the packed bytes: numpy, or CuPy for device input
+    count: int
+    shape: Tuple[int, ...]
+    dtype: str  # "float32", "float16" or "bfloat16": the type that was quantized
+    bits: int
+    bucket_size: int
+    rounding: str
+    seed: int
+    stream: int
+    wire_version: int = _emulator.WIRE_VERSION
+
+    @property
+    def nbytes(self):
+        return int(self.data.nbytes)
+
+    @property
+    def ratio(self):
+        """Bytes of the input per byte of the quantized form (1.0 for an empty array)."""
+        itemsize = 4 if self.dtype == "float32" else 2
+        return self.count * itemsize / self.nbytes if self.nbytes else 1.0
+
+    def _host_bytes(self):
+        return self.data if isinstance(self.data, np.ndarray) else self.data.get()
+
+    @property
+    def meta(self):
+        """(min, max) of every bucket: float32 array of shape (buckets, 2)."""
+        return _emulator.read_meta(self._host_bytes(), self.count, self.bucket_size)
+
+    @property
+    def codes(self):
+        """The code of every value, unpacked: uint8 array of `count` values."""
+        meta_bytes = len(self.meta) * _emulator.META_BYTES
+        return _emulator.unpack_codes(self._host_bytes()[meta_bytes:], self.count, self.bits)
+
+
+def _integer(name, value):
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__}") from None
+
+
+def _c_value(ctype, name, value):
+    """`value`, an integer that fits the C type `ctype` (else ValueError)."""
+    value = _integer(name, value)
+    try:
+        _lib.ffi().new(f"{ctype}*", value)
+    except OverflowError:
+        raise ValueError(f"{name} = {value} does not fit the C type {ctype}") from None
+    return value
+
+
+def _config(bits, bucket_size, rounding="nearest", seed=0):
+    if rounding not in _ROUNDING_NAMES:
+        raise ValueError(f"rounding must be 'nearest' or 'stochastic', got {rounding!r}")
+    config = _lib.ffi().new("qncclCodecConfig_t*")
+    config.bits = _c_value("int", "bits", bits)
+    config.bucketSize = _c_value("size_t", "bucket_size", bucket_size)
+    config.rounding = getattr(_lib.lib(), _ROUNDING_NAMES[rounding])
+    config.seed = _c_value("uint64_t", "seed", seed)
+    return config
+
+
+def compressed_size(count, bits, bucket_size):
+    """Bytes that `count` values take quantized at `bits` bits, `bucket_size` values per bucket."""
+    size = _lib.ffi().new("size_t*")
+    _lib.check(_lib.lib().qncclCompressedSize(_c_value("size_t", "count", count),
+                                               _config(bits, bucket_size), size))
+    return int(size[0])
+
+
+# ---- arrays as the C API takes them -------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class _Memory:
+    ptr: Any  # cffi void*
+    numpy_dtype: np.dtype  # as the array declares it (uint16 for 16-bit float bits)
+    shape: Tuple[int, ...]
+    device: bool
+    stream: Any  # the cudaStream_t a device array's interface names; NULL for host memory
+    owner: Any  # keeps the memory alive during the call
+
+    @property
+    def count(self):
+        return int(np.prod(self.shape, dtype=np.int64))
+
+
+def _is_device(array):
+    return hasattr(array, "__cuda_array_interface__")
+
+
+def _c_strides(shape, itemsize):
+    strides, step = [], itemsize
+    for extent in reversed(shape):
+        strides.append(step)
+        step *= extent
+    return tuple(reversed(strides))
+
+
+def _require_cuda(what):
+    compiled = _lib.ffi().new("int*")
+    _lib.check(_lib.lib().qncclCudaCompiled(compiled))
+    if not compiled[0]:
+        raise RuntimeError(f"{what} is in device memory but this libqnccl.so was built without "
+                           "CUDA: rebuild it with nvcc on PATH, or pass numpy arrays")
+
+
+def _memory(array, what, writable):
+    """Where the elements of `array` (C-contiguous, host or device) are."""
+    ffi = _lib.ffi()
+    kind = "C-contiguous writable" if writable else "C-contiguous"
+    if not _is_device(array):
+        if not (isinstance(array, np.ndarray) and array.flags.c_contiguous
+                and (array.flags.writeable or not writable)):
+            raise ValueError(f"{what} must be a {kind} numpy array or device array")
+        return _Memory(ffi.cast("void*", array.ctypes.data), array.dtype, array.shape, False,
+                       ffi.NULL, array)
+    _require_cuda(what)
+    interface = array.__cuda_array_interface__
+    dtype, shape = np.dtype(interface["typestr"]), tuple(interface["shape"])
+    strides = interface.get("strides")
+    address, readonly = interface["data"]
+    if (strides is not None and tuple(strides) != _c_strides(shape, dtype.itemsize)) or (
+            writable and readonly):
+        raise ValueError(f"{what} must be a {kind} device array")
+    return _Memory(ffi.cast("void*", address), dtype, shape, True,
+                   ffi.cast("cudaStream_t", interface.get("stream") or 0), array)
+
+
+def _empty(device, shape, name):
+    """An uninitialized array of codec type `name` next to the data (host or device)."""
+    if not device:
+        return np.empty(shape, _emulator.storage_dtype(name))
+    try:
+        import cupy
+    except ImportError:
+        raise TypeError("device arrays (__cuda_array_interface__) need CuPy to allocate "
+                        "results: install cupy, or pass numpy arrays") from None
+    return cupy.empty(shape, np.uint16 if name == "bfloat16" else name)
+
+
+def _output(array, dtype, q, src, what, allowed):
+    """The memory of `out`/`acc` and its codec type, checked against q and `allowed`."""
+    dst = _memory(array, what, writable=True)
+    if dst.count != q.count:
+        raise ValueError(f"{what} holds {dst.count} values; the quantized array has {q.count}")
+    if dst.device != src.device:
+        raise ValueError(f"{what} and the quantized data must both be in host memory or both "
+                         "in device memory")
+    # uint16 bits are taken to be of q's type unless dtype says otherwise
+    implied = dtype if dtype is not None else (q.dtype if dst.numpy_dtype == np.uint16 else None)
+    try:
+        name = _emulator.dtype_name(dst.numpy_dtype, implied)
+    except TypeError:
+        name = None
+    if name not in allowed:
+        raise ValueError(f"{what} must be an array of {' or '.join(allowed)} (16-bit types also "
+                         f"as uint16 bits), got {dst.numpy_dtype}"
+                         + (f" with dtype={dtype!r}" if dtype is not None else ""))
+    return dst, name
+
+
+def _quantized_bytes(q):
+    if not isinstance(q, QuantizedArray):
+        raise TypeError(f"expected a QuantizedArray (from quantize), got {type(q).__name__}")
+    return _memory(q.data, "q.data", writable=False)
+
+
+# ---- the codec ----------------------------------------------------------------
+
+def quantize(array, bits=4, bucket_size=128, rounding="stochastic", seed=0, stream=0, dtype=None):
+    """Quantizes `array` (see the module doc for the types taken).
+
+    rounding: "stochastic" (unbiased) or "nearest". The random numbers of
+    stochastic rounding are a pure function of (seed, stream, element index):
+    give independent calls different streams. dtype: "bfloat16" or "float16"
+    for arrays of uint16 bits; otherwise it must agree with the array or be None.
+    """
+    config = _config(bits, bucket_size, rounding, seed)
+    random_stream = _c_value("uint64_t", "stream", stream)
+    # host input may be any array-like; a non-contiguous one is copied
+    src = _memory(array if _is_device(array) else np.ascontiguousarray(array), "array", False)
+    name = _emulator.dtype_name(src.numpy_dtype, dtype)
+    size = compressed_size(src.count, bits, bucket_size)
+    data = _empty(src.device, (size,), "uint8")
+    dst = _memory(data, "data", writable=True)
+    lib = _lib.lib()
+    _lib.check(lib.qncclQuantize(src.ptr, src.count, getattr(lib, _NCCL_TYPE_NAMES[name]), config,
+                                 random_stream, dst.ptr, size, src.stream))
+    return QuantizedArray(data=data, count=src.count, shape=src.shape, dtype=name,
+                          bits=config.bits, bucket_size=config.bucketSize, rounding=rounding,
+                          seed=config.seed, stream=random_stream)
+
+
+def dequantize(q, dtype=None, out=None):
+    """The values of `q`, in q's shape and type (or `dtype`), written to a new
+    array or to `out` (C-contiguous, writable, q.count values of float32,
+    float16 or bfloat16; uint16 bits are of `dtype`, default q.dtype). Returns it."""
+    src = _quantized_bytes(q)
+    if out is None:
+        name = q.dtype if dtype is None else dtype
+        if name not in _emulator.DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(_emulator.DTYPES)}, got {dtype!r}")
+        out = _empty(src.device, q.shape, name)
+    dst, name = _output(out, dtype, q, src, "out", _emulator.DTYPES)
+    lib = _lib.lib()
+    _lib.check(lib.qncclDequantize(src.ptr, q.nbytes, q.count, _config(q.bits, q.bucket_size),
+                                   dst.ptr, getattr(lib, _NCCL_TYPE_NAMES[name]), dst.stream))
+    return out
+
+
+def dequantize_accumulate(q, acc):
+    """acc += the values of `q`, in place (added in float32, stored in acc's
+    type). `acc`: C-contiguous, writable, q.count values of float32 or of q's
+    type (uint16 bits for 16-bit types). Returns acc."""
+    src = _quantized_bytes(q)
+    allowed = tuple(dict.fromkeys(("float32", q.dtype)))
+    dst, name = _output(acc, None, q, src, "acc", allowed)
+    lib = _lib.lib()
+    _lib.check(lib.qncclDequantizeAccumulate(src.ptr, q.nbytes, q.count,
+                                             _config(q.bits, q.bucket_size), dst.ptr,
+                                             getattr(lib, _NCCL_TYPE_NAMES[name]), dst.stream))
+    return acc

@@ -1,0 +1,382 @@
+"""Numpy reference of the QNCCL codec: docs/wire-format.md, step by step.
+
+The library (host codec and CUDA kernels) and this module produce the same
+bytes for the same input, configuration and random stream; the tests hold the
+library to it. Every formula is evaluated as the doc states it: float32
+operations in the written order (numpy float32 arrays and np.float32 scalars
+only, so nothing is promoted to float64), np.rint for round-to-nearest-even,
+wrapping uint32/uint64 arithmetic for the random numbers, and the 16-bit
+conversions written bit by bit as in src/codec/dtype.h.
+
+Arrays of three element types are read and written:
+    "float32"   numpy float32
+    "float16"   numpy float16, or uint16 bits with dtype="float16"
+    "bfloat16"  ml_dtypes.bfloat16, or uint16 bits with dtype="bfloat16"
+"""
+from __future__ import annotations
+
+import operator
+
+import numpy as np
+
+F32 = np.float32
+WIRE_VERSION = 1  # the version of docs/wire-format.md implemented here
+DTYPES = ("float32", "float16", "bfloat16")
+ROUNDINGS = ("nearest", "stochastic")
+MIN_BITS, MAX_BITS = 1, 8
+META_BYTES = 8  # per bucket: float32 min, float32 max
+CODE_ALIGN = 8  # the code area is padded to a multiple of this many bytes
+
+CANONICAL_NAN_BITS = {"float32": 0x7FC00000, "float16": 0x7E00, "bfloat16": 0x7FC0}
+_NAN32 = np.array(CANONICAL_NAN_BITS["float32"], np.uint32).view(F32)[()]
+_TWO_POW_126 = F32(2.0**126)
+_TWO_POW_MINUS_126 = F32(2.0**-126)
+_TWO_POW_MINUS_24 = F32(2.0**-24)
+_DTYPE_HELP = ("float32, float16 or bfloat16 arrays (bfloat16 as ml_dtypes.bfloat16, or "
+               "uint16 bits with dtype='bfloat16'; float16 bits likewise with dtype='float16')")
+
+
+# ---- configuration and sizes (docs/wire-format.md, Parameters and Layout) ----
+
+def _integer(name, value):
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__}") from None
+
+
+def check_config(bits, bucket_size, rounding=None):
+    """Raises ValueError/TypeError naming the argument and its allowed values."""
+    if not MIN_BITS <= _integer("bits", bits) <= MAX_BITS:
+        raise ValueError(f"bits must be {MIN_BITS}..{MAX_BITS}, got {bits}")
+    if _integer("bucket_size", bucket_size) < 1:
+        raise ValueError(f"bucket_size must be >= 1, got {bucket_size}")
+    if rounding is not None and rounding not in ROUNDINGS:
+        raise ValueError(f"rounding must be 'nearest' or 'stochastic', got {rounding!r}")
+
+
+def _ceil_div(a, b):
+    return -(-a // b)
+
+
+def num_buckets(count, bucket_size):
+    return _ceil_div(count, bucket_size)
+
+
+def code_bytes(count, bits):
+    """C = ceil(n*b / 8) rounded up to a multiple of 8."""
+    return _ceil_div(_ceil_div(count * bits, 8), CODE_ALIGN) * CODE_ALIGN
+
+
+def compressed_size(count, bits, bucket_size):
+    """Bytes of a quantized chunk of `count` values: 8*nb + C."""
+    check_config(bits, bucket_size)
+    count = _integer("count", count)
+    if count < 0:
+        raise ValueError(f"count must be >= 0, got {count}")
+    return num_buckets(count, bucket_size) * META_BYTES + code_bytes(count, bits)
+
+
+# ---- element types: src/codec/dtype.h, bit by bit ----------------------------
+
+def _f32_bits(x):
+    return np.asarray(x, F32).view(np.uint32)
+
+
+def _bits_f32(u):
+    return np.asarray(u, np.uint32).view(F32)
+
+
+def f16_to_f32(h):
+    """float16 bits (uint16) -> float32, exact; NaN keeps its payload."""
+    h = np.asarray(h, np.uint16).astype(np.uint32)
+    sign = (h & 0x8000) << 16
+    exp = (h >> 10) & 0x1F
+    man = h & 0x3FF
+    special = np.uint32(0x7F800000) | (man << 13)
+    normal = ((exp + (127 - 15)) << 23) | (man << 13)
+    subnormal = _f32_bits(man.astype(F32) * _TWO_POW_MINUS_24)  # man * 2^-24, exact
+    bits = np.where(exp == 0x1F, special, np.where(exp != 0, normal, subnormal))
+    return _bits_f32(bits | sign)
+
+
+def f32_to_f16(f):
+    """float32 -> float16 bits (uint16), round to nearest even, NaN -> 0x7E00."""
+    x = _f32_bits(f)
+    sign = (x >> 16) & 0x8000
+    x = x & 0x7FFFFFFF
+    with np.errstate(invalid="ignore", over="ignore"):
+        # below 2^-14: adding 0.5 puts the binary point at 2^-24, the float16
+        # subnormal step, and the float32 add rounds to nearest even there
+        subnormal = _f32_bits(_bits_f32(x) + F32(0.5)) - np.uint32(0x3F000000)
+        odd = (x >> 13) & 1
+        rebias = np.uint32(((15 - 127) << 23) & 0xFFFFFFFF)  # uint32 wrapping, as in C
+        normal = (x + rebias + np.uint32(0xFFF) + odd) >> 13
+    bits = np.where(x < 0x38800000, sign | subnormal, sign | normal)
+    bits = np.where(x >= 0x477FF000, sign | 0x7C00, bits)  # >= 65520 rounds to inf
+    bits = np.where(x > 0x7F800000, CANONICAL_NAN_BITS["float16"], bits)
+    return (bits & 0xFFFF).astype(np.uint16)
+
+
+def bf16_to_f32(h):
+    """bfloat16 bits (uint16) -> float32, exact."""
+    return _bits_f32(np.asarray(h, np.uint16).astype(np.uint32) << 16)
+
+
+def f32_to_bf16(f):
+    """float32 -> bfloat16 bits (uint16), round to nearest even, NaN -> 0x7FC0."""
+    x = _f32_bits(f)
+    with np.errstate(over="ignore"):
+        rounded = (x + np.uint32(0x7FFF) + ((x >> 16) & 1)) >> 16
+    bits = np.where((x & 0x7FFFFFFF) > 0x7F800000, CANONICAL_NAN_BITS["bfloat16"], rounded)
+    return bits.astype(np.uint16)
+
+
+def storage_dtype(name):
+    """The numpy dtype that holds values of codec type `name`: bfloat16 is
+    ml_dtypes.bfloat16 when ml_dtypes is installed, else its uint16 bits."""
+    if name == "bfloat16":
+        try:
+            import ml_dtypes
+        except ImportError:
+            return np.dtype(np.uint16)
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+def dtype_name(array_dtype, dtype=None):
+    """The codec type of an array whose numpy dtype is `array_dtype`; `dtype`
+    (a name) is required for uint16 bits and must agree with typed arrays."""
+    if dtype is not None and not isinstance(dtype, str):
+        dtype = np.dtype(dtype).name
+    if dtype is not None and dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    actual = np.dtype(array_dtype)
+    if actual.name in DTYPES and dtype in (None, actual.name):
+        return actual.name
+    if actual == np.uint16 and dtype in ("float16", "bfloat16"):
+        return dtype
+    given = f" with dtype={dtype!r}" if dtype is not None else ""
+    raise TypeError(f"the codec takes {_DTYPE_HELP}; got a {actual} array{given}")
+
+
+def to_float32(values, name):
+    """Values of codec type `name` (an array of its storage or uint16 bits) widened to float32."""
+    if name == "float32":
+        return np.asarray(values, F32)
+    bits = np.asarray(values).view(np.uint16)
+    return f16_to_f32(bits) if name == "float16" else bf16_to_f32(bits)
+
+
+def from_float32(values, name):
+    """float32 values stored as codec type `name`, in storage_dtype(name)."""
+    if name == "float32":
+        return np.asarray(values, F32)
+    bits = f32_to_f16(values) if name == "float16" else f32_to_bf16(values)
+    return bits.view(storage_dtype(name))
+
+
+def as_float32(array, dtype=None):
+    """A flat float32 copy (or view) of `array` and its codec type name."""
+    array = np.asarray(array)
+    name = dtype_name(array.dtype, dtype)
+    return to_float32(np.ascontiguousarray(array).reshape(-1), name), name
+
+
+# ---- random numbers of stochastic rounding (src/codec/rng.h) ------------------
+
+def _mix64(z):
+    z = np.asarray(z, np.uint64)
+    with np.errstate(over="ignore"):
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def _hash32(x):
+    x = np.asarray(x, np.uint32)
+    with np.errstate(over="ignore"):
+        x = x ^ (x >> np.uint32(16))
+        x = x * np.uint32(0x7FEB352D)
+        x = x ^ (x >> np.uint32(15))
+        x = x * np.uint32(0x846CA68B)
+    return x ^ (x >> np.uint32(16))
+
+
+def _uint64(name, value):
+    value = _integer(name, value)
+    if not 0 <= value < 2**64:
+        raise ValueError(f"{name} must be in [0, 2**64), got {value}")
+    return np.uint64(value)
+
+
+def rng_uniform(seed, stream, index):
+    """u of the values at `index` (their positions in the quantize call), float32 in [0, 1):
+
+        key = mix64(seed ^ mix64(stream));  k0 = key mod 2^32;  k1 = key >> 32
+        h   = hash32(hash32((i mod 2^32) ^ k0) + (k1 ^ (i >> 32)))
+        u   = (h >> 8) * 2^-24
+    """
+    key = _mix64(_uint64("seed", seed) ^ _mix64(_uint64("stream", stream)))
+    k0 = (key & np.uint64(0xFFFFFFFF)).astype(np.uint32)
+    k1 = (key >> np.uint64(32)).astype(np.uint32)
+    i = np.asarray(index, np.uint64)
+    i_lo = (i & np.uint64(0xFFFFFFFF)).astype(np.uint32)
+    i_hi = (i >> np.uint64(32)).astype(np.uint32)
+    with np.errstate(over="ignore"):
+        h = _hash32(_hash32(i_lo ^ k0) + (k1 ^ i_hi))
+    return (h >> np.uint32(8)).astype(F32) * _TWO_POW_MINUS_24
+
+
+# ---- the code bit stream (docs/wire-format.md, Layout: Codes) -----------------
+
+def pack_codes(codes, bits):
+    """The code area of `codes`: code i at bits [i*b, (i+1)*b) of an LSB-first
+    bit stream, zero bits after the last code, zero bytes up to a multiple of 8."""
+    check_config(bits, 1)
+    codes = np.asarray(codes, np.uint8).reshape(-1)
+    if codes.size and int(codes.max()) >= 1 << bits:
+        raise ValueError(f"codes must be 0..{(1 << bits) - 1} at {bits} bits, "
+                         f"got {int(codes.max())}")
+    stream_bits = (codes[:, None] >> np.arange(bits, dtype=np.uint8)) & 1
+    stream = np.packbits(stream_bits.reshape(-1), bitorder="little")
+    area = np.zeros(code_bytes(codes.size, bits), np.uint8)
+    area[: stream.size] = stream
+    return area
+
+
+def unpack_codes(area, count, bits):
+    """The `count` codes (uint8) of a code area written by pack_codes."""
+    check_config(bits, 1)
+    area = _as_bytes(area, _ceil_div(count * bits, 8), "code area")
+    stream_bits = np.unpackbits(area, bitorder="little", count=count * bits).reshape(count, bits)
+    return (stream_bits << np.arange(bits, dtype=np.uint8)).sum(axis=1, dtype=np.uint8)
+
+
+# ---- buckets (docs/wire-format.md, Arithmetic) --------------------------------
+
+def bucket_params(lo, hi, bits):
+    """What encode and decode derive from a bucket's metadata (min, max), as
+    float32 scalars or arrays:
+
+        sigma = 0.5 if max(|min|, |max|) >= 2^126 else 1
+        a     = sigma * min
+        d     = sigma * max - a
+        step  = d / L,  raised to 2^-126 when d > 0 and step < 2^-126
+        inv   = 1 / step if step > 0 else 0
+    """
+    check_config(bits, 1)
+    lo, hi = np.asarray(lo, F32), np.asarray(hi, F32)
+    top = F32((1 << bits) - 1)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        huge = np.maximum(np.abs(lo), np.abs(hi)) >= _TWO_POW_126
+        sigma = np.where(huge, F32(0.5), F32(1.0))
+        a = sigma * lo
+        d = sigma * hi - a
+        step = d / top
+        step = np.where((d > 0) & (step < _TWO_POW_MINUS_126), _TWO_POW_MINUS_126, step)
+        inv = np.where(step > 0, F32(1.0) / step, F32(0.0))
+    return {"sigma": sigma, "inv_sigma": np.where(huge, F32(2.0), F32(1.0)), "a": a,
+            "step": step, "inv": inv, "top": top}
+
+
+def _bucket_of_each_value(count, bucket_size):
+    return np.arange(count) // bucket_size
+
+
+def _as_bytes(buf, size, what):
+    buf = np.frombuffer(buf, np.uint8) if not isinstance(buf, np.ndarray) else buf.reshape(-1)
+    if buf.dtype != np.uint8:
+        raise TypeError(f"{what} must be a uint8 array or a bytes-like object, got {buf.dtype}")
+    if buf.size < size:
+        raise ValueError(f"{what} holds {buf.size} bytes, {size} needed")
+    return buf[:size]
+
+
+def read_meta(buf, count, bucket_size):
+    """The metadata of a quantized chunk: a float32 view of shape (nb, 2), (min, max) per bucket."""
+    nb = num_buckets(count, bucket_size)
+    return _as_bytes(buf, nb * META_BYTES, "quantized buffer").view("<f4").reshape(nb, 2)
+
+
+def quantize(array, bits, bucket_size, rounding, seed=0, stream=0, dtype=None):
+    """The wire bytes (uint8 array of compressed_size bytes) of `array`.
+
+    `seed` and `stream` pick the random numbers of stochastic rounding
+    (rng_uniform); nearest rounding ignores them.
+    """
+    check_config(bits, bucket_size, rounding)
+    x, _ = as_float32(array, dtype)
+    count = x.size
+    out = np.zeros(compressed_size(count, bits, bucket_size), np.uint8)
+    if count == 0:
+        return out
+    starts = np.arange(0, count, bucket_size)
+    nonfinite = np.logical_or.reduceat(~np.isfinite(x), starts)
+    with np.errstate(invalid="ignore"):
+        # + 0.0 turns -0.0 into +0.0; a bucket holding NaN or +-Inf is marked by NaN
+        lo = np.where(nonfinite, _NAN32, np.minimum.reduceat(x, starts) + F32(0.0))
+        hi = np.where(nonfinite, _NAN32, np.maximum.reduceat(x, starts) + F32(0.0))
+    nb = starts.size
+    out[: nb * META_BYTES] = np.stack([lo, hi], axis=1).astype("<f4").view(np.uint8).reshape(-1)
+
+    p = bucket_params(lo, hi, bits)
+    k = _bucket_of_each_value(count, bucket_size)
+    with np.errstate(invalid="ignore"):
+        t = (p["sigma"][k] * x - p["a"][k]) * p["inv"][k]
+        t = np.where(t > 0, t, F32(0.0))
+        if rounding == "nearest":
+            q = np.rint(t)
+        else:
+            u = rng_uniform(seed, stream, np.arange(count, dtype=np.uint64))
+            f = np.floor(t)
+            q = f + np.where(u < t - f, F32(1.0), F32(0.0))
+        q = np.where(q < 0, F32(0.0), q)
+        q = np.where(q > p["top"], p["top"], q)
+    codes = np.where(nonfinite[k], F32(0.0), q).astype(np.uint8)
+    out[nb * META_BYTES:] = pack_codes(codes, bits)
+    return out
+
+
+def decode(buf, count, bits, bucket_size):
+    """The float32 values of a quantized chunk:
+
+        y = (a + q * step) * (1 / sigma),  clamped to [min, max];
+        every value of a non-finite bucket (min is NaN) is the canonical NaN.
+    """
+    check_config(bits, bucket_size)
+    buf = _as_bytes(buf, compressed_size(count, bits, bucket_size), "quantized buffer")
+    meta = read_meta(buf, count, bucket_size)
+    codes = unpack_codes(buf[len(meta) * META_BYTES:], count, bits)
+    lo, hi = meta[:, 0], meta[:, 1]
+    p = bucket_params(lo, hi, bits)
+    k = _bucket_of_each_value(count, bucket_size)
+    with np.errstate(invalid="ignore", over="ignore"):
+        y = (p["a"][k] + codes.astype(F32) * p["step"][k]) * p["inv_sigma"][k]
+        y = np.where(y < lo[k], lo[k], y)
+        y = np.where(y > hi[k], hi[k], y)
+        return np.where((lo != lo)[k], _NAN32, y)
+
+
+def dequantize(buf, count, bits, bucket_size, dtype="float32"):
+    """The `count` values of a quantized chunk as a flat array of `dtype`."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    return from_float32(decode(buf, count, bits, bucket_size), dtype)
+
+
+def dequantize_accumulate(buf, count, bits, bucket_size, acc, dtype=None):
+    """acc += decoded values, in place: added in float32, a NaN sum becomes the
+    canonical NaN, stored back in acc's type. `acc` is a C-contiguous writable
+    array of `count` float32/float16/bfloat16 values (uint16 bits need `dtype`).
+    Returns acc."""
+    if not isinstance(acc, np.ndarray) or not acc.flags.c_contiguous or not acc.flags.writeable:
+        raise ValueError("acc must be a C-contiguous writable numpy array")
+    if acc.size != count:
+        raise ValueError(f"acc holds {acc.size} values, count is {count}")
+    name = dtype_name(acc.dtype, dtype)
+    with np.errstate(invalid="ignore", over="ignore"):
+        total = to_float32(acc.reshape(-1), name) + decode(buf, count, bits, bucket_size)
+    total = np.where(total == total, total, _NAN32)
+    acc.reshape(-1)[:] = from_float32(total, name).view(acc.dtype)
+    return acc

@@ -1,0 +1,154 @@
+#!/usr/bin/env bash
+# make setup: install what building and testing QNCCL need, idempotently.
+#
+#   system packages   g++, make, OpenMPI, iproute2, python3 venv (apt, only when missing)
+#   .venv             pinned Python tools + `pip install -e .` of qnccl
+#   .venv/nccl-reference/include/nccl.h
+#                     NVIDIA's header, which tests/test_abi.py checks src/include/nccl_abi.h
+#                     against (optional: without network the test is skipped)
+#
+# A stamp in .venv keyed on this script and pyproject.toml makes a rerun instant.
+# Knobs: PYTHON3 (interpreter for the venv, default python3), QNCCL_CACHE (download
+# cache, default ~/.cache/qnccl), QNCCL_SETUP_FORCE=1 (ignore the stamp).
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+VENV=.venv
+PYTHON3=${PYTHON3:-python3}
+CACHE=${QNCCL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/qnccl}
+STAMP=$VENV/.setup-stamp
+REF_INCLUDE=$VENV/nccl-reference/include
+
+# Pinned versions (bump together, then rerun make setup: the stamp notices).
+# mpi4py's wheel carries builds for both Open MPI (libmpi.so.40) and MPICH
+# (libmpi.so.12) and loads the system library at import; building it from
+# source instead takes ~5 minutes on 2 cores.
+PY_PKGS=(
+  cffi==2.1.1
+  numpy==2.4.6
+  mpi4py==4.1.2
+  pytest==9.2.0
+  pytest-timeout==2.4.0
+  hypothesis==6.170.15
+  matplotlib==3.11.2
+  ml-dtypes==0.6.0  # bfloat16 numpy arrays: qnccl.codec accepts them (tests/test_codec.py)
+)
+NCCL_VERSION=2.32.3  # the release src/include/nccl_abi.h follows
+NCCL_WHEEL=nvidia-nccl-cu13==$NCCL_VERSION
+
+log() { echo "[setup] $*"; }
+STEP=""
+step() { STEP=$1; log "$1"; }
+on_error() {
+  echo "[setup] FAILED while ${STEP:-starting}." >&2
+  [ -n "${HINT:-}" ] && echo "[setup] next: $HINT" >&2
+  exit 1
+}
+trap on_error ERR
+
+start=$SECONDS
+stamp_key=$(cat scripts/setup.sh pyproject.toml 2>/dev/null | sha256sum | cut -d' ' -f1)
+
+ref_note() {
+  [ -f "$REF_INCLUDE/nccl.h" ] ||
+    log "warning: no reference nccl.h (download failed earlier); the ABI test will be skipped." \
+        "Retry: QNCCL_SETUP_FORCE=1 make setup"
+}
+
+# Fast path: nothing changed since the last complete run and the venv still works.
+if [ "${QNCCL_SETUP_FORCE:-0}" != 1 ] && [ -f "$STAMP" ] &&
+   [ "$(cat "$STAMP")" = "$stamp_key" ] && "$VENV/bin/python" -c '' 2>/dev/null; then
+  ref_note
+  log "up to date (.venv)"
+  exit 0
+fi
+
+[ -f pyproject.toml ] || { echo "[setup] pyproject.toml not found in $PWD" >&2; exit 1; }
+rm -f "$STAMP"  # a run that fails below must not leave an old stamp that looks valid
+
+# ---- system packages ----------------------------------------------------------
+missing=()
+need_pkg() { dpkg -s "$1" 2>/dev/null | grep -q '^Status: install ok installed' || missing+=("$1"); }
+if command -v dpkg >/dev/null; then
+  for p in g++ make libopenmpi-dev openmpi-bin iproute2 ca-certificates; do need_pkg "$p"; done
+  if ! command -v "$PYTHON3" >/dev/null; then
+    missing+=(python3 python3-venv)
+  elif ! "$PYTHON3" -c 'import ensurepip, venv' 2>/dev/null; then
+    missing+=(python3-venv)  # Debian splits venv/ensurepip out of python3
+  fi
+  if [ ${#missing[@]} -gt 0 ]; then
+    step "installing system packages: ${missing[*]}"
+    SUDO=""
+    if [ "$(id -u)" != 0 ]; then
+      command -v sudo >/dev/null ||
+        { echo "[setup] not root and no sudo: as root run apt-get install ${missing[*]}" >&2; exit 1; }
+      SUDO=sudo
+    fi
+    HINT="check network access to the apt mirror, then: apt-get install ${missing[*]}"
+    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -q
+    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+  fi
+else
+  # Not Debian-like: only check, the user installs with their package manager.
+  for c in g++ make mpicc mpirun "$PYTHON3"; do command -v "$c" >/dev/null || missing+=("$c"); done
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "[setup] missing: ${missing[*]} (no dpkg/apt here; install them, plus Open MPI headers)" >&2
+    exit 1
+  fi
+fi
+
+step "checking $PYTHON3"
+HINT="install Python >= 3.11, or point PYTHON3 at one: PYTHON3=python3.11 make setup"
+"$PYTHON3" -c 'import sys; sys.exit(sys.version_info < (3, 11))'
+
+# ---- virtual environment --------------------------------------------------------
+if ! "$VENV/bin/python" -c '' 2>/dev/null; then
+  step "creating $VENV with $("$PYTHON3" --version)"
+  HINT="remove $VENV and rerun make setup"
+  rm -rf "$VENV"
+  "$PYTHON3" -m venv "$VENV"
+fi
+PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
+
+step "installing Python packages: ${PY_PKGS[*]}"
+HINT="check network access to PyPI (pip output above names the package that failed)"
+"${PIP[@]}" install -q "${PY_PKGS[@]}"
+
+step "checking that mpi4py loads the system MPI"
+HINT="mpi4py's wheel found no usable libmpi; build it against yours (~5 min):
+  $VENV/bin/pip install --no-binary mpi4py --force-reinstall $(printf '%s\n' "${PY_PKGS[@]}" | grep '^mpi4py==')"
+"$VENV/bin/python" -c 'from mpi4py import MPI; print("[setup]  ", MPI.Get_library_version().splitlines()[0])'
+
+step "installing qnccl (pip install -e .)"
+HINT="see the pip error above; pyproject.toml must declare package qnccl"
+"${PIP[@]}" install -q -e .
+
+# ---- reference nccl.h for the ABI test (optional) --------------------------------
+wheel=$(ls "$CACHE"/nvidia_nccl_cu13-$NCCL_VERSION-*.whl 2>/dev/null | head -n1 || true)
+if [ -z "$wheel" ]; then
+  step "downloading $NCCL_WHEEL (305 MB, once; cached in $CACHE)"
+  HINT="set QNCCL_CACHE to a writable directory"
+  mkdir -p "$CACHE"
+  # The header is the same on every platform: pin the x86_64 wheel so that
+  # this also works on other architectures. Short timeout: offline is fine.
+  if "${PIP[@]}" download -q --no-deps --only-binary=:all: --platform manylinux_2_27_x86_64 \
+       --timeout 30 --retries 1 -d "$CACHE" "$NCCL_WHEEL" > "$CACHE/download.log" 2>&1; then
+    wheel=$(ls "$CACHE"/nvidia_nccl_cu13-$NCCL_VERSION-*.whl | head -n1)
+  else
+    log "warning: could not download $NCCL_WHEEL (see $CACHE/download.log); the ABI test will be skipped"
+  fi
+fi
+if [ -n "$wheel" ]; then
+  step "extracting nccl.h into $REF_INCLUDE"
+  HINT="the cached wheel may be damaged: rm $wheel and rerun make setup"
+  "$VENV/bin/python" - "$wheel" "$REF_INCLUDE/nccl.h" <<'EOF'
+import pathlib, sys, zipfile
+wheel, dest = sys.argv[1], pathlib.Path(sys.argv[2])
+dest.parent.mkdir(parents=True, exist_ok=True)
+with zipfile.ZipFile(wheel) as z:
+    dest.write_bytes(z.read("nvidia/nccl/include/nccl.h"))
+EOF
+fi
+
+echo "$stamp_key" > "$STAMP"
+log "done in $((SECONDS - start)) s"

@@ -1,0 +1,574 @@
+/* The CUDA codec: the device half of codec.h. Per-element math comes from
+ * codec_math.h, rng.h and dtype.h, the same functions the host codec runs,
+ * so both write the same bytes (docs/wire-format.md). This file only maps
+ * the work onto threads; everything is enqueued on the caller's stream,
+ * nothing synchronizes or allocates.
+ *
+ * Quantize runs two passes over the input:
+ *   1. bucket_stats_kernel: min/max of every bucket into the metadata. A
+ *      group of `lanes` lanes (a power of two, up to a warp) reduces one
+ *      bucket. Buckets longer than kSliceValues are cut into slices whose
+ *      partial metadata goes to scratch space in the (not yet written) code
+ *      area; a second launch of the same kernel merges them.
+ *   2. encode_kernel: one lane per packing group of 8 values (8 codes ->
+ *      BITS bytes). A warp stages its 32 groups, 32*BITS contiguous bytes,
+ *      in shared memory and stores them as whole words.
+ * Dequantize is one pass, decode_kernel: one lane per packing group.
+ *
+ * Per-lane work lives in QNCCL_HD functions; the kernels are the loops that
+ * hand out lanes, plus the warp shuffles and shared-memory staging.
+ *
+ * Alignment: typed buffers must be aligned to their element size (else
+ * cudaErrorMisalignedAddress); a group moves as 16-byte vectors when the
+ * buffer is 16-byte aligned. The compressed buffer may have any alignment;
+ * at 8 bytes (cudaMalloc gives 256) metadata and codes move as words. */
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include <type_traits>
+
+#include "codec/codec.h"
+#include "codec/codec_math.h"
+
+namespace qnccl {
+namespace {
+
+constexpr int kWarp = 32;
+constexpr unsigned kFullWarp = 0xffffffffu;
+constexpr int kBlockThreads = 256;
+constexpr int kWarpsPerBlock = kBlockThreads / kWarp;
+/* Grid-stride loops cover any count; beyond a few waves of blocks more
+ * blocks only add scheduling. */
+constexpr size_t kMaxBlocks = 4096;
+/* Pass 1 (plan_stats): buckets longer than kSliceValues are cut into at
+ * most kMaxSlicesPerBucket slices of at least kSliceValues values, so one
+ * warp never walks a huge bucket alone; lane groups are sized to give each
+ * lane at least kValuesPerLane values. */
+constexpr size_t kSliceValues = 4096;
+constexpr size_t kMaxSlicesPerBucket = 256;
+constexpr size_t kValuesPerLane = 4;
+
+QNCCL_HD size_t ceil_div(size_t a, size_t b) { return a / b + (a % b != 0); }
+QNCCL_HD size_t min_size(size_t a, size_t b) { return a < b ? a : b; }
+
+/* a / b. 64-bit division is a long instruction sequence on the GPU; indices
+ * that fit 32 bits (all but huge calls) take the short one. */
+QNCCL_HD size_t div_index(size_t a, size_t b) {
+  if (((a | b) >> 32) == 0) return (uint32_t)a / (uint32_t)b;
+  return a / b;
+}
+
+/* ---- Memory access ------------------------------------------------------ */
+
+/* Metadata of bucket (or slice) k: 8 bytes at meta + 8k, little-endian like
+ * the GPU. `aligned`: meta is 8-byte aligned. */
+QNCCL_HD BucketMeta load_meta(const uint8_t* meta, size_t k, bool aligned) {
+  const uint8_t* p = meta + k * kMetaBytes;
+  uint32_t lo = 0, hi = 0;
+  if (aligned) {
+    const uint2 w = *reinterpret_cast<const uint2*>(p);
+    lo = w.x;
+    hi = w.y;
+  } else {
+    for (int b = 0; b < 4; ++b) {
+      lo |= (uint32_t)p[b] << (8 * b);
+      hi |= (uint32_t)p[4 + b] << (8 * b);
+    }
+  }
+  BucketMeta m = {bits_float(lo), bits_float(hi)};
+  return m;
+}
+
+QNCCL_HD void store_meta(uint8_t* meta, size_t k, BucketMeta m, bool aligned) {
+  uint8_t* p = meta + k * kMetaBytes;
+  const uint32_t lo = float_bits(m.min), hi = float_bits(m.max);
+  if (aligned) {
+    *reinterpret_cast<uint2*>(p) = make_uint2(lo, hi);
+  } else {
+    for (int b = 0; b < 4; ++b) {
+      p[b] = (uint8_t)(lo >> (8 * b));
+      p[4 + b] = (uint8_t)(hi >> (8 * b));
+    }
+  }
+}
+
+/* Eight elements from a 16-byte aligned address, as two or one 16-byte loads. */
+QNCCL_HD void load8(const float* p, float (&v)[kGroup]) {
+  const float4 a = reinterpret_cast<const float4*>(p)[0];
+  const float4 b = reinterpret_cast<const float4*>(p)[1];
+  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+  v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+
+QNCCL_HD void load8(const uint16_t* p, uint16_t (&v)[kGroup]) {
+  const uint4 a = *reinterpret_cast<const uint4*>(p);
+  const uint32_t w[4] = {a.x, a.y, a.z, a.w};
+  for (int i = 0; i < 4; ++i) v[2 * i] = (uint16_t)w[i], v[2 * i + 1] = (uint16_t)(w[i] >> 16);
+}
+
+QNCCL_HD void store8(float* p, const float (&v)[kGroup]) {
+  reinterpret_cast<float4*>(p)[0] = make_float4(v[0], v[1], v[2], v[3]);
+  reinterpret_cast<float4*>(p)[1] = make_float4(v[4], v[5], v[6], v[7]);
+}
+
+QNCCL_HD void store8(uint16_t* p, const uint16_t (&v)[kGroup]) {
+  uint32_t w[4];
+  for (int i = 0; i < 4; ++i) w[i] = v[2 * i] | (uint32_t)v[2 * i + 1] << 16;
+  *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+/* Values [first, first + len) widened to float32 into x[0, len), len <= 8.
+ * `vectors`: src is 16-byte aligned, so a whole group (first is a multiple
+ * of 8) is too. */
+template <class Type>
+QNCCL_HD void load_group(const typename Type::T* src, size_t first, int len, bool vectors,
+                         float (&x)[kGroup]) {
+  typename Type::T raw[kGroup];
+  if (vectors && len == (int)kGroup) {
+    load8(src + first, raw);
+  } else {
+    for (int j = 0; j < (int)kGroup; ++j) raw[j] = j < len ? src[first + j] : (typename Type::T)0;
+  }
+  for (int j = 0; j < (int)kGroup; ++j) x[j] = Type::load(raw[j]);
+}
+
+template <class Type>
+QNCCL_HD void store_group(typename Type::T* dst, size_t first, int len, bool vectors,
+                          const float (&y)[kGroup]) {
+  typename Type::T raw[kGroup];
+  for (int j = 0; j < (int)kGroup; ++j) raw[j] = Type::store(y[j]);
+  if (vectors && len == (int)kGroup) {
+    store8(dst + first, raw);
+  } else {
+    for (int j = 0; j < len; ++j) dst[first + j] = raw[j];
+  }
+}
+
+/* The BITS code bytes of packing group g, the first in the low byte; what
+ * follows them in the result is garbage for unpack8 to mask. Reads only
+ * inside the code area's `bytes` (a multiple of 8), which the last group
+ * may overhang. `aligned`: codes is 8-byte aligned. */
+template <int BITS>
+QNCCL_HD uint64_t load_code_group(const uint8_t* codes, size_t bytes, size_t g, bool aligned) {
+  const size_t begin = g * BITS;
+  if (aligned) {
+    const uint64_t* words = reinterpret_cast<const uint64_t*>(codes);
+    const size_t w = begin / 8;
+    const int shift = 8 * (int)(begin % 8);
+    uint64_t v = words[w] >> shift;
+    if (shift != 0 && (w + 1) * 8 < bytes) v |= words[w + 1] << (64 - shift);
+    return v;
+  }
+  uint64_t v = 0;
+  for (int b = 0; b < BITS; ++b)
+    if (begin + b < bytes) v |= (uint64_t)codes[begin + b] << (8 * b);
+  return v;
+}
+
+/* ---- Pass 1: bucket metadata -------------------------------------------- */
+
+/* An item is bucket k, or slice j of bucket k when buckets are sliced:
+ * values [k*bucket + j*slice, min(that + slice, (k+1)*bucket, count)).
+ * Items are numbered k*slices_per_bucket + j and all hold at least one value
+ * (plan_stats gives the short last bucket only the slices it fills). With
+ * slices_per_bucket = 1, slice = bucket. */
+template <class Type>
+struct StatsArgs {
+  const typename Type::T* src;
+  size_t count, bucket, slice, slices_per_bucket, items;
+  int lanes;       // lanes reducing one item: a power of two <= kWarp
+  uint8_t* out;    // stats_meta of item i at out + 8i
+  bool out_aligned;
+};
+
+/* Stats of the values of `item` that lane `rank` (of the item's a.lanes)
+ * reads: every a.lanes-th, so a group reads contiguous memory. */
+template <class Type>
+QNCCL_HD BucketStats lane_stats(const StatsArgs<Type>& a, size_t item, int rank) {
+  const size_t k = a.slices_per_bucket == 1 ? item : div_index(item, a.slices_per_bucket);
+  const size_t bucket_begin = k * a.bucket;
+  // No overflow: k > 0 means bucket < count, so the sum stays below 2 * count.
+  const size_t bucket_end = min_size(bucket_begin + a.bucket, a.count);
+  const size_t begin = bucket_begin + (item - k * a.slices_per_bucket) * a.slice;
+  const size_t end = min_size(begin + a.slice, bucket_end);
+  BucketStats s = stats_init();
+#pragma unroll 4
+  for (size_t i = begin + rank; i < end; i += a.lanes) stats_add(s, Type::load(a.src[i]));
+  return s;
+}
+
+__device__ BucketStats shfl_xor_stats(const BucketStats& s, int mask) {
+  BucketStats o;
+  o.min = __shfl_xor_sync(kFullWarp, s.min, mask);
+  o.max = __shfl_xor_sync(kFullWarp, s.max, mask);
+  o.nonfinite = __shfl_xor_sync(kFullWarp, s.nonfinite, mask);
+  return o;
+}
+
+/* Each warp takes kWarp / a.lanes consecutive items per step; lane group
+ * `lane / a.lanes` owns one of them. */
+template <class Type>
+__global__ void __launch_bounds__(kBlockThreads) bucket_stats_kernel(const StatsArgs<Type> a) {
+  const int lane = threadIdx.x % kWarp;
+  const int rank = lane % a.lanes;
+  const size_t per_warp = kWarp / a.lanes;
+  const size_t warp = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) / kWarp;
+  const size_t warps = gridDim.x * (size_t)blockDim.x / kWarp;
+  // `first` is the same in all lanes: every lane reaches every shuffle.
+  for (size_t first = warp * per_warp; first < a.items; first += warps * per_warp) {
+    const size_t item = first + lane / a.lanes;
+    BucketStats s = item < a.items ? lane_stats(a, item, rank) : stats_init();
+    // XOR masks below a.lanes stay inside the aligned lane group.
+    for (int mask = a.lanes / 2; mask > 0; mask /= 2) stats_merge(s, shfl_xor_stats(s, mask));
+    if (rank == 0 && item < a.items) store_meta(a.out, item, stats_meta(s), a.out_aligned);
+  }
+}
+
+/* Lanes for items of up to `values` values: at least kValuesPerLane each. */
+int lanes_for(size_t values) {
+  int lanes = 1;
+  while (lanes < kWarp && (size_t)lanes * kValuesPerLane < values) lanes *= 2;
+  return lanes;
+}
+
+bool aligned_to(const void* p, size_t bytes) { return (uintptr_t)p % bytes == 0; }
+
+/* Pass 1 as one or two launches of bucket_stats_kernel. */
+template <class Type>
+struct StatsPasses {
+  StatsArgs<Type> first;  // metadata of every bucket, or partials of every slice
+  bool sliced;            // then `merge` turns the partials into the metadata
+  StatsArgs<F32> merge;
+};
+
+/* Buckets of up to kSliceValues values stay whole. Longer ones are cut into
+ * per_bucket <= kMaxSlicesPerBucket slices of `slice` >= kSliceValues
+ * values, the last bucket only into those it fills. Slice partials are
+ * metadata too (a non-finite slice is NaN), so the stats of a bucket are the
+ * stats of its partials' 2 * per_bucket floats: `merge` is pass 1 again,
+ * over the partials.
+ * The partials go to the code area, 16-byte aligned; encode overwrites them
+ * later on the stream. They fit: the area holds at least count/8 bytes with
+ * count > kSliceValues; every slice but the last of a bucket holds `slice`
+ * values and more than one bucket means bucket > kSliceValues, so
+ * items <= 2 * count / kSliceValues + 1, at most 16 * count / kSliceValues
+ * + 8 bytes, plus 15 of alignment. */
+template <class Type>
+StatsPasses<Type> plan_stats(const typename Type::T* src, size_t count, size_t bucket,
+                             uint8_t* wire) {
+  const size_t longest = min_size(bucket, count);
+  const size_t buckets = num_buckets(count, bucket);
+  const bool wire_aligned = aligned_to(wire, 8);
+  StatsPasses<Type> passes = {};
+  if (longest <= kSliceValues) {
+    passes.first = {src, count, bucket, bucket, 1, buckets, lanes_for(longest), wire, wire_aligned};
+    return passes;
+  }
+  size_t slice = ceil_div(longest, kMaxSlicesPerBucket);
+  slice = slice > kSliceValues ? slice : kSliceValues;
+  const size_t per_bucket = ceil_div(longest, slice);
+  const size_t last = count - (buckets - 1) * bucket;  // values of the last bucket
+  const size_t items = (buckets - 1) * per_bucket + ceil_div(last, slice);
+  uint8_t* codes = wire + buckets * kMetaBytes;
+  uint8_t* partials = codes + (16 - (uintptr_t)codes % 16) % 16;
+  passes.first = {src, count, bucket, slice, per_bucket, items, kWarp, partials, true};
+  passes.sliced = true;
+  const size_t merged = 2 * per_bucket;
+  passes.merge = {reinterpret_cast<const float*>(partials), 2 * items, merged, merged, 1, buckets,
+                  lanes_for(merged), wire, wire_aligned};
+  return passes;
+}
+
+int grid_for(size_t warps) {
+  return (int)min_size(ceil_div(warps, kWarpsPerBlock), kMaxBlocks);
+}
+
+template <class Type>
+void launch_stats(const StatsArgs<Type>& a, cudaStream_t stream) {
+  const size_t warps = ceil_div(a.items, kWarp / a.lanes);
+  bucket_stats_kernel<Type><<<grid_for(warps), kBlockThreads, 0, stream>>>(a);
+}
+
+/* ---- Pass 2: encode ----------------------------------------------------- */
+
+template <class Type>
+struct EncodeArgs {
+  const typename Type::T* src;
+  size_t count, bucket;
+  const uint8_t* meta;  // pass 1's output
+  uint8_t* codes;       // the code area, code_bytes(count, bits) long
+  size_t code_bytes;
+  RngKey key;
+  bool src_vectors;   // src is 16-byte aligned
+  bool wire_aligned;  // meta (and so codes) is 8-byte aligned
+};
+
+/* Codes of values [8g, 8g + 8) (those below count), packed: BITS bytes in
+ * the low bytes of the result, zero past count. */
+template <class Type, int BITS, bool STOCHASTIC>
+QNCCL_HD uint64_t encode_group(const EncodeArgs<Type>& a, size_t g) {
+  const size_t first = g * kGroup;
+  const int len = (int)min_size(kGroup, a.count - first);
+  float x[kGroup];
+  load_group<Type>(a.src, first, len, a.src_vectors, x);
+  // Bucket k holds value first + j while first + j < next; no overflow as in lane_stats.
+  size_t k = div_index(first, a.bucket);
+  size_t next = k * a.bucket + a.bucket;
+  BucketParams bp = bucket_params(load_meta(a.meta, k, a.wire_aligned), BITS);
+  uint64_t codes = 0;  // code j in byte j, as pack8 takes them
+#pragma unroll
+  for (int j = 0; j < (int)kGroup; ++j) {
+    if (j >= len) break;
+    if (first + j == next) {  // buckets not a multiple of 8 end inside groups
+      ++k;
+      next += a.bucket;
+      bp = bucket_params(load_meta(a.meta, k, a.wire_aligned), BITS);
+    }
+    uint32_t q = 0;  // a non-finite bucket's codes are zero
+    if (!bp.nonfinite) {
+      if constexpr (STOCHASTIC)
+        q = encode_stochastic(bp, x[j], rng_uniform(a.key, first + j));
+      else
+        q = encode_nearest(bp, x[j]);
+    }
+    codes |= (uint64_t)q << (8 * j);
+  }
+  return pack8<BITS>(codes);
+}
+
+/* Warp tile t: groups [32t, 32t + 32), so code bytes [t*kBytes, (t+1)*kBytes),
+ * staged in kWords shared words. */
+template <int BITS>
+struct Tile {
+  static constexpr int kBytes = kWarp * BITS;
+  static constexpr int kWords = kBytes / 4;
+};
+
+/* Lane `lane` (group 32t + lane) puts its BITS code bytes in the staging words. */
+template <int BITS>
+QNCCL_HD void stage_group(uint32_t* tile_words, int lane, uint64_t packed) {
+  uint8_t* bytes = reinterpret_cast<uint8_t*>(tile_words) + lane * BITS;
+  for (int b = 0; b < BITS; ++b) bytes[b] = (uint8_t)(packed >> (8 * b));
+}
+
+/* Lane `lane`'s share of storing staged tile t, clipped to the code area.
+ * The last tile ends at or past code_bytes (a multiple of 8, so of 4): the
+ * zeros staged for groups past count become the padding. */
+template <int BITS>
+QNCCL_HD void store_tile(const uint32_t* tile_words, uint8_t* codes, size_t code_bytes, size_t t,
+                         int lane, bool aligned) {
+  const size_t begin = t * Tile<BITS>::kBytes;
+  const size_t bytes = min_size(Tile<BITS>::kBytes, code_bytes - begin);
+  if (aligned) {
+    uint32_t* out = reinterpret_cast<uint32_t*>(codes + begin);
+    for (size_t w = lane; w < bytes / 4; w += kWarp) out[w] = tile_words[w];
+  } else {
+    const uint8_t* staged = reinterpret_cast<const uint8_t*>(tile_words);
+    for (size_t b = lane; b < bytes; b += kWarp) codes[begin + b] = staged[b];
+  }
+}
+
+template <class Type, int BITS, bool STOCHASTIC>
+__global__ void __launch_bounds__(kBlockThreads) encode_kernel(const EncodeArgs<Type> a) {
+  __shared__ uint32_t staging[kWarpsPerBlock][Tile<BITS>::kWords];
+  uint32_t* tile_words = staging[threadIdx.x / kWarp];
+  const int lane = threadIdx.x % kWarp;
+  const size_t groups = ceil_div(a.count, kGroup);
+  const size_t tiles = ceil_div(groups, kWarp);
+  const size_t warp = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) / kWarp;
+  const size_t warps = gridDim.x * (size_t)blockDim.x / kWarp;
+  // `t` is the same in all lanes: every lane reaches every __syncwarp.
+  for (size_t t = warp; t < tiles; t += warps) {
+    const size_t g = t * kWarp + lane;
+    const uint64_t packed = g < groups ? encode_group<Type, BITS, STOCHASTIC>(a, g) : 0;
+    stage_group<BITS>(tile_words, lane, packed);
+    __syncwarp();
+    store_tile<BITS>(tile_words, a.codes, a.code_bytes, t, lane, a.wire_aligned);
+    __syncwarp();  // the next tile restages these words
+  }
+}
+
+template <class Type, int BITS, bool STOCHASTIC>
+void launch_encode(const EncodeArgs<Type>& a, cudaStream_t stream) {
+  const size_t tiles = ceil_div(ceil_div(a.count, kGroup), kWarp);
+  encode_kernel<Type, BITS, STOCHASTIC><<<grid_for(tiles), kBlockThreads, 0, stream>>>(a);
+}
+
+/* ---- Dequantize --------------------------------------------------------- */
+
+template <class Type>
+struct DecodeArgs {
+  const uint8_t* meta;
+  const uint8_t* codes;
+  size_t code_bytes;
+  typename Type::T* dst;
+  size_t count, bucket;
+  bool dst_vectors;   // dst is 16-byte aligned
+  bool wire_aligned;  // meta (and so codes) is 8-byte aligned
+};
+
+/* Values [8g, 8g + 8) (those below count): dst = y, or dst += y. */
+template <class Type, int BITS, bool ACCUMULATE>
+QNCCL_HD void decode_group(const DecodeArgs<Type>& a, size_t g) {
+  const size_t first = g * kGroup;
+  const int len = (int)min_size(kGroup, a.count - first);
+  const uint64_t codes =
+      unpack8<BITS>(load_code_group<BITS>(a.codes, a.code_bytes, g, a.wire_aligned));
+  float acc[kGroup] = {};
+  if constexpr (ACCUMULATE) load_group<Type>(a.dst, first, len, a.dst_vectors, acc);
+  size_t k = div_index(first, a.bucket);  // as in encode_group
+  size_t next = k * a.bucket + a.bucket;
+  BucketParams bp = bucket_params(load_meta(a.meta, k, a.wire_aligned), BITS);
+  float y[kGroup] = {};
+#pragma unroll
+  for (int j = 0; j < (int)kGroup; ++j) {
+    if (j >= len) break;
+    if (first + j == next) {
+      ++k;
+      next += a.bucket;
+      bp = bucket_params(load_meta(a.meta, k, a.wire_aligned), BITS);
+    }
+    if (bp.nonfinite) {
+      y[j] = bits_float(kCanonicalNanF32);
+    } else {
+      y[j] = decode(bp, (uint32_t)(codes >> (8 * j)) & 0xffu);
+      if constexpr (ACCUMULATE) y[j] = accumulate(acc[j], y[j]);
+    }
+  }
+  store_group<Type>(a.dst, first, len, a.dst_vectors, y);
+}
+
+template <class Type, int BITS, bool ACCUMULATE>
+__global__ void __launch_bounds__(kBlockThreads) decode_kernel(const DecodeArgs<Type> a) {
+  const size_t groups = ceil_div(a.count, kGroup);
+  const size_t threads = gridDim.x * (size_t)blockDim.x;
+  for (size_t g = blockIdx.x * (size_t)blockDim.x + threadIdx.x; g < groups; g += threads)
+    decode_group<Type, BITS, ACCUMULATE>(a, g);
+}
+
+template <class Type, int BITS, bool ACCUMULATE>
+void launch_decode(const DecodeArgs<Type>& a, cudaStream_t stream) {
+  const size_t warps = ceil_div(ceil_div(a.count, kGroup), kWarp);
+  decode_kernel<Type, BITS, ACCUMULATE><<<grid_for(warps), kBlockThreads, 0, stream>>>(a);
+}
+
+/* ---- Dispatch ----------------------------------------------------------- */
+
+/* Calls fn(std::integral_constant<int, BITS>) for bits in 1..8. */
+template <class Fn>
+void dispatch_bits(int bits, Fn&& fn) {
+  switch (bits) {
+    case 1: fn(std::integral_constant<int, 1>{}); break;
+    case 2: fn(std::integral_constant<int, 2>{}); break;
+    case 3: fn(std::integral_constant<int, 3>{}); break;
+    case 4: fn(std::integral_constant<int, 4>{}); break;
+    case 5: fn(std::integral_constant<int, 5>{}); break;
+    case 6: fn(std::integral_constant<int, 6>{}); break;
+    case 7: fn(std::integral_constant<int, 7>{}); break;
+    case 8: fn(std::integral_constant<int, 8>{}); break;
+  }
+}
+
+template <class Type>
+EncodeArgs<Type> plan_encode(const typename Type::T* src, size_t count, const CodecParams& p,
+                             uint8_t* wire) {
+  return EncodeArgs<Type>{src,
+                          count,
+                          p.bucket,
+                          wire,
+                          wire + num_buckets(count, p.bucket) * kMetaBytes,
+                          code_bytes(count, p.bits),
+                          rng_key(p.seed, p.stream),
+                          aligned_to(src, 16),
+                          aligned_to(wire, 8)};
+}
+
+template <class Type>
+DecodeArgs<Type> plan_decode(const uint8_t* wire, size_t count, const CodecParams& p,
+                             typename Type::T* dst) {
+  return DecodeArgs<Type>{wire,
+                          wire + num_buckets(count, p.bucket) * kMetaBytes,
+                          code_bytes(count, p.bits),
+                          dst,
+                          count,
+                          p.bucket,
+                          aligned_to(dst, 16),
+                          aligned_to(wire, 8)};
+}
+
+template <class Type>
+cudaError_t quantize_as(const typename Type::T* src, size_t count, const CodecParams& p,
+                        uint8_t* wire, cudaStream_t stream) {
+  if (!aligned_to(src, sizeof(*src))) return cudaErrorMisalignedAddress;
+  const StatsPasses<Type> stats = plan_stats<Type>(src, count, p.bucket, wire);
+  launch_stats(stats.first, stream);
+  if (stats.sliced) launch_stats(stats.merge, stream);
+  const EncodeArgs<Type> a = plan_encode<Type>(src, count, p, wire);
+  dispatch_bits(p.bits, [&](auto bits) {
+    if (p.rounding == qncclRoundStochastic)
+      launch_encode<Type, bits.value, true>(a, stream);
+    else
+      launch_encode<Type, bits.value, false>(a, stream);
+  });
+  return cudaGetLastError();
+}
+
+template <class Type>
+cudaError_t dequantize_as(const uint8_t* wire, size_t count, const CodecParams& p,
+                          typename Type::T* dst, bool accumulate, cudaStream_t stream) {
+  if (!aligned_to(dst, sizeof(*dst))) return cudaErrorMisalignedAddress;
+  const DecodeArgs<Type> a = plan_decode<Type>(wire, count, p, dst);
+  dispatch_bits(p.bits, [&](auto bits) {
+    if (accumulate)
+      launch_decode<Type, bits.value, true>(a, stream);
+    else
+      launch_decode<Type, bits.value, false>(a, stream);
+  });
+  return cudaGetLastError();
+}
+
+/* The kernels divide by p.bucket and instantiate bits 1..8 only. */
+bool valid(const CodecParams& p) {
+  return p.bits >= QNCCL_MIN_BITS && p.bits <= QNCCL_MAX_BITS && p.bucket >= 1;
+}
+
+}  // namespace
+
+int device_quantize(const void* src, size_t count, ncclDataType_t type, const CodecParams& p,
+                    void* dst, cudaStream_t stream) {
+  if (!valid(p)) return cudaErrorInvalidValue;
+  if (count == 0) return cudaSuccess;
+  cudaError_t err = cudaErrorInvalidValue;
+  dispatch_float_type(type, [&](auto t) {
+    using Type = decltype(t);
+    err = quantize_as<Type>(static_cast<const typename Type::T*>(src), count, p,
+                            static_cast<uint8_t*>(dst), stream);
+  });
+  return err;
+}
+
+int device_dequantize(const void* src, size_t count, const CodecParams& p, void* dst,
+                      ncclDataType_t type, bool accumulate, cudaStream_t stream) {
+  if (!valid(p)) return cudaErrorInvalidValue;
+  if (count == 0) return cudaSuccess;
+  cudaError_t err = cudaErrorInvalidValue;
+  dispatch_float_type(type, [&](auto t) {
+    using Type = decltype(t);
+    err = dequantize_as<Type>(static_cast<const uint8_t*>(src), count, p,
+                              static_cast<typename Type::T*>(dst), accumulate, stream);
+  });
+  return err;
+}
+
+int is_device_pointer(const void* ptr) {
+  cudaPointerAttributes attr;
+  if (cudaPointerGetAttributes(&attr, ptr) != cudaSuccess) {
+    (void)cudaGetLastError();  // no driver or device: everything is host memory
+    return 0;
+  }
+  return attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
+}
+
+const char* device_error_string(int err) { return cudaGetErrorString((cudaError_t)err); }
+
+}  // namespace qnccl

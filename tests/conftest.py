@@ -1,0 +1,123 @@
+"""Shared fixtures and helpers of the test suite.
+
+Test data of the three codec types is built here without the emulator's
+conversions (numpy's own float16, and bfloat16 as the top half of float32
+bits), so a conversion bug in the emulator cannot hide in the data.
+"""
+import ctypes
+import zlib
+
+import numpy as np
+import pytest
+from hypothesis import settings
+
+# Property tests run the same examples on every machine and every run.
+settings.register_profile("qnccl", derandomize=True, deadline=None, database=None,
+                          print_blob=True)
+settings.load_profile("qnccl")
+
+DTYPES = ("float32", "float16", "bfloat16")
+F32_MAX = float(np.finfo(np.float32).max)
+F32_TINY = 2.0**-149  # smallest float32 subnormal
+
+
+def cuda_device_count():
+    """CUDA devices visible through the driver API; 0 without a driver."""
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return 0
+    count = ctypes.c_int(0)
+    if cuda.cuInit(0) != 0 or cuda.cuDeviceGetCount(ctypes.byref(count)) != 0:
+        return 0
+    return count.value
+
+
+def pytest_collection_modifyitems(config, items):
+    gpu_items = [item for item in items if "gpu" in item.keywords]
+    if gpu_items and cuda_device_count() == 0:
+        skip = pytest.mark.skip(reason="needs a CUDA device")
+        for item in gpu_items:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def rng(request):
+    """A generator seeded from the test's id: reproducible, different per test."""
+    return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
+
+
+@pytest.fixture(scope="session")
+def capi():
+    """(ffi, lib) of the built libqnccl.so; fails with the build hint when missing."""
+    from qnccl import _lib
+    return _lib.ffi(), _lib.lib()
+
+
+# ---- values of the three codec types ---------------------------------------
+
+def bfloat16_bits(values):
+    """bfloat16 bits (uint16) of float32 `values`, truncated: exact for values
+    whose low 16 bits are zero, and any bf16 pattern is reachable."""
+    return (np.asarray(values, np.float32).view(np.uint32) >> 16).astype(np.uint16)
+
+
+def from_float32(values, dtype):
+    """float32 `values` in the storage of `dtype` (float16: numpy's rounding;
+    bfloat16: truncated bits)."""
+    values = np.asarray(values, np.float32)
+    if dtype == "float32":
+        return values
+    if dtype == "float16":
+        with np.errstate(over="ignore"):
+            return values.astype(np.float16)
+    return bfloat16_bits(values)
+
+
+def widen(values, dtype):
+    """Exact float64 values of an array of `dtype` storage (float16 or uint16 bits for bfloat16)."""
+    values = np.asarray(values)
+    if dtype == "bfloat16":
+        values = (values.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+    with np.errstate(invalid="ignore"):  # signaling NaNs
+        return values.astype(np.float64)
+
+
+def special_values(dtype):
+    """Storage values that stress the codec, in this order for every dtype:
+    NaN, a negative NaN with a payload, +Inf, -Inf, -0, +0, the smallest
+    subnormal, a negative subnormal, the largest subnormal, the smallest
+    normal, the largest finite value and its negative."""
+    bits = {"float32": [0x7FC00000, 0xFFA00001, 0x7F800000, 0xFF800000, 0x80000000, 0x00000000,
+                        0x00000001, 0x80000003, 0x007FFFFF, 0x00800000, 0x7F7FFFFF, 0xFF7FFFFF],
+            "float16": [0x7E00, 0xFD01, 0x7C00, 0xFC00, 0x8000, 0x0000, 0x0001, 0x8003,
+                        0x03FF, 0x0400, 0x7BFF, 0xFBFF],
+            "bfloat16": [0x7FC0, 0xFF81, 0x7F80, 0xFF80, 0x8000, 0x0000, 0x0001, 0x8003,
+                         0x007F, 0x0080, 0x7F7F, 0xFF7F]}[dtype]
+    if dtype == "float32":
+        return np.array(bits, np.uint32).view(np.float32)
+    values = np.array(bits, np.uint16)
+    return values.view(np.float16) if dtype == "float16" else values
+
+
+_EXPONENTS = {"float32": (-140, 120), "float16": (-22, 10), "bfloat16": (-140, 120)}
+
+
+def make_values(rng, count, dtype, bucket_size, specials=True):
+    """`count` values of `dtype` storage: each bucket gets its own random scale
+    (subnormal to huge) and offset, bucket 1 is constant, and with `specials` a
+    few special_values() are sprinkled in."""
+    buckets = -(-count // bucket_size)
+    low, high = _EXPONENTS[dtype]
+    scale = np.repeat(2.0 ** rng.uniform(low, high, buckets), bucket_size)[:count]
+    offset = np.repeat(rng.standard_normal(buckets) * rng.choice([0, 1, 10], buckets),
+                       bucket_size)[:count]
+    values = (offset + rng.standard_normal(count)) * scale
+    if buckets > 2:
+        values[bucket_size:2 * bucket_size] = values[bucket_size]
+    values = from_float32(np.clip(values, -F32_MAX, F32_MAX), dtype)
+    if specials and count >= 64:
+        extra = special_values(dtype)
+        positions = rng.choice(count, size=count // 64, replace=False)
+        values[positions] = extra[rng.integers(0, extra.size, positions.size)]
+    return values

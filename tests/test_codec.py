@@ -1,0 +1,668 @@
+"""libqnccl.so's codec, through qnccl.codec and the raw C API, against
+docs/wire-format.md: byte-for-byte agreement with the numpy emulator, the
+error bounds, non-finite values, sizes and padding, memory safety, and the
+messages of rejected arguments."""
+import ctypes
+import itertools
+import mmap
+import re
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import (DTYPES, F32_MAX, F32_TINY, from_float32, make_values, special_values,
+                      widen)
+from qnccl import QncclError, codec
+from qnccl.emulate import codec as emu
+
+ROUNDINGS = ("nearest", "stochastic")
+CANONICAL_NAN = {"float32": 0x7FC00000, "float16": 0x7E00, "bfloat16": 0x7FC0}
+BUCKETS = (1, 3, 7, 8, 100, 128, 1024, 100_000)  # the last is larger than every count
+COUNTS = (0, 1, 7, 8, 9, 1000, 4099, 65537)
+TESTS_DIR = Path(__file__).resolve().parent
+
+
+def storage_bits(values):
+    """The raw bits of an array, as unsigned integers of its item size."""
+    values = np.ascontiguousarray(values).reshape(-1)
+    return values.view({1: np.uint8, 2: np.uint16, 4: np.uint32}[values.itemsize])
+
+
+def assert_same_bytes(actual, expected, what):
+    actual, expected = storage_bits(actual), storage_bits(expected)
+    assert actual.dtype == expected.dtype and actual.size == expected.size, (
+        f"{what}: library gave {actual.size} x {actual.dtype}, emulator {expected.size} x "
+        f"{expected.dtype}")
+    differ = np.flatnonzero(actual != expected)
+    assert differ.size == 0, (
+        f"{what}: {differ.size} elements differ, first at {differ[0]}: library "
+        f"{int(actual[differ[0]]):#x}, emulator {int(expected[differ[0]]):#x}")
+
+
+# ---- the library computes the emulator's bytes -------------------------------
+
+def check_against_emulator(x, dtype, bits, bucket, rounding, seed, stream, rng):
+    """quantize, dequantize to every type and accumulate into float32 and into
+    x's type: library and emulator bytes must be identical."""
+    count = x.size
+    where = (f"{dtype} {rounding} bits={bits} bucket={bucket} count={count} seed={seed} "
+             f"stream={stream}")
+    q = codec.quantize(x, bits, bucket, rounding, seed=seed, stream=stream, dtype=dtype)
+    expected = emu.quantize(x, bits, bucket, rounding, seed=seed, stream=stream, dtype=dtype)
+    assert_same_bytes(q.data, expected, f"quantize {where}")
+    for out_dtype in DTYPES:
+        assert_same_bytes(codec.dequantize(q, dtype=out_dtype),
+                          emu.dequantize(expected, count, bits, bucket, out_dtype),
+                          f"dequantize to {out_dtype}, {where}")
+    for acc_dtype in dict.fromkeys(("float32", dtype)):
+        acc = make_values(rng, count, acc_dtype, bucket)
+        expected_acc = acc.copy()
+        codec.dequantize_accumulate(q, acc)
+        emu.dequantize_accumulate(expected, count, bits, bucket, expected_acc, dtype=acc_dtype)
+        assert_same_bytes(acc, expected_acc, f"accumulate into {acc_dtype}, {where}")
+
+
+@pytest.mark.parametrize("count", COUNTS)
+@pytest.mark.parametrize("bucket", BUCKETS)
+@pytest.mark.parametrize("bits", range(1, 9))
+def test_library_matches_emulator_byte_for_byte(rng, bits, bucket, count):
+    for dtype, rounding in itertools.product(DTYPES, ROUNDINGS):
+        seed, stream = (int(v) for v in rng.integers(0, 2**64, 2, dtype=np.uint64))
+        x = make_values(rng, count, dtype, bucket)
+        check_against_emulator(x, dtype, bits, bucket, rounding, seed, stream, rng)
+
+
+@settings(max_examples=200)
+@given(count=st.integers(0, 3000), bits=st.integers(1, 8),
+       bucket=st.one_of(st.sampled_from([1, 2, 8, 128]), st.integers(1, 4000)),
+       dtype=st.sampled_from(DTYPES), rounding=st.sampled_from(ROUNDINGS),
+       seed=st.integers(0, 2**64 - 1), stream=st.integers(0, 2**64 - 1),
+       data_seed=st.integers(0, 2**32 - 1), specials=st.booleans(), strided=st.booleans())
+def test_random_configurations_match_emulator(count, bits, bucket, dtype, rounding, seed, stream,
+                                              data_seed, specials, strided):
+    rng = np.random.default_rng(data_seed)
+    x = make_values(rng, count, dtype, bucket, specials)
+    if strided:  # the same values, not contiguous
+        x = np.repeat(x, 2)[::2]
+    check_against_emulator(x, dtype, bits, bucket, rounding, seed, stream, rng)
+
+
+# ---- error bounds -------------------------------------------------------------
+
+def rounding_slack(meta):
+    """Allowance for float32 rounding in the bounds of docs/wire-format.md, per bucket.
+
+    Work in sigma units (values times sigma; scaling by sigma and 1/sigma is
+    exact) with M = sigma * max(|min|, |max|), e = 2^-24 the float32 unit
+    roundoff and s the step derived from the metadata. Encode rounds three
+    times: D = sigma*x - a (<= e*2M), inv = 1/s (relative e; when s > 2^126
+    inv is subnormal and errs by up to 2^-150 = 2^-150*s relative < 4e, as
+    s < 2^128) and t = D*inv (relative e), so s*|t - D/s| <= 2M(e + 4e + e)
+    = 12eM. The code is within 1/2 (nearest) or 1 (stochastic) of t, except
+    when clamped to L: s = fl(fl(sigma*max - a)/L) puts L*s within 2e*2M of
+    the range, so the clamp costs at most 4eM. Decode rounds q*s (<= e*L*s
+    <= 2eM(1 + 2e)) and the addition (<= eM). In all the error is within
+    s/2 (resp. s) + 19eM, and 24eM covers the O(e^2) terms. Near zero a
+    result may be subnormal, where an operation errs by up to 2^-150
+    absolute instead: at most 6 of them, 3 * 2^-149.
+    """
+    magnitude = np.abs(np.asarray(meta, np.float64)).max(axis=1)
+    return 24 * 2.0**-24 * magnitude + 3 * F32_TINY
+
+
+def check_bounds(x, dtype, q):
+    """Metadata, range, codes and error of `q` (quantized from `x`) per the doc."""
+    values = widen(x, dtype).reshape(-1)
+    count, bucket = values.size, q.bucket_size
+    starts = np.arange(0, count, bucket)
+    meta = q.meta.astype(np.float64)
+    assert np.array_equal(meta[:, 0], np.minimum.reduceat(values, starts))
+    assert np.array_equal(meta[:, 1], np.maximum.reduceat(values, starts))
+    owner = np.arange(count) // bucket
+    lo, hi = meta[owner, 0], meta[owner, 1]
+    y = codec.dequantize(q, dtype="float32").astype(np.float64).reshape(-1)
+    assert np.all(np.isfinite(y)) and np.all((lo <= y) & (y <= hi))
+
+    params = emu.bucket_params(q.meta[:, 0], q.meta[:, 1], q.bits)
+    # s is the step in sigma units: the grid of a half-scale bucket is s / sigma = 2s apart
+    step = params["step"].astype(np.float64) / params["sigma"]
+    steps_allowed = 0.5 if q.rounding == "nearest" else 1.0
+    # Only a constant bucket has step 0: a range so small that (max - min) / L
+    # underflows still gets the 2^-126 floor.
+    assert np.array_equal(step == 0, meta[:, 0] == meta[:, 1])
+    limit = (steps_allowed * step + rounding_slack(meta))[owner]
+    error = np.abs(values - y)
+    outside = error > limit  # stochastic's strict "<" is moot once the slack is added
+    if outside.any():
+        i = np.flatnonzero(outside)[0]
+        pytest.fail(f"{q.rounding}: |x - y| = {error[i]:.9g} > {limit[i]:.9g} at {i}: "
+                    f"x={values[i]!r} y={y[i]!r} bucket [{lo[i]!r}, {hi[i]!r}] "
+                    f"step {step[owner[i]]!r}")
+
+    codes = q.codes.astype(np.int64)
+    assert np.all(codes[values == lo] == 0)
+    if q.rounding == "nearest":
+        # the maximum sits on the top code unless the step was raised to 2^-126
+        regular = (hi - lo >= 2.0**-100)
+        assert np.all(codes[(values == hi) & regular] == 2**q.bits - 1)
+
+
+_DTYPE_LIMITS = {"float32": (F32_MAX, F32_TINY), "float16": (65504.0, 2.0**-24),
+                 "bfloat16": (float(widen(np.uint16(0x7F7F), "bfloat16")), 2.0**-133)}
+
+
+def bounded_values(kind, dtype, rng, count, bucket):
+    """Finite test data of one kind, in the storage of `dtype`."""
+    largest, tiniest = _DTYPE_LIMITS[dtype]
+    if kind == "normal":
+        values = rng.standard_normal(count) * 3
+    elif kind == "offset":  # a narrow range far from zero: cancellation in x - min
+        values = 1000 + rng.uniform(0, 1, count)
+    elif kind == "scales":
+        return make_values(rng, count, dtype, bucket, specials=False)
+    elif kind == "huge":  # every bucket spans the whole finite range
+        values = rng.uniform(-1, 1, count) * largest
+        values[::bucket] = largest
+        values[1::bucket] = -largest
+    elif kind == "subnormal":  # ranges of a few subnormal steps, then normal neighbours
+        values = rng.integers(-5, 6, count) * tiniest
+        values[count // 2:] += 2.0**-126 if dtype != "float16" else 2.0**-14
+    return from_float32(values, dtype)
+
+
+@pytest.mark.parametrize("kind", ["normal", "offset", "scales", "huge", "subnormal"])
+@pytest.mark.parametrize("rounding", ROUNDINGS)
+@pytest.mark.parametrize("bits", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_error_bounds(rng, dtype, bits, rounding, kind):
+    for bucket in (37, 128):
+        x = bounded_values(kind, dtype, rng, 1000, bucket)
+        q = codec.quantize(x, bits, bucket, rounding, seed=3, stream=bucket, dtype=dtype)
+        check_bounds(x, dtype, q)
+
+
+@pytest.mark.parametrize("bits", [1, 8])
+@pytest.mark.parametrize("rounding", ROUNDINGS)
+def test_values_at_the_float32_limits_stay_finite_and_bounded(bits, rounding):
+    x = np.array([F32_MAX, -F32_MAX, 1.0, -1.0, 3e38, -2.5e38, 1e30, 0.0], np.float32)
+    q = codec.quantize(x, bits, 8, rounding, seed=1, stream=2)
+    assert q.meta.tolist() == [[-F32_MAX, F32_MAX]]
+    check_bounds(x, "float32", q)
+
+
+@pytest.mark.parametrize("bits", [1, 3])
+def test_stochastic_rounding_is_unbiased_and_nearest_is_not(rng, bits):
+    bucket, buckets, streams = 16, 4, 4000
+    lo = rng.uniform(-5, 0, (buckets, 1))
+    x = rng.uniform(lo, lo + rng.uniform(0.5, 3, (buckets, 1)), (buckets, bucket))
+    x = x.astype(np.float32).reshape(-1)
+
+    def mean_and_std(rounding):
+        y = np.stack([codec.dequantize(codec.quantize(x, bits, bucket, rounding, seed=11,
+                                                      stream=stream))
+                      for stream in range(streams)]).astype(np.float64)
+        return y.mean(axis=0), y.std(axis=0, ddof=1)
+
+    q = codec.quantize(x, bits, bucket, "nearest")
+    owner = np.arange(x.size) // bucket
+    step = emu.bucket_params(q.meta[:, 0], q.meta[:, 1], bits)["step"].astype(np.float64)
+    position = (x - q.meta[owner, 0].astype(np.float64)) / step[owner]
+    fraction = position - np.floor(position)
+    interior = (fraction > 0.1) & (fraction < 0.9)  # nearest is off by >= 0.1 step there
+    assert interior.sum() > x.size // 2
+
+    mean, std = mean_and_std("stochastic")
+    tolerance = 5 * std / np.sqrt(streams) + rounding_slack(q.meta)[owner]
+    x64 = x.astype(np.float64)
+    assert np.all(np.abs(mean - x64) <= tolerance), np.max(np.abs(mean - x64) - tolerance)
+    assert np.all(std[interior] > 0)
+
+    nearest_mean, nearest_std = mean_and_std("nearest")
+    assert np.all(nearest_std == 0)
+    assert np.all(np.abs(nearest_mean - x64)[interior] > tolerance[interior])
+
+
+# ---- random streams ----------------------------------------------------------
+
+def test_streams_and_seeds_select_independent_rounding(rng):
+    x = (rng.standard_normal(2000) * 4).astype(np.float32)
+    keys = [(0, 0), (0, 1), (1, 0), (0, 2**32), (2**32, 0), (0, 2**64 - 1), (2**64 - 1, 0),
+            (5, 5)]
+    codes = {}
+    for seed, stream in keys:
+        q = codec.quantize(x, 4, 128, "stochastic", seed=seed, stream=stream)
+        again = codec.quantize(x, 4, 128, "stochastic", seed=seed, stream=stream)
+        assert_same_bytes(again.data, q.data, f"repeat of seed={seed} stream={stream}")
+        codes[seed, stream] = q.codes
+    for a, b in itertools.combinations(keys, 2):
+        # independent noise changes a code with probability 2p(1-p), 1/3 on average
+        assert np.mean(codes[a] != codes[b]) > 0.25, (a, b)
+    nearest = [codec.quantize(x, 4, 128, "nearest", seed=s, stream=t).data for s, t in keys]
+    for data in nearest[1:]:
+        assert_same_bytes(data, nearest[0], "nearest rounding with another seed/stream")
+
+
+# ---- non-finite values, constants, zeros ---------------------------------------
+
+@pytest.mark.parametrize("rounding", ROUNDINGS)
+@pytest.mark.parametrize("bits", [1, 4, 8])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_nonfinite_bucket_decodes_to_nan_and_spares_the_others(rng, dtype, bits, rounding):
+    bucket, count = 16, 75  # five buckets, the last holding 11 values
+    nan, other_nan, inf, minus_inf = special_values(dtype)[:4]
+    clean = from_float32(rng.uniform(-2, 2, count), dtype)
+    x = clean.copy()
+    x[16], x[47], x[70], x[74] = nan, inf, minus_inf, other_nan  # buckets 1, 2 and 4
+    bad = np.isin(np.arange(count) // bucket, [1, 2, 4])
+    q = codec.quantize(x, bits, bucket, rounding, seed=4, stream=2, dtype=dtype)
+    q_clean = codec.quantize(clean, bits, bucket, rounding, seed=4, stream=2, dtype=dtype)
+
+    meta_bits = q.meta.view(np.uint32)
+    assert np.all(meta_bits[[1, 2, 4]] == CANONICAL_NAN["float32"])
+    assert np.array_equal(meta_bits[[0, 3]], q_clean.meta.view(np.uint32)[[0, 3]])
+    assert np.all(q.codes[bad] == 0)
+    assert np.array_equal(q.codes[~bad], q_clean.codes[~bad])
+
+    for out_dtype in DTYPES:
+        y = storage_bits(codec.dequantize(q, dtype=out_dtype))
+        assert np.all(y[bad] == CANONICAL_NAN[out_dtype]), out_dtype
+        y_clean = storage_bits(codec.dequantize(q_clean, dtype=out_dtype))
+        assert np.array_equal(y[~bad], y_clean[~bad])
+    for acc_dtype in dict.fromkeys(("float32", dtype)):
+        acc = from_float32(rng.uniform(-1, 1, count), acc_dtype)
+        acc_clean = acc.copy()
+        codec.dequantize_accumulate(q, acc)
+        codec.dequantize_accumulate(q_clean, acc_clean)
+        assert np.all(storage_bits(acc)[bad] == CANONICAL_NAN[acc_dtype])
+        assert np.array_equal(storage_bits(acc)[~bad], storage_bits(acc_clean)[~bad])
+
+
+@pytest.mark.parametrize("rounding", ROUNDINGS)
+@pytest.mark.parametrize("bits", [1, 8])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_constant_buckets_decode_exactly(dtype, bits, rounding):
+    specials = special_values(dtype)
+    wide = widen(specials, dtype)
+    constants = specials[np.isfinite(wide) & ~((wide == 0) & np.signbit(wide))]
+    constants = np.concatenate([constants, from_float32([-3.5, 7.0, 1e4], dtype)])
+    bucket = 9
+    x = np.repeat(constants, bucket)
+    q = codec.quantize(x, bits, bucket, rounding, seed=9, stream=9, dtype=dtype)
+    assert_same_bytes(codec.dequantize(q, dtype=dtype), x, "constant buckets")
+    assert np.array_equal(q.meta[:, 0], q.meta[:, 1])
+    assert np.array_equal(q.meta[:, 0].astype(np.float64), widen(constants, dtype))
+    assert np.all(q.codes == 0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_negative_zero_is_stored_as_positive_zero(dtype):
+    values = np.array([-0.0] * 8 + [-0.0, 1, 2, 3, 0, 5, 6, 7] + [-2, -0.0, -1, -1, -1, -1, -1, -1])
+    x = from_float32(values, dtype)
+    assert np.any(storage_bits(x) == storage_bits(from_float32([-0.0], dtype))[0])
+    q = codec.quantize(x, 4, 8, "nearest", dtype=dtype)
+    assert q.meta.view(np.uint32).tolist() == [[0, 0], [0, 0x40E00000], [0xC0000000, 0]]
+    y = storage_bits(codec.dequantize(q, dtype=dtype))
+    assert np.all(y[:8] == 0)  # the all-zero bucket decodes to +0.0
+
+
+def test_subnormal_ranges_keep_their_bounds():
+    x = (np.array([0, 1, 2, 3, 4, 5, -1, -2] * 2 + [3, 3, 3, 3, 4, 4, 4, 4]) * F32_TINY)
+    x = x.astype(np.float32)
+    for rounding in ROUNDINGS:
+        check_bounds(x, "float32", codec.quantize(x, 2, 8, rounding, seed=1, stream=1))
+    # a step of a few subnormal units is raised to 2^-126 (or rounds to 0): every code is 0
+    assert not codec.quantize(x, 2, 8, "nearest").codes.any()
+
+
+# ---- sizes, empty input, padding --------------------------------------------
+
+@pytest.mark.parametrize("count,bits,bucket", [
+    (0, 4, 128), (1, 1, 1), (7, 3, 2), (9, 5, 4), (128, 4, 128), (1000, 8, 1000),
+    (4099, 7, 100), (65537, 2, 1024), (10**12, 4, 128), (10**12, 3, 1)])
+def test_compressed_size_is_metadata_plus_aligned_codes(count, bits, bucket):
+    expected = 8 * -(-count // bucket) + -(-(-(-count * bits // 8)) // 8) * 8
+    assert codec.compressed_size(count, bits, bucket) == expected
+    assert emu.compressed_size(count, bits, bucket) == expected
+    if count <= 65537:
+        assert codec.quantize(np.ones(count, np.float32), bits, bucket).nbytes == expected
+
+
+def test_four_bits_in_buckets_of_128_compress_float32_7_1_times():
+    q = codec.quantize(np.zeros(2**20, np.float32), 4, 128, "nearest")
+    assert q.nbytes == 8 * 2**13 + 2**19
+    assert q.ratio == pytest.approx(4 * 2**20 / (8 * 2**13 + 2**19))
+    assert 7.1 < q.ratio < 7.12
+    # the doc's examples: 512 bytes of float32 cost 64 + 8 (bucket 128), or 512 + 8 (bucket 1024)
+    assert codec.compressed_size(128, 4, 128) == 72
+    assert codec.compressed_size(1024, 4, 1024) == 520
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_empty_input(capi, dtype):
+    x = from_float32(np.zeros(0), dtype)
+    q = codec.quantize(x, 4, 128, dtype=dtype)
+    assert q.nbytes == 0 and q.count == 0 and q.meta.shape == (0, 2) and q.codes.size == 0
+    assert codec.dequantize(q).shape == (0,)
+    assert codec.dequantize_accumulate(q, np.zeros(0, np.float32)).shape == (0,)
+    ffi, lib = capi
+    config = ffi.new("qncclCodecConfig_t*", {"bits": 4, "bucketSize": 128})
+    assert lib.qncclQuantize(ffi.NULL, 0, lib.ncclFloat32, config, 0, ffi.NULL, 0, ffi.NULL) == 0
+    assert lib.qncclDequantize(ffi.NULL, 0, 0, config, ffi.NULL, lib.ncclFloat32, ffi.NULL) == 0
+    assert lib.qncclDequantizeAccumulate(ffi.NULL, 0, 0, config, ffi.NULL, lib.ncclBfloat16,
+                                         ffi.NULL) == 0
+
+
+@pytest.mark.parametrize("bits", range(1, 9))
+def test_padding_bits_and_bytes_are_zero(bits):
+    bucket = 5
+    for count in (1, 7, 9, 13, 63, 4097):
+        # every bucket: its minimum first, then values at its maximum (code 2^bits - 1)
+        x = np.ones(count, np.float32)
+        x[::bucket] = 0
+        q = codec.quantize(x, bits, bucket, "nearest")
+        buckets = -(-count // bucket)
+        area = q.data[8 * buckets:]
+        assert area.size == -(-(-(-count * bits // 8)) // 8) * 8
+        stream = np.unpackbits(area, bitorder="little")
+        assert stream[:count * bits].sum() == (count - buckets) * bits
+        assert not stream[count * bits:].any(), f"nonzero padding, count {count}"
+
+
+# ---- memory safety ------------------------------------------------------------
+
+def _guarded(nbytes, keep):
+    """A uint8 array of `nbytes` that ends where an inaccessible page begins."""
+    pages = -(-nbytes // mmap.PAGESIZE)
+    region = mmap.mmap(-1, (pages + 1) * mmap.PAGESIZE)
+    whole = np.frombuffer(region, np.uint8)
+    libc = ctypes.CDLL(None, use_errno=True)
+    guard = ctypes.c_void_p(whole.ctypes.data + pages * mmap.PAGESIZE)
+    assert libc.mprotect(guard, ctypes.c_size_t(mmap.PAGESIZE), 0) == 0  # PROT_NONE
+    keep.append(region)
+    return whole[pages * mmap.PAGESIZE - nbytes:pages * mmap.PAGESIZE]
+
+
+def run_guarded_cases():
+    """Runs the codec on buffers that end at an inaccessible page: a read or a
+    write past any buffer's end kills the process. Prints each case first."""
+    from qnccl import _lib
+    ffi, lib = _lib.ffi(), _lib.lib()
+    rng = np.random.default_rng(0)
+    counts = list(range(1, 18)) + [63, 64, 65, 4095, 4096, 4097, 4103, 8193]
+    for bits, bucket, count, dtype, rounding in itertools.product(
+            range(1, 9), (1, 5, 128, 5000), counts, DTYPES, (0, 1)):
+        print(f"bits={bits} bucket={bucket} count={count} {dtype} rounding={rounding}",
+              flush=True)
+        keep = []
+        x = make_values(rng, count, dtype, bucket)
+        src = _guarded(x.nbytes, keep)
+        src[:] = storage_bits(x).view(np.uint8)
+        size = emu.compressed_size(count, bits, bucket)
+        packed, out = _guarded(size, keep), _guarded(x.nbytes, keep)
+        config = ffi.new("qncclCodecConfig_t*", {"bits": bits, "bucketSize": bucket,
+                                                 "rounding": rounding, "seed": 1})
+        nccl_type = getattr(lib, {"float32": "ncclFloat32", "float16": "ncclFloat16",
+                                  "bfloat16": "ncclBfloat16"}[dtype])
+        pointer = lambda a: ffi.cast("void*", a.ctypes.data)  # noqa: E731
+        _lib.check(lib.qncclQuantize(pointer(src), count, nccl_type, config, 7, pointer(packed),
+                                     size, ffi.NULL))
+        _lib.check(lib.qncclDequantize(pointer(packed), size, count, config, pointer(out),
+                                       nccl_type, ffi.NULL))
+        _lib.check(lib.qncclDequantizeAccumulate(pointer(packed), size, count, config,
+                                                 pointer(out), nccl_type, ffi.NULL))
+    print("all guarded cases passed")
+
+
+def test_buffers_are_not_accessed_past_their_ends():
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(TESTS_DIR.parent), os.environ.get("PYTHONPATH", "")]))
+    child = "import test_codec; test_codec.run_guarded_cases()"
+    result = subprocess.run([sys.executable, "-c", child], cwd=TESTS_DIR, env=env,
+                            capture_output=True, text=True, timeout=600)
+    last_case = (result.stdout.strip().splitlines() or ["(none)"])[-1]
+    status = result.returncode
+    assert status == 0, (
+        f"exit status {status} (negative: killed by that signal; -11 is an access "
+        f"past a buffer's end) in case: {last_case}\n{result.stderr[-3000:]}")
+    assert last_case == "all guarded cases passed"
+
+
+# ---- arguments rejected by the C API ------------------------------------------
+
+class CodecCalls:
+    """The C codec entry points with valid arguments, any of which a test replaces."""
+
+    count = 16
+    size = emu.compressed_size(count, 4, 8)  # 2 buckets: 16 bytes of metadata, 8 of codes
+
+    def __init__(self, ffi, lib):
+        self.ffi, self.lib = ffi, lib
+        self.values = np.linspace(-1, 1, self.count, dtype=np.float32)
+        self.packed = np.zeros(self.size, np.uint8)
+        self.out = np.zeros(self.count, np.float32)
+
+    def config(self, bits=4, bucket=8, rounding=0):
+        return self.ffi.new("qncclCodecConfig_t*",
+                            {"bits": bits, "bucketSize": bucket, "rounding": rounding})
+
+    def _pointer(self, array):
+        return self.ffi.cast("void*", array.ctypes.data)
+
+    def quantize(self, **replace):
+        args = dict(src=self._pointer(self.values), count=self.count,
+                    datatype=self.lib.ncclFloat32, config=self.config(), stream=0,
+                    dst=self._pointer(self.packed), dst_bytes=self.size)
+        args.update(replace)
+        return self.lib.qncclQuantize(args["src"], args["count"], args["datatype"],
+                                      args["config"], args["stream"], args["dst"],
+                                      args["dst_bytes"], self.ffi.NULL)
+
+    def dequantize(self, accumulate=False, **replace):
+        args = dict(src=self._pointer(self.packed), src_bytes=self.size, count=self.count,
+                    config=self.config(), dst=self._pointer(self.out),
+                    datatype=self.lib.ncclFloat32)
+        args.update(replace)
+        function = self.lib.qncclDequantizeAccumulate if accumulate else self.lib.qncclDequantize
+        return function(args["src"], args["src_bytes"], args["count"], args["config"],
+                        args["dst"], args["datatype"], self.ffi.NULL)
+
+    def compressed_size(self, **replace):
+        args = dict(count=self.count, config=self.config(), bytes=self.ffi.new("size_t*"))
+        args.update(replace)
+        return self.lib.qncclCompressedSize(args["count"], args["config"], args["bytes"])
+
+
+NULL = object()  # stands for ffi.NULL in the table below
+
+BAD_ARGUMENTS = {
+    # case: (entry point, replaced arguments, words the message must contain)
+    "quantize bits 0": ("quantize", dict(config=dict(bits=0)), ["bits", "1..8"]),
+    "quantize bits 9": ("quantize", dict(config=dict(bits=9)), ["bits", "1..8"]),
+    "dequantize bits 9": ("dequantize", dict(config=dict(bits=9)), ["bits", "1..8"]),
+    "size bits 0": ("compressed_size", dict(config=dict(bits=0)), ["bits", "1..8"]),
+    "quantize bucket 0": ("quantize", dict(config=dict(bucket=0)), ["bucketSize", ">= 1"]),
+    "size bucket 0": ("compressed_size", dict(config=dict(bucket=0)), ["bucketSize", ">= 1"]),
+    "accumulate bucket 0": ("accumulate", dict(config=dict(bucket=0)), ["bucketSize", ">= 1"]),
+    "rounding 2": ("quantize", dict(config=dict(rounding=2)),
+                   ["rounding", "qncclRoundNearest", "qncclRoundStochastic"]),
+    "quantize src NULL": ("quantize", dict(src=NULL), ["src", "NULL"]),
+    "quantize dst NULL": ("quantize", dict(dst=NULL), ["dst", "NULL"]),
+    "dequantize src NULL": ("dequantize", dict(src=NULL), ["src", "NULL"]),
+    "dequantize dst NULL": ("dequantize", dict(dst=NULL), ["dst", "NULL"]),
+    "accumulate acc NULL": ("accumulate", dict(dst=NULL), ["acc", "NULL"]),
+    "quantize ncclInt32": ("quantize", dict(datatype=2), ["datatype", "ncclFloat32",
+                                                          "ncclFloat16", "ncclBfloat16"]),
+    "quantize ncclFloat64": ("quantize", dict(datatype=8), ["datatype", "ncclFloat32"]),
+    "quantize type 99": ("quantize", dict(datatype=99), ["datatype", "ncclFloat32"]),
+    "dequantize ncclFloat64": ("dequantize", dict(datatype=8), ["datatype", "ncclBfloat16"]),
+    "accumulate ncclUint8": ("accumulate", dict(datatype=1), ["datatype", "ncclFloat16"]),
+    "dst too small": ("quantize", dict(dst_bytes=CodecCalls.size - 1),
+                      ["dstBytes", str(CodecCalls.size)]),
+    "src too small": ("dequantize", dict(src_bytes=CodecCalls.size - 8),
+                      ["srcBytes", str(CodecCalls.size)]),
+    "quantize config NULL": ("quantize", dict(config=NULL), ["config", "NULL"]),
+    "dequantize config NULL": ("dequantize", dict(config=NULL), ["config", "NULL"]),
+    "size config NULL": ("compressed_size", dict(config=NULL), ["config", "NULL"]),
+    "size bytes NULL": ("compressed_size", dict(bytes=NULL), ["bytes", "NULL"]),
+    "count too large": ("compressed_size", dict(count=2**64 - 1), ["count", "<="]),
+}
+
+
+@pytest.mark.parametrize("case", BAD_ARGUMENTS)
+def test_bad_arguments_are_rejected_with_a_message_naming_them(capi, case):
+    ffi, lib = capi
+    calls = CodecCalls(ffi, lib)
+    entry, replace, words = BAD_ARGUMENTS[case]
+    replace = {name: ffi.NULL if value is NULL else calls.config(**value) if name == "config"
+               else value for name, value in replace.items()}
+    function = {"quantize": calls.quantize, "dequantize": calls.dequantize,
+                "accumulate": lambda **r: calls.dequantize(accumulate=True, **r),
+                "compressed_size": calls.compressed_size}[entry]
+    assert lib.qncclGetVersion(ffi.NULL) == lib.ncclInvalidArgument  # an unrelated message first
+    assert function() == lib.ncclSuccess
+    assert function(**replace) == lib.ncclInvalidArgument == 4
+    message = ffi.string(lib.qncclGetLastError()).decode()
+    missing = [word for word in words if word not in message]
+    assert not missing, f"{message!r} does not mention {missing}"
+
+
+def test_python_api_raises_the_library_message():
+    x = np.ones(10, np.float32)
+    with pytest.raises(QncclError, match=r"bits.*1\.\.8") as error:
+        codec.quantize(x, bits=9)
+    assert (error.value.code, error.value.name) == (4, "ncclInvalidArgument")
+    with pytest.raises(QncclError, match="bucketSize.*>= 1"):
+        codec.quantize(x, bucket_size=0)
+    with pytest.raises(QncclError, match="bits"):
+        codec.compressed_size(10, 0, 8)
+
+
+@pytest.mark.parametrize("call,error,words", [
+    (lambda x: codec.quantize(x.astype(np.float64)), TypeError, "float32, float16 or bfloat16"),
+    (lambda x: codec.quantize([1.0, 2.0]), TypeError, "float32, float16 or bfloat16"),
+    (lambda x: codec.quantize(x.view(np.uint16)), TypeError, "dtype='bfloat16'"),
+    (lambda x: codec.quantize(x, dtype="bfloat16"), TypeError, "float32, float16 or bfloat16"),
+    (lambda x: codec.quantize(x, dtype="float64"), ValueError, "float32, float16, bfloat16"),
+    (lambda x: codec.quantize(x, rounding="up"), ValueError, "'nearest' or 'stochastic'"),
+    (lambda x: codec.quantize(x, bits="4"), TypeError, "bits must be an integer"),
+    (lambda x: codec.quantize(x, bucket_size=-1), ValueError, "bucket_size = -1"),
+    (lambda x: codec.quantize(x, seed=-1), ValueError, "seed = -1"),
+    (lambda x: codec.quantize(x, stream=2**64), ValueError, "stream"),
+    (lambda x: codec.dequantize(x), TypeError, "QuantizedArray"),
+])
+def test_python_argument_errors_name_what_is_allowed(call, error, words):
+    with pytest.raises(error, match=re.escape(words)):
+        call(np.ones(16, np.float32))
+
+
+@pytest.mark.parametrize("make_target,words", [
+    (lambda: np.zeros(32, np.float32)[::2], "C-contiguous writable"),
+    (lambda: np.zeros(8, np.float32), "holds 8 values"),
+    (lambda: np.zeros(16, np.float64), "must be an array of float32"),
+    (lambda: np.frombuffer(np.zeros(16, np.float32).tobytes(), np.float32), "writable"),
+])
+def test_out_and_acc_must_be_writable_contiguous_and_fit(make_target, words):
+    q = codec.quantize(np.ones(16, np.float32), 4, 8)
+    with pytest.raises(ValueError, match=words):
+        codec.dequantize(q, out=make_target())
+    with pytest.raises(ValueError, match=words):
+        codec.dequantize_accumulate(q, make_target())
+
+
+def test_accumulator_is_float32_or_the_quantized_type():
+    q = codec.quantize(np.ones(16, np.float32), 4, 8)
+    with pytest.raises(ValueError, match="acc must be an array of float32"):
+        codec.dequantize_accumulate(q, np.zeros(16, np.float16))
+    q16 = codec.quantize(np.ones(16, np.uint16) * 0x3F80, 4, 8, dtype="bfloat16")
+    acc = np.zeros(16, np.uint16)  # bfloat16 bits, like the data
+    codec.dequantize_accumulate(q16, acc)
+    assert np.all(acc == 0x3F80)
+
+
+# ---- the Python API ------------------------------------------------------------
+
+def test_quantized_array_describes_its_bytes():
+    x = np.arange(32, dtype=np.float32).reshape(4, 8) % 16  # on the 4-bit grid of [0, 15]
+    q = codec.quantize(x, bits=4, bucket_size=16, rounding="nearest", seed=3, stream=4)
+    assert (q.count, q.shape, q.dtype, q.bits, q.bucket_size) == (32, (4, 8), "float32", 4, 16)
+    assert (q.rounding, q.seed, q.stream, q.wire_version) == ("nearest", 3, 4, 1)
+    assert q.nbytes == 2 * 8 + 16 and q.ratio == 128 / 32
+    assert q.meta.tolist() == [[0, 15], [0, 15]]
+    assert q.codes.tolist() == x.reshape(-1).astype(int).tolist()
+    y = codec.dequantize(q)
+    assert y.shape == (4, 8) and y.dtype == np.float32 and np.array_equal(y, x)
+
+
+def test_non_contiguous_input_is_quantized_like_a_copy(rng):
+    x = rng.standard_normal((64, 3)).astype(np.float32)
+    assert_same_bytes(codec.quantize(x[:, 1], seed=2).data,
+                      codec.quantize(np.ascontiguousarray(x[:, 1]), seed=2).data, "strided input")
+
+
+def test_dequantize_into_out_of_another_type():
+    x = np.linspace(-3, 3, 100, dtype=np.float32)
+    q = codec.quantize(x, 6, 32, "nearest")
+    expected = emu.dequantize(q.data, 100, 6, 32, "bfloat16")
+    for out in (np.empty(100, np.uint16), np.empty((10, 10), np.uint16)):
+        assert codec.dequantize(q, dtype="bfloat16", out=out) is out
+        assert_same_bytes(out, expected, "dequantize into bfloat16 bits")
+
+
+def test_ml_dtypes_bfloat16_arrays():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    bits = np.arange(0x3F00, 0x3F00 + 300, dtype=np.uint16)
+    q = codec.quantize(bits.view(ml_dtypes.bfloat16), 3, 64, seed=5)
+    assert q.dtype == "bfloat16"
+    assert_same_bytes(q.data, codec.quantize(bits, 3, 64, seed=5, dtype="bfloat16").data,
+                      "ml_dtypes bfloat16 input")
+    y = codec.dequantize(q)
+    assert y.dtype == ml_dtypes.bfloat16
+
+
+def test_versions_agree():
+    import qnccl
+    assert qnccl.version() == qnccl.__version__ == "0.1.0"
+
+
+def test_missing_library_names_the_fix(monkeypatch):
+    from qnccl import _lib
+    monkeypatch.setenv("QNCCL_LIB", "/nonexistent/libqnccl.so")
+    with pytest.raises(OSError, match="run `make`"):
+        _lib._bindings().load_library()
+
+
+def test_import_needs_neither_the_library_nor_torch():
+    code = ("import sys, qnccl, qnccl.emulate; assert qnccl.__version__ == '0.1.0'; "
+            "assert not {'torch', 'mpi4py', 'cffi'} & set(sys.modules), sorted(sys.modules)")
+    env = dict(os.environ, QNCCL_LIB="/nonexistent/libqnccl.so", QNCCL_CDEF="/nonexistent.h",
+               PYTHONPATH=str(TESTS_DIR.parent))
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    result = subprocess.run([sys.executable, "-c", "import qnccl; qnccl.version()"], env=env,
+                            capture_output=True, text=True)
+    assert "run `make`" in result.stderr
+
+
+# ---- device arrays ---------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_device_arrays_match_host_arrays(rng, dtype):
+    cupy = pytest.importorskip("cupy")
+    x = make_values(rng, 10_000, dtype, 128)
+    q = codec.quantize(x, 4, 128, "stochastic", seed=1, stream=2, dtype=dtype)
+    q_device = codec.quantize(cupy.asarray(x), 4, 128, "stochastic", seed=1, stream=2,
+                              dtype=dtype)
+    assert_same_bytes(q_device.data.get(), q.data, "device quantize")
+    assert_same_bytes(codec.dequantize(q_device).get(), codec.dequantize(q), "device dequantize")
+    acc = make_values(rng, 10_000, dtype, 128)
+    acc_device = cupy.asarray(acc)
+    codec.dequantize_accumulate(q, acc)
+    codec.dequantize_accumulate(q_device, acc_device)
+    assert_same_bytes(acc_device.get(), acc, "device accumulate")

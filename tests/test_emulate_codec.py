@@ -1,0 +1,231 @@
+"""The numpy emulator (qnccl.emulate.codec) against independent references:
+numpy's float16, exact float64 rounding, known splitmix64 outputs, bit-by-bit
+Python loops and the formulas of docs/wire-format.md. No library needed."""
+import numpy as np
+import pytest
+
+from conftest import F32_MAX, F32_TINY, widen
+from qnccl.emulate import codec as emu
+
+
+def f32(*values):
+    return np.array(values, np.float32)
+
+
+def f32_bit_patterns(rng, count):
+    """Random float32 bit patterns plus the rounding boundaries of float16 and bfloat16."""
+    random = rng.integers(0, 2**32, count, dtype=np.uint64).astype(np.uint32)
+    edges = np.array([0x00000000, 0x80000000, 0x33000000, 0x33000001, 0x337FFFFF, 0x38800000,
+                      0x387FF000, 0x387FE000, 0x387FFFFF, 0x477FE000, 0x477FEFFF, 0x477FF000,
+                      0x7F7F8000, 0x7F7F7FFF, 0x7F7FFFFF, 0x3F808000, 0x3F818000, 0x7F800000,
+                      0xFF800000, 0x7F800001, 0xFFC00000, 0x7FFFFFFF], np.uint32)
+    return np.concatenate([random, edges]).view(np.float32)
+
+
+# ---- 16-bit conversions (src/codec/dtype.h) --------------------------------
+
+def test_float16_widening_is_exact_for_every_pattern():
+    bits = np.arange(2**16, dtype=np.uint32).astype(np.uint16)
+    got = emu.f16_to_f32(bits)
+    expected = bits.view(np.float16).astype(np.float32)
+    finite = np.isfinite(expected)
+    assert np.array_equal(got[finite].view(np.uint32), expected[finite].view(np.uint32))
+    assert np.array_equal(np.isnan(got), np.isnan(expected))
+    assert np.array_equal(got[np.isinf(expected)], expected[np.isinf(expected)])
+
+
+def test_float16_narrowing_rounds_to_nearest_even(rng):
+    x = np.concatenate([f32_bit_patterns(rng, 500_000),
+                        (rng.standard_normal(200_000) * 2.0**-18).astype(np.float32)])
+    with np.errstate(over="ignore"):
+        expected = x.astype(np.float16).view(np.uint16)
+    got = emu.f32_to_f16(x)
+    nan = np.isnan(x)
+    assert np.array_equal(got[~nan], expected[~nan])
+    assert np.all(got[nan] == 0x7E00)
+
+
+def test_bfloat16_conversions_round_to_nearest_even(rng):
+    x = f32_bit_patterns(rng, 500_000)
+    got = emu.f32_to_bf16(x)
+    # Reference: the nearer of the two bfloat16 neighbours in exact float64,
+    # the one with an even last bit on a tie.
+    down = (x.view(np.uint32) >> 16).astype(np.uint16)
+    up = down + np.uint16(1)
+    with np.errstate(invalid="ignore", over="ignore"):
+        d_down = np.abs(widen(down, "bfloat16") - x.astype(np.float64))
+        d_up = np.abs(widen(up, "bfloat16") - x.astype(np.float64))
+    expected = np.where((d_up < d_down) | ((d_up == d_down) & (down & 1 == 1)), up, down)
+    finite = np.isfinite(x) & (np.abs(x) <= widen(np.uint16(0x7F7F), "bfloat16"))
+    assert np.array_equal(got[finite], expected[finite])
+    nan = np.isnan(x)
+    assert np.all(got[nan] == 0x7FC0)
+    # above the largest bfloat16 the halfway point decides between max and infinity
+    assert emu.f32_to_bf16(f32(F32_MAX, -F32_MAX, np.inf)).tolist() == [0x7F80, 0xFF80, 0x7F80]
+    assert np.array_equal(emu.bf16_to_f32(expected[finite]).astype(np.float64),
+                          widen(expected[finite], "bfloat16"))
+
+
+def test_float16_subnormal_path_uses_the_float32_add_of_one_half():
+    # 2^-25 is half a float16 subnormal step: ties to even (0); just above it rounds up
+    halfway = f32(2.0**-25, np.nextafter(np.float32(2.0**-25), np.float32(1)), 3 * 2.0**-25,
+                  -(2.0**-25), 2.0**-14 - 2.0**-25)
+    assert emu.f32_to_f16(halfway).tolist() == [0x0000, 0x0001, 0x0002, 0x8000, 0x0400]
+
+
+# ---- random numbers (src/codec/rng.h) --------------------------------------
+
+def test_mix64_is_the_splitmix64_finalizer():
+    golden = 0x9E3779B97F4A7C15
+    outputs = [int(emu._mix64(np.uint64(k * golden % 2**64))) for k in (1, 2, 3)]
+    # the first outputs of splitmix64 seeded with 0
+    assert outputs == [0xE220A8397B1DCDAF, 0x6E789E6AA1B965F4, 0x06C45D188009454F]
+
+
+def _uniform_reference(seed, stream, i):
+    """rng_uniform written with Python integers, one value at a time."""
+    mask64, mask32 = 2**64 - 1, 2**32 - 1
+
+    def mix64(z):
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask64
+        return z ^ (z >> 31)
+
+    def hash32(x):
+        x ^= x >> 16
+        x = (x * 0x7FEB352D) & mask32
+        x ^= x >> 15
+        x = (x * 0x846CA68B) & mask32
+        return x ^ (x >> 16)
+
+    key = mix64(seed ^ mix64(stream))
+    h = hash32((hash32((i & mask32) ^ (key & mask32)) + ((key >> 32) ^ (i >> 32))) & mask32)
+    return (h >> 8) / 2.0**24
+
+
+@pytest.mark.parametrize("seed,stream", [(0, 0), (1, 0), (0, 1), (2**64 - 1, 2**63 + 5),
+                                         (12345, 2**32)])
+def test_rng_uniform_matches_the_integer_formula(seed, stream):
+    index = np.array([0, 1, 2, 255, 2**31, 2**32 - 1, 2**32, 2**32 + 1, 2**40 + 7, 2**64 - 1],
+                     np.uint64)
+    got = emu.rng_uniform(seed, stream, index)
+    assert got.dtype == np.float32
+    assert got.tolist() == [_uniform_reference(seed, stream, int(i)) for i in index]
+
+
+def test_rng_uniform_is_uniform_and_streams_are_uncorrelated():
+    n = 200_000
+    index = np.arange(n, dtype=np.uint64)
+    u = emu.rng_uniform(7, 0, index)
+    assert u.min() >= 0 and u.max() < 1
+    assert np.all(u * np.float32(2**24) == np.floor(u * np.float32(2**24)))  # 24-bit grid
+    histogram = np.bincount((u * 16).astype(int), minlength=16)
+    chi2 = ((histogram - n / 16) ** 2 / (n / 16)).sum()
+    assert chi2 < 50  # 15 degrees of freedom: p(chi2 > 50) < 1e-5
+    sd = 1 / np.sqrt(n)  # of a correlation coefficient of independent samples
+    for other in (emu.rng_uniform(7, 1, index), emu.rng_uniform(8, 0, index),
+                  emu.rng_uniform(7, 0, index + np.uint64(2**32))):
+        assert abs(np.corrcoef(u, other)[0, 1]) < 5 * sd
+        assert np.mean(u == other) < 1e-3
+
+
+# ---- the code bit stream ---------------------------------------------------
+
+def _pack_reference(codes, bits):
+    """docs/wire-format.md, bit by bit: bit j of the stream is bit j % 8 of byte j // 8."""
+    stream = bytearray(emu.code_bytes(len(codes), bits))
+    for i, code in enumerate(codes):
+        for k in range(bits):
+            j = i * bits + k
+            stream[j // 8] |= ((int(code) >> k) & 1) << (j % 8)
+    return np.frombuffer(bytes(stream), np.uint8)
+
+
+@pytest.mark.parametrize("bits", range(1, 9))
+def test_pack_and_unpack_follow_the_bit_stream(rng, bits):
+    for count in list(range(0, 42)) + [255, 1001]:
+        codes = rng.integers(0, 2**bits, count).astype(np.uint8)
+        packed = emu.pack_codes(codes, bits)
+        assert np.array_equal(packed, _pack_reference(codes, bits)), count
+        assert packed.size % 8 == 0
+        assert np.array_equal(emu.unpack_codes(packed, count, bits), codes)
+        # values 8g..8g+7 fill bytes g*b..g*b+b-1
+        for g in range(count // 8):
+            group = emu.pack_codes(codes[8 * g:8 * g + 8], bits)[:bits]
+            assert np.array_equal(packed[g * bits:(g + 1) * bits], group)
+
+
+def test_pack_rejects_codes_wider_than_bits():
+    with pytest.raises(ValueError, match="0..7"):
+        emu.pack_codes(np.array([1, 8], np.uint8), 3)
+
+
+# ---- sizes and bucket parameters -------------------------------------------
+
+@pytest.mark.parametrize("count,bits,bucket,expected", [
+    (0, 4, 128, 0), (1, 1, 1, 8 + 8), (128, 4, 128, 72), (128, 4, 1024, 72),
+    (1024, 4, 1024, 520), (9, 8, 4, 24 + 16), (2**20, 4, 128, 8 * 8192 + 2**19)])
+def test_compressed_size(count, bits, bucket, expected):
+    assert emu.compressed_size(count, bits, bucket) == expected
+
+
+@pytest.mark.parametrize("bits,bucket,rounding,message", [
+    (0, 8, "nearest", "bits must be 1..8"), (9, 8, "nearest", "bits must be 1..8"),
+    (4, 0, "nearest", "bucket_size must be >= 1"),
+    (4, 8, "up", "rounding must be 'nearest' or 'stochastic'")])
+def test_bad_configuration_is_named(bits, bucket, rounding, message):
+    with pytest.raises(ValueError, match=message):
+        emu.quantize(f32(1, 2), bits, bucket, rounding)
+
+
+def test_bucket_params_follow_the_doc():
+    lo = f32(0, -3, 5, -F32_MAX, 0, 1e-40, 0)
+    hi = f32(15, 4.5, 5, F32_MAX, 16 * F32_TINY, np.float32(1e-40) + 30 * F32_TINY, F32_TINY)
+    p = emu.bucket_params(lo, hi, 4)
+    assert p["sigma"].tolist() == [1, 1, 1, 0.5, 1, 1, 1]
+    # a subnormal step of a non-constant bucket is raised to 2^-126, also one
+    # that rounds to 0 (the last); only the constant bucket keeps step 0
+    assert p["step"].tolist() == [1, 0.5, 0, np.float32(F32_MAX) / np.float32(15),
+                                  2.0**-126, 2.0**-126, 2.0**-126]
+    assert p["inv"].tolist() == [1, 2, 0, np.float32(1) / p["step"][3], 2.0**126, 2.0**126, 2.0**126]
+    assert p["a"].tolist() == [0, -3, 5, -F32_MAX / 2, 0, np.float32(1e-40), 0]
+    assert all(v.dtype == np.float32 for v in p.values())
+
+
+# ---- quantize / dequantize -------------------------------------------------
+
+def test_known_bytes_of_a_small_chunk():
+    # bucket 0: min 0, max 3 (step 1 at 2 bits); bucket 1: constant 5
+    x = f32(0, 1, 2, 3, 2.5, 1.5, 5, 5)
+    buf = emu.quantize(x, 2, 6, "nearest")
+    meta = np.frombuffer(f32(0, 3, 5, 5).tobytes(), np.uint8)
+    # codes 0,1,2,3,2,2 (2.5 and 1.5 tie to even), 0,0 -> 0b10_11_10_01_00 etc.
+    codes = [0b11100100, 0b00001010, 0, 0, 0, 0, 0, 0]
+    assert buf.tolist() == meta.tolist() + codes
+    assert emu.dequantize(buf, 8, 2, 6).tolist() == [0, 1, 2, 3, 2, 2, 5, 5]
+
+
+def test_stochastic_rounding_compares_u_with_the_fraction():
+    x = f32(0, 4, 1.25, 2.5, 3.75, 0.5)
+    buf = emu.quantize(x, 2, 6, "stochastic", seed=3, stream=9)
+    t = np.array([0, 3, 0.9375, 1.875, 2.8125, 0.375], np.float32)  # (x - 0) * (3 / 4)
+    u = emu.rng_uniform(3, 9, np.arange(6, dtype=np.uint64))
+    expected = np.floor(t) + (u < t - np.floor(t))
+    assert emu.unpack_codes(buf[8:], 6, 2).tolist() == expected.tolist()
+
+
+def test_emulator_handles_a_million_values(rng):
+    x = rng.standard_normal(2**20).astype(np.float32)
+    buf = emu.quantize(x, 4, 128, "stochastic", seed=1, stream=2)
+    assert buf.size == emu.compressed_size(x.size, 4, 128)
+    y = emu.dequantize(buf, x.size, 4, 128)
+    step = emu.bucket_params(*emu.read_meta(buf, x.size, 128).T, 4)["step"]
+    assert np.all(np.abs(y - x) < np.repeat(step, 128) * 1.0001)
+
+
+def test_accumulate_requires_a_writable_contiguous_array():
+    buf = emu.quantize(f32(1, 2, 3, 4), 4, 4, "nearest")
+    with pytest.raises(ValueError, match="C-contiguous writable"):
+        emu.dequantize_accumulate(buf, 2, 4, 4, np.zeros(4, np.float32)[::2])
+    with pytest.raises(TypeError, match="bfloat16"):
+        emu.dequantize_accumulate(buf, 4, 4, 4, np.zeros(4, np.float64))
