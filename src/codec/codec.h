@@ -21,12 +21,22 @@ struct CodecParams {
   uint64_t stream;
 };
 
-/* Host: src holds `count` values of `type`; dst compressed_bytes(...) bytes. */
-void host_quantize(const void* src, size_t count, ncclDataType_t type, const CodecParams& p,
+/* The host codec built for one instruction set (codec_host.cc is compiled
+ * once per set; all give the same bytes). */
+struct HostCodec {
+  const char* isa;  // "generic", "avx2" or "avx512"
+  /* src holds `count` values of `type`; dst compressed_bytes(...) bytes. */
+  void (*quantize)(const void* src, size_t count, ncclDataType_t type, const CodecParams& p,
                    void* dst);
-/* Host: decode `count` values; accumulate ? dst += y : dst = y, in `type`. */
-void host_dequantize(const void* src, size_t count, const CodecParams& p, void* dst,
+  /* Decodes `count` values; accumulate ? dst += y : dst = y, in `type`. */
+  void (*dequantize)(const void* src, size_t count, const CodecParams& p, void* dst,
                      ncclDataType_t type, bool accumulate);
+};
+
+/* The host codec of this process: the fastest the CPU runs, or the one
+ * QNCCL_HOST_ISA names. Fails, with a message, when QNCCL_HOST_ISA is not a
+ * known set or names one this CPU or this build lacks. */
+ncclResult_t host_codec(const HostCodec** codec);
 
 #ifdef QNCCL_WITH_CUDA
 /* Device: same contract, enqueued on `stream`; returns a cudaError_t value. */

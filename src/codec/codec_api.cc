@@ -115,7 +115,9 @@ ncclResult_t dequantize_common(const char* fn, const void* src, size_t srcBytes,
 #else
   (void)stream;
 #endif
-  host_dequantize(src, count, p, dst, datatype, accumulate);
+  const HostCodec* host;
+  QNCCL_CHECK(host_codec(&host));
+  host->dequantize(src, count, p, dst, datatype, accumulate);
   return ncclSuccess;
 }
 
@@ -136,6 +138,15 @@ QNCCL_EXPORT ncclResult_t qncclCudaCompiled(int* compiled) {
 #else
   *compiled = 0;
 #endif
+  return ncclSuccess;
+}
+
+QNCCL_EXPORT ncclResult_t qncclHostCodecIsa(const char** isa) {
+  if (isa == nullptr)
+    return set_error(ncclInvalidArgument, "qncclHostCodecIsa: isa is NULL; pass a const char**");
+  const HostCodec* host;
+  QNCCL_CHECK(host_codec(&host));
+  *isa = host->isa;
   return ncclSuccess;
 }
 
@@ -169,7 +180,9 @@ QNCCL_EXPORT ncclResult_t qncclQuantize(const void* src, size_t count, ncclDataT
 #else
   (void)stream;
 #endif
-  host_quantize(src, count, datatype, p, dst);
+  const HostCodec* host;
+  QNCCL_CHECK(host_codec(&host));
+  host->quantize(src, count, datatype, p, dst);
   return ncclSuccess;
 }
 

@@ -7,9 +7,9 @@
  * B up to several thousand values), one pass that encodes it into the stage.
  * Dequantize: unpack a tile's codes, then decode bucket by bucket.
  *
- * The Makefile compiles this file once per instruction set (QNCCL_HOST_ISA:
- * generic, and avx2 on x86-64); host_isa.cc picks one at run
- * time. Both give the same bytes: only IEEE operations, no contraction. */
+ * The Makefile compiles this file once per instruction set (QNCCL_CODEC_ISA:
+ * generic, and avx2 and avx512 on x86-64); host_isa.cc picks one at run
+ * time. All give the same bytes: only IEEE operations, no contraction. */
 #include <string.h>
 
 #include <algorithm>
@@ -17,12 +17,12 @@
 #include "codec/codec.h"
 #include "codec/codec_math.h"
 
-#ifndef QNCCL_HOST_ISA
-#error "QNCCL_HOST_ISA names the instruction set this copy is built for (see the Makefile)"
+#ifndef QNCCL_CODEC_ISA
+#error "QNCCL_CODEC_ISA names the instruction set this copy is built for (see the Makefile)"
 #endif
 
 namespace qnccl {
-namespace QNCCL_HOST_ISA {
+namespace QNCCL_CODEC_ISA {
 namespace {
 
 /* Values per tile. A multiple of 8 (tiles start on packing groups) that
@@ -31,27 +31,52 @@ namespace {
 constexpr size_t kTile = 4096;
 static_assert(kTile % kGroup == 0 && (1ull << 32) % kTile == 0, "tile alignment");
 
-/* Four-lane float vectors (GCC/Clang vector extensions): the min/max
- * reduction below is one the auto-vectorizer does not take on. */
-typedef float f32x4 __attribute__((vector_size(16)));
-typedef int32_t i32x4 __attribute__((vector_size(16)));
+/* Explicit vectors (GCC/Clang vector extensions) for the loops the
+ * auto-vectorizer does not take on: the min/max reduction and the packing.
+ * One register wide: 32 bytes in the AVX2 and AVX-512 builds (the latter
+ * with 256-bit vectors), 16 otherwise. */
+#if defined(__AVX2__)
+constexpr size_t kVectorBytes = 32;
+#else
+constexpr size_t kVectorBytes = 16;
+#endif
+constexpr size_t kLanes = kVectorBytes / 4;    // float lanes
+constexpr size_t kWords = kVectorBytes / 8;    // packing groups per vector
+typedef float VecF __attribute__((vector_size(kVectorBytes)));
+typedef int32_t VecI __attribute__((vector_size(kVectorBytes)));
+typedef uint64_t VecW __attribute__((vector_size(kVectorBytes)));
+
+template <class D>
+VecF load_vector(const typename D::T* x) {
+  VecF v;
+  for (size_t j = 0; j < kLanes; j++) v[j] = D::load(x[j]);
+  return v;
+}
 
 template <class D>
 BucketMeta bucket_meta(const typename D::T* x, size_t n) {
   const BucketStats init = stats_init();
-  f32x4 lo = {init.min, init.min, init.min, init.min};
-  f32x4 hi = {init.max, init.max, init.max, init.max};
-  i32x4 bad = {0, 0, 0, 0};
-  const size_t full = n - n % 4;
-  for (size_t i = 0; i < full; i += 4) {
-    f32x4 v = {D::load(x[i]), D::load(x[i + 1]), D::load(x[i + 2]), D::load(x[i + 3])};
-    lo = v < lo ? v : lo;                 // the same selects as stats_add, four at a time
+  VecF lo = init.min + VecF{}, hi = init.max + VecF{};
+  VecI bad = VecI{};
+  const size_t full = n - n % kLanes;
+  for (size_t i = 0; i < full; i += kLanes) {
+    __builtin_prefetch(x + i + 2048);
+    const VecF v = load_vector<D>(x + i);
+    lo = v < lo ? v : lo;  // stats_add, a vector at a time
     hi = v > hi ? v : hi;
-    bad |= (i32x4)(v - v != 0.0f);
+    bad |= (VecI)(v - v != 0.0f);
   }
-  BucketStats total = init;
+  // Fold the lanes in halves: log2(kLanes) shuffles instead of kLanes steps.
+  for (size_t half = kLanes / 2; half > 0; half /= 2) {
+    VecI swap;
+    for (size_t j = 0; j < kLanes; j++) swap[j] = (int32_t)((j + half) % kLanes);
+    const VecF lo2 = __builtin_shuffle(lo, swap), hi2 = __builtin_shuffle(hi, swap);
+    lo = lo2 < lo ? lo2 : lo;
+    hi = hi2 > hi ? hi2 : hi;
+    bad |= __builtin_shuffle(bad, swap);
+  }
+  BucketStats total = {lo[0], hi[0], (uint32_t)(bad[0] != 0)};
   for (size_t i = full; i < n; i++) stats_add(total, D::load(x[i]));
-  for (int j = 0; j < 4; j++) stats_merge(total, BucketStats{lo[j], hi[j], (uint32_t)(bad[j] != 0)});
   return stats_meta(total);
 }
 
@@ -77,7 +102,14 @@ void encode_stochastic_run(const typename D::T* x, size_t n, const BucketParams&
 template <int BITS>
 void pack_stage(const uint8_t* stage, size_t n, uint8_t* out, size_t room) {
   const size_t groups = (n + kGroup - 1) / kGroup;
-  for (size_t g = 0; g < groups; g++) {
+  size_t g = 0;
+  for (; g + kWords <= groups && (g + kWords) * BITS + 8 <= room; g += kWords) {
+    VecW w;
+    memcpy(&w, stage + g * kGroup, sizeof w);
+    w = pack8<BITS>(w);
+    for (size_t j = 0; j < kWords; j++) memcpy(out + (g + j) * BITS, &w[j], 8);
+  }
+  for (; g < groups; g++) {
     uint64_t w;
     memcpy(&w, stage + g * kGroup, 8);
     w = pack8<BITS>(w);
@@ -92,7 +124,14 @@ void pack_stage(const uint8_t* stage, size_t n, uint8_t* out, size_t room) {
 template <int BITS>
 void unpack_stage(const uint8_t* in, size_t n, size_t room, uint8_t* stage) {
   const size_t groups = (n + kGroup - 1) / kGroup;
-  for (size_t g = 0; g < groups; g++) {
+  size_t g = 0;
+  for (; g + kWords <= groups && (g + kWords - 1) * BITS + 8 <= room; g += kWords) {
+    VecW w;
+    for (size_t j = 0; j < kWords; j++) memcpy(&w[j], in + (g + j) * BITS, 8);
+    w = unpack8<BITS>(w);
+    memcpy(stage + g * kGroup, &w, sizeof w);
+  }
+  for (; g < groups; g++) {
     uint64_t w = 0;
     if (g * BITS + 8 <= room)
       memcpy(&w, in + g * BITS, 8);
@@ -196,10 +235,8 @@ void dispatch_bits(int bits, Fn&& fn) {
   }
 }
 
-}  // namespace
-
-void host_quantize(const void* src, size_t count, ncclDataType_t type, const CodecParams& p,
-                   void* dst) {
+void quantize(const void* src, size_t count, ncclDataType_t type, const CodecParams& p,
+              void* dst) {
   dispatch_float_type(type, [&](auto d) {
     using D = decltype(d);
     dispatch_bits(p.bits, [&](auto bits) {
@@ -208,8 +245,8 @@ void host_quantize(const void* src, size_t count, ncclDataType_t type, const Cod
   });
 }
 
-void host_dequantize(const void* src, size_t count, const CodecParams& p, void* dst,
-                     ncclDataType_t type, bool accumulate) {
+void dequantize(const void* src, size_t count, const CodecParams& p, void* dst,
+                ncclDataType_t type, bool accumulate) {
   dispatch_float_type(type, [&](auto d) {
     using D = decltype(d);
     dispatch_bits(p.bits, [&](auto bits) {
@@ -221,5 +258,11 @@ void host_dequantize(const void* src, size_t count, const CodecParams& p, void* 
   });
 }
 
-}  // namespace QNCCL_HOST_ISA
+}  // namespace
+
+#define QNCCL_STRINGIFY2(x) #x
+#define QNCCL_STRINGIFY(x) QNCCL_STRINGIFY2(x)
+extern const HostCodec kHostCodec = {QNCCL_STRINGIFY(QNCCL_CODEC_ISA), quantize, dequantize};
+
+}  // namespace QNCCL_CODEC_ISA
 }  // namespace qnccl

@@ -143,10 +143,8 @@ QNCCL_HD float grid_position(const BucketParams& p, float x) {
   return t > 0.0f ? t : 0.0f;
 }
 
-QNCCL_HD float clamp_code(float q, float top) {
-  q = q < 0.0f ? 0.0f : q;
-  return q > top ? top : q;
-}
+/* min(max(q, 0), top) of the doc: q >= 0 already, as grid_position is. */
+QNCCL_HD float clamp_code(float q, float top) { return q > top ? top : q; }
 
 /* Codes are at most 255: converted through int32, which SIMD converts natively. */
 QNCCL_HD uint32_t encode_nearest(const BucketParams& p, float x) {
@@ -178,16 +176,18 @@ QNCCL_HD float accumulate(float acc, float y) {
  * 8*BITS contiguous bits (code j at bits [j*BITS, (j+1)*BITS)), i.e. BITS
  * bytes of the LSB-first bit stream. Three shift-and-merge steps; the inverse
  * masks off whatever follows the group in the word it was loaded from. */
-template <int BITS>
-QNCCL_HD uint64_t pack8(uint64_t w) {
+/* Word is uint64_t, or on the host a vector of them (GCC vector
+ * extensions), which packs several groups at once with the same steps. */
+template <int BITS, class Word = uint64_t>
+QNCCL_HD Word pack8(Word w) {
   w = (w & 0x00ff00ff00ff00ffull) | ((w & 0xff00ff00ff00ff00ull) >> (8 - BITS));
   w = (w & 0x0000ffff0000ffffull) | ((w & 0xffff0000ffff0000ull) >> (16 - 2 * BITS));
   w = (w & 0x00000000ffffffffull) | ((w & 0xffffffff00000000ull) >> (32 - 4 * BITS));
   return w;
 }
 
-template <int BITS>
-QNCCL_HD uint64_t unpack8(uint64_t w) {
+template <int BITS, class Word = uint64_t>
+QNCCL_HD Word unpack8(Word w) {
   const uint64_t m4 = (BITS == 8) ? 0xffffffffull : ((1ull << (4 * BITS)) - 1);
   const uint64_t m2 = ((1ull << (2 * BITS)) - 1) * 0x0000000100000001ull;
   const uint64_t m1 = ((1ull << BITS) - 1) * 0x0001000100010001ull;

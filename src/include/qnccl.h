@@ -78,6 +78,12 @@ ncclResult_t qncclDequantizeAccumulate(const void* src, size_t srcBytes, size_t 
 /* 1 when this library was built with the CUDA kernels, else 0. */
 ncclResult_t qncclCudaCompiled(int* compiled);
 
+/* Instruction set of the host codec in use: "generic", "avx2" or "avx512"
+ * (the fastest this CPU runs, or the one environment variable
+ * QNCCL_HOST_ISA names; an unknown or unsupported name fails here and in
+ * every host codec call). All give the same bytes. */
+ncclResult_t qncclHostCodecIsa(const char** isa);
+
 #ifdef __cplusplus
 }
 #endif
