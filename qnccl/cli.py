@@ -81,6 +81,14 @@ def cmd_info(_args):
     except Exception as e:  # info reports whatever keeps the library from loading
         rows.append(("library", f"not loaded: {type(e).__name__}: {e}"))
         status = 1
+    if status == 0:
+        isa = _lib.ffi().new("const char**")
+        try:
+            _lib.check(_lib.lib().qncclHostCodecIsa(isa))
+            rows.append(("host codec", _lib.ffi().string(isa[0]).decode()))
+        except _lib.QncclError as e:  # a bad QNCCL_HOST_ISA
+            rows.append(("host codec", f"unusable: {e.message}"))
+            status = 1
     header = (REPO / "src" / "include" / "qnccl.h").read_text()
     wire = re.search(r"#define QNCCL_WIRE_VERSION (\d+)", header).group(1)
     rows += [("wire format", f"{wire} (qnccl.h), {emulator.WIRE_VERSION} (emulator)"),
