@@ -220,21 +220,6 @@ void decode_buffer(const uint8_t* src, size_t count, const CodecParams& p, typen
   }
 }
 
-/* Calls fn(std::integral_constant<int, BITS>) for bits in 1..8. */
-template <class Fn>
-void dispatch_bits(int bits, Fn&& fn) {
-  switch (bits) {
-    case 1: fn(std::integral_constant<int, 1>{}); break;
-    case 2: fn(std::integral_constant<int, 2>{}); break;
-    case 3: fn(std::integral_constant<int, 3>{}); break;
-    case 4: fn(std::integral_constant<int, 4>{}); break;
-    case 5: fn(std::integral_constant<int, 5>{}); break;
-    case 6: fn(std::integral_constant<int, 6>{}); break;
-    case 7: fn(std::integral_constant<int, 7>{}); break;
-    case 8: fn(std::integral_constant<int, 8>{}); break;
-  }
-}
-
 void quantize(const void* src, size_t count, ncclDataType_t type, const CodecParams& p,
               void* dst) {
   dispatch_float_type(type, [&](auto d) {

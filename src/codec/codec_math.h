@@ -11,6 +11,8 @@
 
 #include <stddef.h>
 
+#include <type_traits>
+
 #include "dtype.h"
 #include "rng.h"
 
@@ -195,6 +197,22 @@ QNCCL_HD Word unpack8(Word w) {
   w = (w & m2) | ((w << (16 - 2 * BITS)) & (m2 << 16));
   w = (w & m1) | ((w << (8 - BITS)) & (m1 << 8));
   return w;
+}
+
+/* Calls fn(std::integral_constant<int, BITS>) for bits in 1..8: where a
+ * runtime bit width becomes a template argument, for host and device code. */
+template <class Fn>
+inline void dispatch_bits(int bits, Fn&& fn) {
+  switch (bits) {
+    case 1: fn(std::integral_constant<int, 1>{}); break;
+    case 2: fn(std::integral_constant<int, 2>{}); break;
+    case 3: fn(std::integral_constant<int, 3>{}); break;
+    case 4: fn(std::integral_constant<int, 4>{}); break;
+    case 5: fn(std::integral_constant<int, 5>{}); break;
+    case 6: fn(std::integral_constant<int, 6>{}); break;
+    case 7: fn(std::integral_constant<int, 7>{}); break;
+    case 8: fn(std::integral_constant<int, 8>{}); break;
+  }
 }
 
 }  // namespace qnccl
