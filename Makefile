@@ -27,7 +27,12 @@ NVCCFLAGS += -std=c++17 -fmad=false -prec-div=true -ftz=false -Xcompiler -fPIC,-
              -Werror all-warnings -Isrc/include -Isrc $(NVCC_GENCODE)
 LDFLAGS += -shared -Wl,--no-undefined -Wl,-soname,libqnccl.so
 
-LIB_SRCS := src/common/error.cc src/common/env.cc src/codec/host_isa.cc src/codec/codec_api.cc
+LIB_SRCS := src/common/error.cc src/common/env.cc src/codec/host_isa.cc src/codec/codec_api.cc \
+            $(wildcard src/engine/*.cc) $(wildcard src/shim/*.cc)
+# The host backend: the NCCL API for host memory over MPI (its own libnccl.so.2).
+MPICXX  ?= mpicxx
+HOST_SRCS := $(wildcard src/host_backend/*.cc)
+HOST_LIB  := $(BUILD)/host/libnccl.so.2
 CU_SRCS  := src/codec/codec_cuda.cu
 HEADERS  := $(wildcard src/include/*.h src/*/*.h)
 
@@ -58,7 +63,7 @@ PERF_BINS := $(BUILD)/bin/codec_bench
 GPU_TESTS := $(if $(strip $(NVCC)),$(BUILD)/bin/codec_gpu_test)
 
 .PHONY: all setup test bench clean
-all: $(LIB) $(CDEF) $(PERF_BINS) $(GPU_TESTS)
+all: $(LIB) $(HOST_LIB) $(CDEF) $(PERF_BINS) $(GPU_TESTS)
 
 # Objects depend on the compilers and flags they were built with: a build
 # with other settings (say NVCC=) rebuilds everything instead of mixing.
@@ -78,9 +83,21 @@ $(BUILD)/obj/%.o: %.cu $(HEADERS) $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
-$(LIB): $(LIB_OBJS)
+$(LIB): $(LIB_OBJS) src/exports.map
 	@mkdir -p $(dir $@)
-	$(CXX) $(LDFLAGS) -o $@ $^ $(CUDA_LIBS)
+	$(CXX) $(LDFLAGS) -Wl,--version-script=src/exports.map -o $@ $(LIB_OBJS) $(CUDA_LIBS) -ldl
+
+$(BUILD)/obj/host/%.o: src/host_backend/%.cc $(HEADERS) $(FLAGS_STAMP)
+	@mkdir -p $(dir $@)
+	$(MPICXX) $(CXXFLAGS) -c $< -o $@
+
+# SONAME libnccl.so.2 like NVIDIA's; libnccl.so beside it for -lnccl.
+$(HOST_LIB): $(HOST_SRCS:src/host_backend/%.cc=$(BUILD)/obj/host/%.o) $(BUILD)/obj/src/common/error.o \
+             $(BUILD)/obj/src/common/env.o src/host_backend/exports.map
+	@mkdir -p $(dir $@)
+	$(MPICXX) -shared -Wl,--no-undefined -Wl,-soname,libnccl.so.2 \
+	  -Wl,--version-script=src/host_backend/exports.map -o $@ $(filter %.o,$^)
+	ln -sf libnccl.so.2 $(BUILD)/host/libnccl.so
 
 # The cffi binding reads the public header itself, preprocessed into plain
 # declarations (bindings/qnccl_ffi.py).

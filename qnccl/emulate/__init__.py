@@ -2,7 +2,12 @@
 
 qnccl.emulate.codec is docs/wire-format.md in numpy: the test oracle of the
 library and a tool for studying the codec's error without building anything.
+qnccl.emulate.allreduce is docs/allreduce.md on N virtual ranks: the bytes
+qncclAllReduce produces on N real ranks, and the error each algorithm implies.
+(The package attribute `allreduce` is that module's function; import its other
+helpers with `from qnccl.emulate.allreduce import chunks, segments, ...`.)
 """
+from .allreduce import allreduce, auto_algo, stream_id
 from .codec import (
     WIRE_VERSION,
     bucket_params,
@@ -17,6 +22,8 @@ from .codec import (
 
 __all__ = [
     "WIRE_VERSION",
+    "allreduce",
+    "auto_algo",
     "bucket_params",
     "compressed_size",
     "dequantize",
@@ -24,5 +31,6 @@ __all__ = [
     "pack_codes",
     "quantize",
     "rng_uniform",
+    "stream_id",
     "unpack_codes",
 ]

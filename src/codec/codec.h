@@ -21,6 +21,12 @@ struct CodecParams {
   uint64_t stream;
 };
 
+/* Argument checks shared by every entry point that takes a codec config or
+ * type: ncclInvalidArgument with a message naming `fn`, the argument and
+ * the values allowed. */
+ncclResult_t check_codec_config(const char* fn, const qncclCodecConfig_t* config);
+ncclResult_t check_codec_type(const char* fn, const char* arg, ncclDataType_t type);
+
 /* The host codec built for one instruction set (codec_host.cc is compiled
  * once per set; all give the same bytes). */
 struct HostCodec {

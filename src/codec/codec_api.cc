@@ -8,12 +8,9 @@
 
 using namespace qnccl;
 
-namespace {
+namespace qnccl {
 
-/* Counts above this could overflow the byte arithmetic of the wire format. */
-constexpr size_t kMaxCount = SIZE_MAX / 16;
-
-ncclResult_t check_config(const char* fn, const qncclCodecConfig_t* config) {
+ncclResult_t check_codec_config(const char* fn, const qncclCodecConfig_t* config) {
   if (config == nullptr)
     return set_error(ncclInvalidArgument, "%s: config is NULL; pass a qncclCodecConfig_t", fn);
   if (config->bits < QNCCL_MIN_BITS || config->bits > QNCCL_MAX_BITS)
@@ -29,7 +26,7 @@ ncclResult_t check_config(const char* fn, const qncclCodecConfig_t* config) {
   return ncclSuccess;
 }
 
-ncclResult_t check_type(const char* fn, const char* arg, ncclDataType_t type) {
+ncclResult_t check_codec_type(const char* fn, const char* arg, ncclDataType_t type) {
   if (type == ncclFloat32 || type == ncclFloat16 || type == ncclBfloat16) return ncclSuccess;
   return set_error(ncclInvalidArgument,
                    "%s: %s = %d (%s) is not supported by the codec; allowed: ncclFloat32 (%d), "
@@ -37,6 +34,13 @@ ncclResult_t check_type(const char* fn, const char* arg, ncclDataType_t type) {
                    fn, arg, (int)type, type_name(type), (int)ncclFloat32, (int)ncclFloat16,
                    (int)ncclBfloat16);
 }
+
+}  // namespace qnccl
+
+namespace {
+
+/* Counts above this could overflow the byte arithmetic of the wire format. */
+constexpr size_t kMaxCount = SIZE_MAX / 16;
 
 ncclResult_t check_count(const char* fn, size_t count) {
   if (count <= kMaxCount) return ncclSuccess;
@@ -98,8 +102,8 @@ ncclResult_t cuda_result(const char* fn, int err) {
 ncclResult_t dequantize_common(const char* fn, const void* src, size_t srcBytes, size_t count,
                                const qncclCodecConfig_t* config, void* dst,
                                ncclDataType_t datatype, cudaStream_t stream, bool accumulate) {
-  QNCCL_CHECK(check_config(fn, config));
-  QNCCL_CHECK(check_type(fn, "datatype", datatype));
+  QNCCL_CHECK(check_codec_config(fn, config));
+  QNCCL_CHECK(check_codec_type(fn, "datatype", datatype));
   QNCCL_CHECK(check_count(fn, count));
   if (count == 0) return ncclSuccess;
   QNCCL_CHECK(check_buffer(fn, "src", src, count));
@@ -122,6 +126,8 @@ ncclResult_t dequantize_common(const char* fn, const void* src, size_t srcBytes,
 }
 
 }  // namespace
+
+QNCCL_EXPORT const char* qncclGetLastError(void) { return last_error(); }
 
 QNCCL_EXPORT ncclResult_t qncclGetVersion(int* version) {
   if (version == nullptr)
@@ -153,7 +159,7 @@ QNCCL_EXPORT ncclResult_t qncclHostCodecIsa(const char** isa) {
 QNCCL_EXPORT ncclResult_t qncclCompressedSize(size_t count, const qncclCodecConfig_t* config,
                                               size_t* bytes) {
   const char* fn = "qncclCompressedSize";
-  QNCCL_CHECK(check_config(fn, config));
+  QNCCL_CHECK(check_codec_config(fn, config));
   QNCCL_CHECK(check_count(fn, count));
   if (bytes == nullptr) return set_error(ncclInvalidArgument, "%s: bytes is NULL; pass a size_t*", fn);
   *bytes = compressed_bytes(count, config->bits, config->bucketSize);
@@ -164,8 +170,8 @@ QNCCL_EXPORT ncclResult_t qncclQuantize(const void* src, size_t count, ncclDataT
                                         const qncclCodecConfig_t* config, uint64_t randomStream,
                                         void* dst, size_t dstBytes, cudaStream_t stream) {
   const char* fn = "qncclQuantize";
-  QNCCL_CHECK(check_config(fn, config));
-  QNCCL_CHECK(check_type(fn, "datatype", datatype));
+  QNCCL_CHECK(check_codec_config(fn, config));
+  QNCCL_CHECK(check_codec_type(fn, "datatype", datatype));
   QNCCL_CHECK(check_count(fn, count));
   if (count == 0) return ncclSuccess;
   QNCCL_CHECK(check_buffer(fn, "src", src, count));

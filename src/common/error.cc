@@ -5,12 +5,14 @@
 
 namespace qnccl {
 
-static thread_local char last_error[1024];
+static thread_local char last_error_message[1024];
+
+const char* last_error() { return last_error_message; }
 
 ncclResult_t set_error(ncclResult_t code, const char* fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(last_error, sizeof last_error, fmt, ap);
+  vsnprintf(last_error_message, sizeof last_error_message, fmt, ap);
   va_end(ap);
   return code;
 }
@@ -25,5 +27,3 @@ const char* type_name(ncclDataType_t type) {
 }
 
 }  // namespace qnccl
-
-QNCCL_EXPORT const char* qncclGetLastError(void) { return qnccl::last_error; }

@@ -22,6 +22,10 @@ namespace qnccl {
  *   return set_error(ncclInvalidArgument, "...", ...);                      */
 ncclResult_t set_error(ncclResult_t code, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* The message of the last set_error on this thread (qncclGetLastError,
+ * and the host backend's ncclGetLastError). */
+const char* last_error();
+
 /* Name of an NCCL data type for messages ("ncclFloat32", or "unknown"). */
 const char* type_name(ncclDataType_t type);
 

@@ -75,6 +75,46 @@ ncclResult_t qncclDequantizeAccumulate(const void* src, size_t srcBytes, size_t 
                                        const qncclCodecConfig_t* config, void* acc,
                                        ncclDataType_t datatype, cudaStream_t stream);
 
+/* ---- Quantized allreduce (docs/allreduce.md) ----------------------------- */
+
+typedef enum {
+  qncclAlgoAuto = 0,  /* picked by rank count and size (docs/allreduce.md) */
+  qncclAlgoRing = 1,
+  qncclAlgoTree = 2,
+  qncclAlgoSra = 3    /* scatter-reduce then allgather, all-to-all in each phase */
+} qncclAlgo_t;
+
+#define QNCCL_DEFAULT_SEGMENT_VALUES ((size_t)1 << 22)
+
+typedef struct {
+  qncclCodecConfig_t codec;
+  qncclAlgo_t algo;
+  /* Values per segment: the buffer is reduced a segment at a time, which
+   * bounds the workspace. 0: QNCCL_DEFAULT_SEGMENT_VALUES. Rounded down to a
+   * multiple of codec.bucketSize (at least one bucket). */
+  size_t segmentValues;
+} qncclAllReduceConfig_t;
+
+/* Sum (ncclSum) or average (ncclAvg) of `count` values of `datatype`
+ * (ncclFloat32, ncclFloat16 or ncclBfloat16) over the ranks of `comm`, every
+ * transfer quantized as `config` says. In place when sendbuff == recvbuff.
+ * Every rank receives identical bytes.
+ *
+ * `comm` belongs to the NCCL library QNCCL talks to: a libnccl.so.2 already
+ * loaded in the process, else the one environment variable QNCCL_NCCL_LIB
+ * names, else libnccl.so.2 from the library path (NVIDIA's for device
+ * buffers, QNCCL's host backend for host buffers). The random streams of
+ * stochastic rounding count this communicator's calls, so every rank must
+ * make the same calls in the same order, as for any collective. */
+ncclResult_t qncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
+                            ncclDataType_t datatype, ncclRedOp_t op,
+                            const qncclAllReduceConfig_t* config, ncclComm_t comm,
+                            cudaStream_t stream);
+
+/* The algorithm qncclAlgoAuto picks for `count` values of `datatype` over
+ * `nranks` ranks. */
+ncclResult_t qncclAutoAlgo(size_t count, ncclDataType_t datatype, int nranks, qncclAlgo_t* algo);
+
 /* 1 when this library was built with the CUDA kernels, else 0. */
 ncclResult_t qncclCudaCompiled(int* compiled);
 

@@ -1,0 +1,368 @@
+"""Numpy emulation of QNCCL's quantized allreduce: docs/allreduce.md, rank by rank.
+
+    outs = allreduce([x0, x1, x2, x3], algo="sra", bits=4)        # one array per rank
+    outs, bound = allreduce(xs, rounding="nearest", return_bounds=True)
+
+Every virtual rank does what the engine (src/engine/) does on a real one:
+the same segments and chunks, the same quantizations with the same random
+streams, the same float32 additions in the same order, and the output decoded
+from the same wire bytes. So for the same inputs and configuration the
+emulator's outputs are bit for bit those of qncclAllReduce on N real ranks,
+and the emulator is the oracle of the multi-process tests. It is also a tool
+for studying how the algorithms' errors grow with the rank count (seeds/000,
+section 3.4) in one process, at 8..128 virtual ranks.
+
+The arithmetic is the codec emulator's (qnccl/emulate/codec.py): Q is
+codec.quantize, `acc = acc + D(q)` is codec.dequantize_accumulate on a float32
+accumulator, the output is the final bytes decoded into the output type.
+Ring and SRA are emulated chunk by chunk (chunk k's partial sum visits the
+ranks in turn), tree rank by rank; either way one codec call per
+quantization of the page, N^2 per segment for ring and SRA, N for tree, and
+O(N n) values quantized in all. At 128 ranks the per-call overhead of numpy
+dominates below a few million values (seconds per allreduce).
+
+Error bound (return_bounds=True). The exact sum S[i] = sum_r x_r[i] of finite
+inputs and the output y[i] satisfy |y[i] - S[i]| <= bound[i], where bound[i]
+adds, along everything that flows into element i (not only one input's path:
+every quantization whose chunk holds i contributes, N of them for each
+algorithm, see `quantizations_per_value`):
+
+  * each quantization of a value v in a bucket with metadata (min, max):
+        step/2 (nearest) or step (stochastic)  +  12 u M  +  2^-148
+    with step = s/sigma of the bucket (wire-format.md), M = max(|min|, |max|),
+    u = 2^-24. The last two terms cover the float32 rounding of the codec's
+    own formulas: t = (sigma x - a) * inv carries a relative error of 3u, so
+    rint(t) may land up to 3uL codes past the nearest one (3u L s <= 6uM); the
+    decoder's q*s and a + q*s round by at most u|q s| <= 2uM and u(M + s)
+    each; the step d/L itself is within 2u of exact (covered above), and
+    subnormal operands add at most a few 2^-150 in absolute terms.
+    Sum: below 10uM + 2^-148; 12uM leaves a margin.
+  * each float32 addition acc = acc + D(q) with result a: u|a|. (A sum
+    that lands in the subnormal range is exact, so no absolute term.)
+  * avg: the bound of the full sum is divided by N, then the float32
+    division acc / N adds u|acc / N| + 2^-150; the final quantization then
+    adds its own term.
+  * the store of the decoded float32 result y into the output type:
+    float16 2^-11|y| + 2^-25, bfloat16 2^-8|y| + 2^-134, float32 nothing.
+
+Additions are exact in the error analysis (errors add, nothing multiplies
+them), so the bound is the plain sum of these terms. It is infinite where
+the output is not finite.
+"""
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import numpy as np
+
+from . import codec
+from .codec import _mix64 as mix64  # the splitmix64 finalizer of wire-format.md
+
+F32 = np.float32
+ALGOS = ("ring", "tree", "sra")
+OPS = ("sum", "avg")
+DEFAULT_SEGMENT_VALUES = 1 << 22  # QNCCL_DEFAULT_SEGMENT_VALUES of qnccl.h
+AUTO_TREE_BELOW_BYTES = 64 << 10  # auto: tree below this many bytes per rank
+AUTO_SRA_MAX_RANKS = 16  # auto: SRA up to this many ranks, ring beyond
+
+_U32 = 2.0**-24  # unit roundoff of float32
+# Per-quantization slack of the codec's float32 formulas (module docstring).
+_CODEC_REL_SLACK = 12 * _U32
+_CODEC_ABS_SLACK = 2.0**-148
+# Rounding of the decoded float32 result into the output type: (relative, absolute).
+_STORE_SLACK = {"float32": (0.0, 0.0), "float16": (2.0**-11, 2.0**-25),
+                "bfloat16": (2.0**-8, 2.0**-134)}
+
+
+# ---- random streams, algorithm choice, segments and chunks ----------------------
+
+def stream_id(call, segment, rank, step):
+    """The random stream of one quantization (docs/allreduce.md, Random streams):
+
+        stream(call, segment, rank, step)
+            = mix64(mix64(mix64(call) ^ segment) ^ (rank << 32 | step))
+
+    `call` counts the communicator's quantized allreduce calls from 0, `rank`
+    is the quantizing rank and `step` numbers its quantizations in the segment."""
+    for name, value, limit in (("call", call, 2**64), ("segment", segment, 2**64),
+                               ("rank", rank, 2**32), ("step", step, 2**32)):
+        if not 0 <= operator.index(value) < limit:
+            raise ValueError(f"{name} must be in [0, {limit}), got {value}")
+    inner = mix64(mix64(np.uint64(call)) ^ np.uint64(segment))
+    return int(mix64(inner ^ np.uint64(rank << 32 | step)))
+
+
+def auto_algo(count, dtype, nranks):
+    """The algorithm qncclAlgoAuto runs (docs/allreduce.md, Choosing an algorithm):
+    ring for one rank, tree below 64 KiB per rank, SRA up to 16 ranks, else ring."""
+    itemsize = 4 if _dtype_name(dtype) == "float32" else 2
+    if nranks < 1:
+        raise ValueError(f"nranks must be >= 1, got {nranks}")
+    if nranks == 1:
+        return "ring"
+    if count * itemsize < AUTO_TREE_BELOW_BYTES:
+        return "tree"
+    return "sra" if nranks <= AUTO_SRA_MAX_RANKS else "ring"
+
+
+def quantizations_per_value(algo, nranks):
+    """How many quantizations one input value passes through on its way to the
+    output (docs/allreduce.md): N for ring, depth + 1 <= floor(log2 N) + 1 for
+    tree (the deepest rank's), 2 for SRA (1 for N = 1, where SRA sends
+    nothing). Every output element is touched by N quantizations in all three
+    algorithms; what differs is how many of them an input value compounds."""
+    if algo == "ring":
+        return nranks
+    if algo == "tree":
+        return nranks.bit_length()  # floor(log2 N) + 1
+    if algo == "sra":
+        return 2 if nranks > 1 else 1
+    raise ValueError(f"algo must be one of {', '.join(ALGOS)}, got {algo!r}")
+
+
+def segment_length(segment_values, bucket_size):
+    """W: segment_values (0: 2^22) rounded down to a multiple of the bucket
+    size, at least one bucket."""
+    want = segment_values or DEFAULT_SEGMENT_VALUES
+    return max(bucket_size, want // bucket_size * bucket_size)
+
+
+def segments(count, segment_values, bucket_size):
+    """(start, stop) of every segment of a `count`-value buffer."""
+    w = segment_length(segment_values, bucket_size)
+    return [(start, min(start + w, count)) for start in range(0, count, w)]
+
+
+def chunks(count, nranks, bucket_size):
+    """(start, stop) of chunks 0..N-1 of a segment of `count` values: chunk k holds
+    buckets [k*u/N, (k+1)*u/N) of the u = ceil(count/B) buckets (may be empty)."""
+    u = -(-count // bucket_size)
+    edges = [min(bucket_size * (k * u // nranks), count) for k in range(nranks + 1)]
+    return list(zip(edges[:-1], edges[1:]))
+
+
+# ---- the quantities flowing between virtual ranks --------------------------------
+
+@dataclass
+class _Message:
+    """Wire bytes of `count` values, and (when bounds are tracked) the bound
+    on |D(bytes) - exact value| per value."""
+    wire: np.ndarray
+    count: int
+    bound: Optional[np.ndarray]
+
+
+@dataclass
+class _Partial:
+    """A float32 accumulator and its error bound (float64, or None)."""
+    acc: np.ndarray
+    bound: Optional[np.ndarray]
+
+
+class _Segment:
+    """One segment of one call: the codec configuration, the random streams
+    and the three primitives of docs/allreduce.md (Q, acc + D, avg)."""
+
+    def __init__(self, cfg, index):
+        self.cfg = cfg
+        self.index = index
+
+    def start(self, x):
+        """acc = widen(x): `x` is float32 already (widening is exact)."""
+        return _Partial(np.array(x, F32), np.zeros(len(x)) if self.cfg.bounds else None)
+
+    def send(self, partial, rank, step):
+        """Q(acc; stream(call, segment, rank, step))."""
+        cfg = self.cfg
+        wire = codec.quantize(partial.acc, cfg.bits, cfg.bucket_size, cfg.rounding, cfg.seed,
+                              stream_id(cfg.call, self.index, rank, step))
+        bound = None
+        if cfg.bounds:
+            bound = partial.bound + _quantization_bound(wire, partial.acc.size, cfg)
+        return _Message(wire, partial.acc.size, bound)
+
+    def add(self, partial, message):
+        """acc = acc + D(message), in place (float32; a NaN sum is the canonical NaN)."""
+        cfg = self.cfg
+        codec.dequantize_accumulate(message.wire, message.count, cfg.bits, cfg.bucket_size,
+                                    partial.acc)
+        if cfg.bounds:
+            partial.bound += message.bound + _U32 * np.abs(partial.acc.astype(np.float64))
+        return partial
+
+    def result(self, partial, rank, step):
+        """The owner's final quantization: avg (acc / N in float32), then Q."""
+        cfg = self.cfg
+        if cfg.average:
+            with np.errstate(invalid="ignore", over="ignore"):
+                partial.acc /= F32(cfg.nranks)
+            if cfg.bounds:
+                partial.bound = (partial.bound / cfg.nranks + 2.0**-150
+                                 + _U32 * np.abs(partial.acc.astype(np.float64)))
+        return self.send(partial, rank, step)
+
+
+def _quantization_bound(wire, count, cfg):
+    """Per value: the most one quantization (and its decode) can move it."""
+    meta = codec.read_meta(wire, count, cfg.bucket_size)
+    lo, hi = meta[:, 0], meta[:, 1]
+    p = codec.bucket_params(lo, hi, cfg.bits)
+    step = p["step"].astype(np.float64) * p["inv_sigma"]
+    magnitude = np.maximum(np.abs(lo), np.abs(hi)).astype(np.float64)
+    per_bucket = (step * (0.5 if cfg.rounding == "nearest" else 1.0)
+                  + _CODEC_REL_SLACK * magnitude + _CODEC_ABS_SLACK)
+    return np.repeat(per_bucket, cfg.bucket_size)[:count]  # NaN for non-finite buckets
+
+
+# ---- the three algorithms, one segment at a time -----------------------------------
+# Each takes the segment's inputs x (N x m float32) and returns the final wire
+# message of every non-empty chunk as (start, stop, message): the bytes every
+# rank decodes into its output (all ranks decode the same bytes).
+
+def _ring(seg, x):
+    """Chunk k starts at rank k and travels right: at step s rank (k+s) mod N
+    quantizes it with stream (.., rank, s) and rank (k+s+1) mod N adds its own
+    values; after N-1 hops rank (k-1) mod N owns the full sum and quantizes it
+    with step N-1. The allgather forwards those bytes unchanged."""
+    n = x.shape[0]
+    finals = []
+    for k, (lo, hi) in enumerate(chunks(x.shape[1], n, seg.cfg.bucket_size)):
+        if lo == hi:
+            continue
+        partial = seg.start(x[k, lo:hi])
+        for s in range(n - 1):
+            message = seg.send(partial, (k + s) % n, s)
+            partial = seg.add(seg.start(x[(k + s + 1) % n, lo:hi]), message)
+        finals.append((lo, hi, seg.result(partial, (k + n - 1) % n, n - 1)))
+    return finals
+
+
+def _tree(seg, x):
+    """Heap-ordered binary tree over the whole segment: rank r adds its
+    children's decoded partial sums (lower child first) to its own values and
+    sends Q(acc; step 0) to its parent; the root quantizes once with step 1."""
+    n = x.shape[0]
+    up = [None] * n  # message each non-root rank sends to its parent
+    for r in reversed(range(n)):  # children (2r+1, 2r+2) before parents
+        partial = seg.start(x[r])
+        for child in (2 * r + 1, 2 * r + 2):
+            if child < n:
+                partial = seg.add(partial, up[child])
+                up[child] = None  # consumed: keep memory at O(log N) segments
+        up[r] = seg.send(partial, r, 0) if r else seg.result(partial, 0, 1)
+    return [(0, x.shape[1], up[0])]
+
+
+def _sra(seg, x):
+    """Rank j sends Q(x_j[chunk k]; stream step k) to owner k; the owner adds
+    them to its own values in increasing j, quantizes the sum with step N and
+    sends the bytes to everyone."""
+    n = x.shape[0]
+    finals = []
+    for k, (lo, hi) in enumerate(chunks(x.shape[1], n, seg.cfg.bucket_size)):
+        if lo == hi:
+            continue
+        partial = seg.start(x[k, lo:hi])
+        for j in range(n):
+            if j != k:
+                partial = seg.add(partial, seg.send(seg.start(x[j, lo:hi]), j, k))
+        finals.append((lo, hi, seg.result(partial, k, n)))
+    return finals
+
+
+_ALGORITHMS = {"ring": _ring, "tree": _tree, "sra": _sra}
+
+
+# ---- the public entry point ----------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Config:
+    nranks: int
+    bits: int
+    bucket_size: int
+    rounding: str
+    seed: int
+    call: int
+    average: bool
+    bounds: bool
+
+
+def _dtype_name(dtype):
+    name = dtype if isinstance(dtype, str) else np.dtype(dtype).name
+    if name not in codec.DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(codec.DTYPES)}, got {dtype!r}")
+    return name
+
+
+def _inputs(inputs, dtype):
+    """(N x n float32 widened inputs, codec type name, storage dtype, shape)."""
+    arrays = [np.asarray(x) for x in inputs]
+    if not arrays:
+        raise ValueError("inputs must hold one array per rank, got none")
+    first = arrays[0]
+    for r, a in enumerate(arrays):
+        if a.shape != first.shape or a.dtype != first.dtype:
+            raise ValueError(f"every rank's input must have the shape and dtype of rank 0's "
+                             f"({first.shape}, {first.dtype}); rank {r} has ({a.shape}, "
+                             f"{a.dtype})")
+    name = codec.dtype_name(first.dtype, dtype)
+    x = np.empty((len(arrays), first.size), F32)
+    for r, a in enumerate(arrays):
+        x[r] = codec.to_float32(np.ascontiguousarray(a).reshape(-1), name)
+    return x, name, first.dtype, first.shape
+
+
+def allreduce(inputs: Sequence[np.ndarray], algo: str = "auto", bits: int = 4,
+              bucket_size: int = 128, rounding: str = "stochastic", seed: int = 0,
+              op: str = "sum", call: int = 0, segment_values: int = 0, dtype=None,
+              return_bounds: bool = False):
+    """What qncclAllReduce returns on every rank of an N-rank communicator.
+
+    inputs          one array per rank (a list, or an N x ... array), all of one
+                    shape and dtype: float32, float16, bfloat16 (ml_dtypes), or
+                    uint16 bits with dtype="float16"/"bfloat16"
+    algo            "ring", "tree", "sra" or "auto" (auto_algo)
+    bits, bucket_size, rounding, seed
+                    the codec configuration (qncclCodecConfig_t)
+    op              "sum" or "avg"
+    call            the communicator's count of earlier quantized allreduce
+                    calls (the `call` of the random streams)
+    segment_values  qncclAllReduceConfig_t.segmentValues (0: 2^22)
+
+    Returns the list of the N ranks' outputs (each of the inputs' shape and
+    dtype; identical, as every rank decodes the same bytes), and with
+    return_bounds also the float64 bound (inputs' shape) on |output - exact
+    sum (or average)| described in the module docstring.
+    """
+    codec.check_config(bits, bucket_size, rounding)
+    if op not in OPS:
+        raise ValueError(f"op must be 'sum' or 'avg', got {op!r}")
+    x, name, out_dtype, shape = _inputs(inputs, dtype)
+    nranks, count = x.shape
+    if algo == "auto":
+        algo = auto_algo(count, name, nranks)
+    if algo not in _ALGORITHMS:
+        raise ValueError(f"algo must be one of auto, {', '.join(ALGOS)}, got {algo!r}")
+    cfg = _Config(nranks, bits, bucket_size, rounding, operator.index(seed),
+                  operator.index(call), op == "avg", return_bounds)
+
+    out = np.empty(count, codec.storage_dtype(name))
+    bound = np.zeros(count) if return_bounds else None
+    for g, (start, stop) in enumerate(segments(count, segment_values, bucket_size)):
+        seg = _Segment(cfg, g)
+        for lo, hi, message in _ALGORITHMS[algo](seg, x[:, start:stop]):
+            y = codec.decode(message.wire, message.count, bits, bucket_size)
+            out[start + lo:start + hi] = codec.from_float32(y, name)
+            if return_bounds:
+                rel, tiny = _STORE_SLACK[name]
+                bound[start + lo:start + hi] = (message.bound + rel * np.abs(y.astype(np.float64))
+                                                + tiny)
+    out = out.view(out_dtype).reshape(shape)
+    outputs = [out.copy() for _ in range(nranks)]
+    if not return_bounds:
+        return outputs
+    with np.errstate(invalid="ignore"):
+        finite = np.isfinite(codec.to_float32(out.reshape(-1), name)) & np.isfinite(bound)
+    return outputs, np.where(finite, bound, np.inf).reshape(shape)

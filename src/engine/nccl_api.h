@@ -1,0 +1,30 @@
+/* The real NCCL, as the engine sees it: the point-to-point calls it moves
+ * bytes with, resolved with dlsym on the library's own handle so that
+ * QNCCL's interposed entry points are never called back. */
+#ifndef QNCCL_ENGINE_NCCL_API_H_
+#define QNCCL_ENGINE_NCCL_API_H_
+
+#include "nccl_abi.h"
+
+namespace qnccl {
+
+struct NcclApi {
+  ncclResult_t (*groupStart)(void);
+  ncclResult_t (*groupEnd)(void);
+  ncclResult_t (*send)(const void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
+  ncclResult_t (*recv)(void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
+  ncclResult_t (*commCount)(const ncclComm_t, int*);
+  ncclResult_t (*commUserRank)(const ncclComm_t, int*);
+  ncclResult_t (*commDestroy)(ncclComm_t);
+  ncclResult_t (*commAbort)(ncclComm_t);
+  char path[512];  // the file it was loaded from
+};
+
+/* The NCCL library QNCCL talks to, found once: a libnccl.so.2 already loaded
+ * in the process, else QNCCL_NCCL_LIB, else libnccl.so.2 from the library
+ * path. Fails with a message saying where it looked. */
+ncclResult_t real_nccl(const NcclApi** api);
+
+}  // namespace qnccl
+
+#endif

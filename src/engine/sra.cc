@@ -1,0 +1,55 @@
+/* Quantized SRA allreduce (docs/allreduce.md, "SRA"): every rank sends each
+ * chunk straight to its owner (all-to-all), the owner adds them and encodes
+ * the result once, and every owner sends its bytes to all (all-to-all).
+ * Two quantizations on every value's path, whatever the rank count. */
+#include "engine/engine.h"
+
+#include "common/error.h"
+
+namespace qnccl {
+
+ncclResult_t sra(Segment& s, Workspace& w) {
+  const int n = s.nranks, r = s.rank;
+  const Range own = s.chunk(r);
+  const size_t slot = s.wire_bytes(Segment::max_chunk(s.count, s.params.bucket, n));
+  w.acc.resize(own.size());
+  w.wire.resize(2 * (size_t)n * slot);
+  // Slot k holds what goes to rank k; slot n + k what comes from rank k.
+  auto to = [&](int k) { return w.slot((size_t)k, slot); };
+  auto from = [&](int k) { return w.slot((size_t)(n + k), slot); };
+  std::vector<Transfer> sends, recvs;
+  sends.reserve(n);
+  recvs.reserve(n);
+
+  // Scatter-reduce: chunk k of this rank's values goes to rank k.
+  for (int k = 0; k < n; k++) {
+    if (k == r) continue;
+    const Range c = s.chunk(k);
+    s.encode_input(c, (uint64_t)k, to(k));
+    sends.push_back({to(k), s.wire_bytes(c.size()), k});
+    recvs.push_back({from(k), s.wire_bytes(own.size()), k});
+  }
+  QNCCL_CHECK(s.exchange(sends.data(), (int)sends.size(), recvs.data(), (int)recvs.size()));
+  float* acc = w.acc.data();
+  s.widen_input(own, acc);
+  for (int j = 0; j < n; j++)
+    if (j != r) s.add_decoded(from(j), own.size(), acc);
+
+  // Allgather: this rank's result, encoded once, goes to every rank.
+  s.finish(acc, own.size());
+  s.encode_acc(acc, own.size(), (uint64_t)n, to(r));
+  s.decode_output(to(r), own);
+  sends.clear();
+  recvs.clear();
+  for (int k = 0; k < n; k++) {
+    if (k == r) continue;
+    sends.push_back({to(r), s.wire_bytes(own.size()), k});
+    recvs.push_back({from(k), s.wire_bytes(s.chunk(k).size()), k});
+  }
+  QNCCL_CHECK(s.exchange(sends.data(), (int)sends.size(), recvs.data(), (int)recvs.size()));
+  for (int k = 0; k < n; k++)
+    if (k != r) s.decode_output(from(k), s.chunk(k));
+  return ncclSuccess;
+}
+
+}  // namespace qnccl

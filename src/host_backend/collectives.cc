@@ -1,0 +1,337 @@
+/* Collectives: each call is checked at once, then runs (now, or at the
+ * outermost ncclGroupEnd) as MPI collectives over pieces of at most
+ * kMaxMessageBytes. Rank-major buffers (AllGather's output, AlltoAll's two)
+ * are addressed per piece with a type whose extent is one rank's block.
+ *
+ * In place: AllReduce/Reduce (sendbuff == recvbuff), AllGather
+ * (sendbuff == recvbuff + rank*count) and AlltoAll (sendbuff == recvbuff) map
+ * to MPI_IN_PLACE. ReduceScatter's NCCL form (recvbuff == sendbuff +
+ * rank*recvcount) aliases MPI's input, so it reduces into a temporary. */
+#include <stdint.h>
+#include <string.h>
+
+#include <vector>
+
+#include "host_backend/host.h"
+
+namespace qnccl {
+namespace host {
+namespace {
+
+/* Address of element `index` of `base`; null stays null (unused buffers). */
+char* at(const void* base, size_t index, size_t size) {
+  return base == nullptr ? nullptr : (char*)base + index * size;
+}
+
+/* `n` consecutive elements spaced `stride` bytes from the next rank's: one
+ * rank's part of a piece of a rank-major buffer. */
+class RankBlock {
+ public:
+  RankBlock(MPI_Datatype element, int n, size_t stride) {
+    MPI_Datatype contiguous;
+    MPI_Type_contiguous(n, element, &contiguous);
+    MPI_Type_create_resized(contiguous, 0, (MPI_Aint)stride, &type_);
+    MPI_Type_commit(&type_);
+    MPI_Type_free(&contiguous);
+  }
+  ~RankBlock() { MPI_Type_free(&type_); }
+  RankBlock(const RankBlock&) = delete;
+  RankBlock& operator=(const RankBlock&) = delete;
+  MPI_Datatype type() const { return type_; }
+
+ private:
+  MPI_Datatype type_;
+};
+
+/* ---- argument checks ---- */
+
+ncclResult_t check_buffer(const void* buf, size_t count, const char* name, const char* fn) {
+  if (buf == nullptr && count > 0) {
+    return set_error(ncclInvalidArgument, "%s: %s is NULL with count %zu", fn, name, count);
+  }
+  return ncclSuccess;
+}
+
+/* count * factor elements of `size` bytes must be addressable. */
+ncclResult_t check_count(size_t count, size_t factor, size_t size, const char* fn) {
+  if (count > (size_t)PTRDIFF_MAX / size / factor) {
+    return set_error(ncclInvalidArgument, "%s: count %zu is too large", fn, count);
+  }
+  return ncclSuccess;
+}
+
+ncclResult_t check_root(const ncclComm* comm, int root, const char* fn) {
+  if (root < 0 || root >= comm->nranks) {
+    return set_error(ncclInvalidArgument, "%s: root %d is outside 0..%d", fn, root,
+                     comm->nranks - 1);
+  }
+  return ncclSuccess;
+}
+
+/* Type and count of a data-movement collective on a usable `comm`. */
+ncclResult_t check_move(ncclDataType_t type, size_t count, size_t factor, const char* fn,
+                        MPI_Datatype* mpi) {
+  QNCCL_CHECK(mpi_type(type, fn, mpi));
+  return check_count(count, factor, type_size(type), fn);
+}
+
+/* Type, op and count of a reducing collective on a usable `comm`. */
+ncclResult_t check_reduce(const ncclComm* comm, ncclDataType_t type, ncclRedOp_t op,
+                          size_t count, size_t factor, const char* fn, Reduction* red) {
+  QNCCL_CHECK(resolve_reduction(comm, type, op, fn, red));
+  return check_count(count, factor, type_size(type), fn);
+}
+
+/* ---- execution ---- */
+
+/* What MPI reduces for one piece: the PreMulSum-scaled copy, MPI_IN_PLACE
+ * when the input already is the output, else the input. */
+const void* reduce_input(const Reduction& red, const void* in, const void* out, int n,
+                         std::vector<char>* scratch) {
+  if (red.premul) {
+    scratch->resize(n * type_size(red.type));
+    premultiply(red, in, scratch->data(), n);
+    return scratch->data();
+  }
+  return in == out ? MPI_IN_PLACE : in;
+}
+
+ncclResult_t run_all_reduce(ncclComm* comm, const void* send, void* recv, size_t count,
+                            const Reduction& red) {
+  const size_t size = type_size(red.type);
+  std::vector<char> scratch;
+  QNCCL_CHECK(for_each_chunk(count, size, [&](size_t offset, int n) {
+    char* out = at(recv, offset, size);
+    const void* in = reduce_input(red, at(send, offset, size), out, n, &scratch);
+    return mpi_result(MPI_Allreduce(in, out, n, red.mpi_type, red.op, comm->mpi),
+                      "ncclAllReduce", "MPI_Allreduce");
+  }));
+  if (red.average) divide(red.type, recv, count, comm->nranks);
+  return ncclSuccess;
+}
+
+ncclResult_t run_reduce(ncclComm* comm, const void* send, void* recv, size_t count,
+                        const Reduction& red, int root) {
+  const size_t size = type_size(red.type);
+  void* result = comm->rank == root ? recv : nullptr;  // recvbuff matters at the root only
+  std::vector<char> scratch;
+  QNCCL_CHECK(for_each_chunk(count, size, [&](size_t offset, int n) {
+    char* out = at(result, offset, size);
+    const void* in = reduce_input(red, at(send, offset, size), out, n, &scratch);
+    return mpi_result(MPI_Reduce(in, out, n, red.mpi_type, red.op, root, comm->mpi),
+                      "ncclReduce", "MPI_Reduce");
+  }));
+  if (red.average && result != nullptr) divide(red.type, result, count, comm->nranks);
+  return ncclSuccess;
+}
+
+/* Rank r's output is the reduction of every rank's block r of `in`. One
+ * MPI_Reduce_scatter_block when a block fits one message, else one
+ * MPI_Reduce per rank and piece (MPI's predefined ops take no strided type). */
+ncclResult_t reduce_scatter(ncclComm* comm, const void* in, void* out, size_t recvcount,
+                            const Reduction& red) {
+  const size_t size = type_size(red.type);
+  if (recvcount * size <= kMaxMessageBytes) {
+    return mpi_result(MPI_Reduce_scatter_block(in, out, (int)recvcount, red.mpi_type, red.op,
+                                               comm->mpi),
+                      "ncclReduceScatter", "MPI_Reduce_scatter_block");
+  }
+  return for_each_chunk(recvcount, size, [&](size_t offset, int n) {
+    for (int r = 0; r < comm->nranks; r++) {
+      void* mine = r == comm->rank ? at(out, offset, size) : nullptr;
+      QNCCL_CHECK(mpi_result(MPI_Reduce(at(in, r * recvcount + offset, size), mine, n,
+                                        red.mpi_type, red.op, r, comm->mpi),
+                             "ncclReduceScatter", "MPI_Reduce"));
+    }
+    return ncclSuccess;
+  });
+}
+
+bool overlaps(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
+  auto x = (uintptr_t)a, y = (uintptr_t)b;
+  return x < y + b_bytes && y < x + a_bytes;
+}
+
+ncclResult_t run_reduce_scatter(ncclComm* comm, const void* send, void* recv, size_t recvcount,
+                                const Reduction& red) {
+  const size_t size = type_size(red.type);
+  const size_t total = recvcount * comm->nranks;
+  const void* in = send;
+  std::vector<char> scaled, temp;
+  if (red.premul) {
+    scaled.resize(total * size);
+    premultiply(red, send, scaled.data(), total);
+    in = scaled.data();
+  }
+  void* out = recv;
+  if (overlaps(in, total * size, recv, recvcount * size)) {
+    temp.resize(recvcount * size);
+    out = temp.data();
+  }
+  QNCCL_CHECK(reduce_scatter(comm, in, out, recvcount, red));
+  if (out != recv) memcpy(recv, out, recvcount * size);
+  if (red.average) divide(red.type, recv, recvcount, comm->nranks);
+  return ncclSuccess;
+}
+
+ncclResult_t run_all_gather(ncclComm* comm, const void* send, void* recv, size_t count,
+                            MPI_Datatype type, size_t size) {
+  const bool in_place = send == at(recv, comm->rank * count, size);
+  return for_each_chunk(count, size, [&](size_t offset, int n) {
+    RankBlock block(type, n, count * size);
+    const void* in = in_place ? MPI_IN_PLACE : at(send, offset, size);
+    return mpi_result(MPI_Allgather(in, n, type, at(recv, offset, size), 1, block.type(),
+                                    comm->mpi),
+                      "ncclAllGather", "MPI_Allgather");
+  });
+}
+
+ncclResult_t run_all_to_all(ncclComm* comm, const void* send, void* recv, size_t count,
+                            MPI_Datatype type, size_t size) {
+  const bool in_place = send == recv;
+  return for_each_chunk(count, size, [&](size_t offset, int n) {
+    RankBlock block(type, n, count * size);
+    const void* in = in_place ? MPI_IN_PLACE : at(send, offset, size);
+    return mpi_result(MPI_Alltoall(in, 1, block.type(), at(recv, offset, size), 1, block.type(),
+                                   comm->mpi),
+                      "ncclAlltoAll", "MPI_Alltoall");
+  });
+}
+
+ncclResult_t run_broadcast(ncclComm* comm, const void* send, void* recv, size_t count,
+                           MPI_Datatype type, size_t size, int root) {
+  if (comm->rank == root && send != recv) memmove(recv, send, count * size);
+  return for_each_chunk(count, size, [&](size_t offset, int n) {
+    return mpi_result(MPI_Bcast(at(recv, offset, size), n, type, root, comm->mpi),
+                      "ncclBroadcast", "MPI_Bcast");
+  });
+}
+
+/* ---- entry points, checked ---- */
+
+ncclResult_t all_reduce(const void* send, void* recv, size_t count, ncclDataType_t type,
+                        ncclRedOp_t op, ncclComm* comm) {
+  const char* fn = "ncclAllReduce";
+  QNCCL_CHECK(check_usable(comm, fn));
+  Reduction red;
+  QNCCL_CHECK(check_reduce(comm, type, op, count, 1, fn, &red));
+  QNCCL_CHECK(check_buffer(send, count, "sendbuff", fn));
+  QNCCL_CHECK(check_buffer(recv, count, "recvbuff", fn));
+  return submit_collective(comm, [=] { return run_all_reduce(comm, send, recv, count, red); });
+}
+
+ncclResult_t reduce(const void* send, void* recv, size_t count, ncclDataType_t type,
+                    ncclRedOp_t op, int root, ncclComm* comm) {
+  const char* fn = "ncclReduce";
+  QNCCL_CHECK(check_usable(comm, fn));
+  Reduction red;
+  QNCCL_CHECK(check_reduce(comm, type, op, count, 1, fn, &red));
+  QNCCL_CHECK(check_root(comm, root, fn));
+  QNCCL_CHECK(check_buffer(send, count, "sendbuff", fn));
+  QNCCL_CHECK(check_buffer(recv, comm->rank == root ? count : 0, "recvbuff", fn));
+  return submit_collective(comm,
+                           [=] { return run_reduce(comm, send, recv, count, red, root); });
+}
+
+ncclResult_t reduce_scatter(const void* send, void* recv, size_t recvcount, ncclDataType_t type,
+                            ncclRedOp_t op, ncclComm* comm) {
+  const char* fn = "ncclReduceScatter";
+  QNCCL_CHECK(check_usable(comm, fn));
+  Reduction red;
+  QNCCL_CHECK(check_reduce(comm, type, op, recvcount, comm->nranks, fn, &red));
+  QNCCL_CHECK(check_buffer(send, recvcount, "sendbuff", fn));
+  QNCCL_CHECK(check_buffer(recv, recvcount, "recvbuff", fn));
+  return submit_collective(
+      comm, [=] { return run_reduce_scatter(comm, send, recv, recvcount, red); });
+}
+
+ncclResult_t all_gather(const void* send, void* recv, size_t count, ncclDataType_t type,
+                        ncclComm* comm) {
+  const char* fn = "ncclAllGather";
+  QNCCL_CHECK(check_usable(comm, fn));
+  MPI_Datatype mpi;
+  QNCCL_CHECK(check_move(type, count, comm->nranks, fn, &mpi));
+  QNCCL_CHECK(check_buffer(send, count, "sendbuff", fn));
+  QNCCL_CHECK(check_buffer(recv, count, "recvbuff", fn));
+  const size_t size = type_size(type);
+  return submit_collective(
+      comm, [=] { return run_all_gather(comm, send, recv, count, mpi, size); });
+}
+
+ncclResult_t all_to_all(const void* send, void* recv, size_t count, ncclDataType_t type,
+                        ncclComm* comm) {
+  const char* fn = "ncclAlltoAll";
+  QNCCL_CHECK(check_usable(comm, fn));
+  MPI_Datatype mpi;
+  QNCCL_CHECK(check_move(type, count, comm->nranks, fn, &mpi));
+  QNCCL_CHECK(check_buffer(send, count, "sendbuff", fn));
+  QNCCL_CHECK(check_buffer(recv, count, "recvbuff", fn));
+  const size_t size = type_size(type);
+  return submit_collective(
+      comm, [=] { return run_all_to_all(comm, send, recv, count, mpi, size); });
+}
+
+ncclResult_t broadcast(const void* send, void* recv, size_t count, ncclDataType_t type, int root,
+                       ncclComm* comm, const char* fn) {
+  QNCCL_CHECK(check_usable(comm, fn));
+  MPI_Datatype mpi;
+  QNCCL_CHECK(check_move(type, count, 1, fn, &mpi));
+  QNCCL_CHECK(check_root(comm, root, fn));
+  QNCCL_CHECK(check_buffer(send, comm->rank == root ? count : 0, "sendbuff", fn));
+  QNCCL_CHECK(check_buffer(recv, count, "recvbuff", fn));
+  const size_t size = type_size(type);
+  return submit_collective(
+      comm, [=] { return run_broadcast(comm, send, recv, count, mpi, size, root); });
+}
+
+}  // namespace
+}  // namespace host
+}  // namespace qnccl
+
+using namespace qnccl::host;
+
+/* Streams are accepted and ignored: the work is done when the call returns
+ * (or at the outermost ncclGroupEnd). */
+
+QNCCL_EXPORT ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
+                                        ncclDataType_t datatype, ncclRedOp_t op,
+                                        ncclComm_t comm, cudaStream_t /*stream*/) {
+  return note_group_error(all_reduce(sendbuff, recvbuff, count, datatype, op, comm));
+}
+
+QNCCL_EXPORT ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count,
+                                     ncclDataType_t datatype, ncclRedOp_t op, int root,
+                                     ncclComm_t comm, cudaStream_t /*stream*/) {
+  return note_group_error(reduce(sendbuff, recvbuff, count, datatype, op, root, comm));
+}
+
+QNCCL_EXPORT ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff,
+                                            size_t recvcount, ncclDataType_t datatype,
+                                            ncclRedOp_t op, ncclComm_t comm,
+                                            cudaStream_t /*stream*/) {
+  return note_group_error(reduce_scatter(sendbuff, recvbuff, recvcount, datatype, op, comm));
+}
+
+QNCCL_EXPORT ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
+                                        ncclDataType_t datatype, ncclComm_t comm,
+                                        cudaStream_t /*stream*/) {
+  return note_group_error(all_gather(sendbuff, recvbuff, sendcount, datatype, comm));
+}
+
+QNCCL_EXPORT ncclResult_t ncclAlltoAll(const void* sendbuff, void* recvbuff, size_t count,
+                                       ncclDataType_t datatype, ncclComm_t comm,
+                                       cudaStream_t /*stream*/) {
+  return note_group_error(all_to_all(sendbuff, recvbuff, count, datatype, comm));
+}
+
+QNCCL_EXPORT ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count,
+                                        ncclDataType_t datatype, int root, ncclComm_t comm,
+                                        cudaStream_t /*stream*/) {
+  return note_group_error(
+      broadcast(sendbuff, recvbuff, count, datatype, root, comm, "ncclBroadcast"));
+}
+
+QNCCL_EXPORT ncclResult_t ncclBcast(void* buff, size_t count, ncclDataType_t datatype, int root,
+                                    ncclComm_t comm, cudaStream_t /*stream*/) {
+  return note_group_error(broadcast(buff, buff, count, datatype, root, comm, "ncclBcast"));
+}

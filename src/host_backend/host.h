@@ -1,0 +1,150 @@
+/* Internals of the host backend: the NCCL API for host memory on top of MPI
+ * (docs/host-backend.md). A communicator is an MPI communicator whose ranks
+ * are the NCCL ranks; every call completes before it returns, or at the
+ * outermost ncclGroupEnd when issued inside a group. */
+#ifndef QNCCL_HOST_BACKEND_HOST_H_
+#define QNCCL_HOST_BACKEND_HOST_H_
+
+// MPI's C API only: its deprecated C++ bindings do not build warning-free.
+#define OMPI_SKIP_MPICXX 1
+#define MPICH_SKIP_MPICXX 1
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+
+#include "common/error.h"
+
+/* Per-communicator state of a PreMulSum op: the scalar, stored in its type. */
+struct PreMulSum {
+  ncclDataType_t type;
+  unsigned char scalar[8];
+};
+
+struct ncclComm {
+  MPI_Comm mpi;
+  int rank;
+  int nranks;
+  double timeout_s;  // QNCCL_HOST_INIT_TIMEOUT, read when the communicator was made
+  bool finalized = false;
+  ncclResult_t async_error = ncclSuccess;  // set when a failure left the communicator unusable
+  std::string async_message;
+  std::map<int, PreMulSum> premul_ops;  // ncclRedOp_t value -> op
+  int next_op = ncclNumOps;
+};
+
+namespace qnccl {
+namespace host {
+
+/* The NCCL release whose ABI the backend implements (ncclGetVersion). */
+constexpr int kNcclVersionCode = QNCCL_NCCL_VERSION_CODE(2, 32, 3);
+
+/* Largest MPI message the backend sends: longer transfers are split, so counts
+ * never overflow MPI's int and no single message reaches 2 GiB. */
+constexpr size_t kMaxMessageBytes = size_t(1) << 30;
+
+/* ---- MPI and communicators (comm.cc) ---------------------------------- */
+
+/* Initializes MPI unless it already is, and the backend's MPI types and ops. */
+ncclResult_t ensure_mpi(const char* fn);
+
+/* Fails unless `comm` is a communicator this process created and has not
+ * destroyed (queries are allowed on finalized or failed communicators). */
+ncclResult_t check_live(const ncclComm* comm, const char* fn);
+
+/* check_live, and the communicator may still run operations. */
+ncclResult_t check_usable(const ncclComm* comm, const char* fn);
+
+/* Marks `comm` unusable after a failure; later operations report `message`. */
+void mark_unusable(ncclComm* comm, ncclResult_t code, const std::string& message);
+
+/* Turns an MPI return code into ncclSystemError with MPI's message. */
+ncclResult_t mpi_result(int rc, const char* fn, const char* what);
+
+/* Polls for completion: a deadline that also yields the CPU between polls,
+ * so oversubscribed ranks leave the cores to the peers they wait for. */
+class Deadline {
+ public:
+  explicit Deadline(double seconds);
+  bool passed() const { return std::chrono::steady_clock::now() >= end_; }
+  void pause();      // between two unsuccessful polls
+  void restart();    // progress was made: the full timeout starts again
+ private:
+  std::chrono::steady_clock::duration length_;
+  std::chrono::steady_clock::time_point end_;
+  std::chrono::steady_clock::time_point last_progress_;
+};
+
+/* ---- unique ids and rendezvous (rendezvous.cc) ------------------------ */
+
+/* A new id whose rendezvous root is this process. */
+ncclResult_t new_unique_id(ncclUniqueId* out);
+
+/* Forms the MPI communicator of the processes that pass `id`, ordered by
+ * `rank`; fails within about `timeout_s` (2x for non-root ranks) when the
+ * ranks do not all arrive or disagree. */
+ncclResult_t rendezvous(const ncclUniqueId& id, int nranks, int rank, double timeout_s,
+                        MPI_Comm* out);
+
+/* ---- data types and reduction ops (datatypes.cc) ----------------------- */
+
+/* Creates the MPI types and ops of float16/bfloat16 (after MPI_Init). */
+ncclResult_t init_datatypes();
+
+/* The MPI type of an NCCL data type; ncclInvalidArgument for unknown ones and
+ * those the backend does not support (fp8). */
+ncclResult_t mpi_type(ncclDataType_t type, const char* fn, MPI_Datatype* out);
+
+/* Bytes per element of a supported type. */
+size_t type_size(ncclDataType_t type);
+
+/* How one call reduces: MPI combines the ranks' values with `op`; PreMulSum
+ * scales each rank's input first and ncclAvg divides the result by nranks. */
+struct Reduction {
+  ncclDataType_t type;
+  MPI_Datatype mpi_type;
+  MPI_Op op;
+  std::optional<PreMulSum> premul;
+  bool average = false;
+};
+
+/* Resolves (type, op) on `comm`; ncclInvalidArgument for unknown ones. */
+ncclResult_t resolve_reduction(const ncclComm* comm, ncclDataType_t type, ncclRedOp_t op,
+                               const char* fn, Reduction* out);
+
+/* out[i] = in[i] * the PreMulSum scalar, in the arithmetic of the type. */
+void premultiply(const Reduction& red, const void* in, void* out, size_t count);
+
+/* buf[i] /= nranks (integers: truncating division, as NCCL's ncclAvg). */
+void divide(ncclDataType_t type, void* buf, size_t count, int nranks);
+
+/* ---- groups (group.cc) -------------------------------------------------- */
+
+/* Runs a collective now, or at the outermost ncclGroupEnd inside a group. */
+ncclResult_t submit_collective(ncclComm* comm, std::function<ncclResult_t()> run);
+
+/* Inside a group, records the first error of the group's calls: the group
+ * then fails as a whole at ncclGroupEnd. Returns `code`. */
+ncclResult_t note_group_error(ncclResult_t code);
+
+/* ---- chunking ----------------------------------------------------------- */
+
+/* Calls fn(offset, n) over [0, count) in pieces of at most kMaxMessageBytes;
+ * stops at the first error. */
+template <class Fn>
+ncclResult_t for_each_chunk(size_t count, size_t elem_size, Fn&& fn) {
+  const size_t step = kMaxMessageBytes / elem_size;
+  for (size_t offset = 0; offset < count; offset += step) {
+    QNCCL_CHECK(fn(offset, (int)std::min(step, count - offset)));
+  }
+  return ncclSuccess;
+}
+
+}  // namespace host
+}  // namespace qnccl
+
+#endif

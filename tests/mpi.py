@@ -1,0 +1,66 @@
+"""Running test programs as real MPI jobs.
+
+Every multi-process test goes through run(): it starts `mpirun` in a process
+group of its own and, past the timeout, kills the whole group and fails with
+a message that says which job hung. Ranks are oversubscribed on these 2-core
+machines, so MPI is told to yield the CPU while it waits.
+"""
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+HOST_NCCL = REPO / "build" / "host" / "libnccl.so.2"
+
+# Open MPI as root in a container, more ranks than cores, no busy waiting,
+# shared memory between the ranks of this machine.
+MPI_ENV = {
+    "OMPI_ALLOW_RUN_AS_ROOT": "1",
+    "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+    "OMPI_MCA_rmaps_base_oversubscribe": "1",
+    "OMPI_MCA_mpi_yield_when_idle": "1",
+    "OMPI_MCA_btl": "self,vader,tcp",
+    "OMPI_MCA_btl_vader_single_copy_mechanism": "none",  # no CMA/ptrace inside containers
+    "PYTHONUNBUFFERED": "1",
+}
+
+
+def mpirun():
+    path = shutil.which("mpirun")
+    if path is None:
+        pytest.fail("mpirun not found: run `make setup` (installs Open MPI)")
+    return path
+
+
+def run(nprocs, argv, timeout, env=None, check=True):
+    """Runs `argv` as an MPI job of `nprocs` ranks; returns the CompletedProcess.
+
+    A job that outlives `timeout` seconds is killed with its whole process
+    group and the test fails saying so. With `check`, a non-zero exit fails
+    the test with the job's output."""
+    cmd = [mpirun(), "-np", str(nprocs), *argv]
+    job_env = dict(os.environ, **MPI_ENV, **(env or {}))
+    proc = subprocess.Popen(cmd, env=job_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"MPI job hung: {nprocs} ranks of {' '.join(map(str, argv))} ran past "
+                    f"{timeout} s and were killed. Output:\n{out[-4000:]}")
+    result = subprocess.CompletedProcess(cmd, proc.returncode, out, "")
+    if check and proc.returncode != 0:
+        pytest.fail(f"MPI job failed (exit {proc.returncode}): {nprocs} ranks of "
+                    f"{' '.join(map(str, argv))}. Output:\n{out[-6000:]}")
+    return result
+
+
+def run_python(nprocs, script, *args, timeout=120, env=None, check=True):
+    """Runs a Python test program under mpirun with this interpreter."""
+    return run(nprocs, [sys.executable, str(script), *map(str, args)], timeout, env, check)

@@ -1,0 +1,385 @@
+"""qncclAllReduce on real ranks against the emulator: one MPI job, many cases.
+
+    mpirun -np N python allreduce_check.py matrix
+    mpirun -np N python allreduce_check.py ordering
+    mpirun -np N python allreduce_check.py misuse
+    mpirun -np N python allreduce_check.py calls
+
+Every rank loads QNCCL's host backend (build/host/libnccl.so.2) before any
+engine call, so libqnccl.so's dlopen("libnccl.so.2", RTLD_NOLOAD) finds it,
+forms an NCCL communicator from a unique id that rank 0 broadcasts, and runs
+the cases in the same order (the random streams count the calls).
+
+matrix    algorithms x types x counts (0, 1, 300: empty chunks, 7919: prime,
+          300007: large, 5003 in segments of 960, 1000 in segments of one
+          bucket, 2049 in buckets of 1), roundings, sum/avg, in place or not,
+          bits 1..8, 64-bit seeds; then NaN/Inf inputs. Rank 0 gathers every
+          rank's output and checks: all ranks byte-identical; identical to
+          qnccl.emulate.allreduce on the same inputs; for nearest rounding of
+          finite inputs |output - exact float64 sum| within the emulator's
+          bound; out of place, the send buffer untouched. Also qncclAutoAlgo
+          against emulate.auto_algo.
+ordering  the same data through ring, tree and SRA at 4 bits: bit-exact with
+          the emulator, and mean |error| ring > tree > SRA (seeds/000).
+misuse    invalid configurations fail with ncclInvalidArgument and a message
+          naming the argument and the allowed values, on every rank, without
+          counting as a call: a valid stochastic call afterwards still matches
+          the emulator's call 0.
+calls     each communicator counts its own calls from 0: two alive at once,
+          calls interleaved, then a communicator made after one was destroyed.
+
+Prints one line per failure, then a summary; exits non-zero on any failure.
+"""
+import argparse
+import dataclasses
+import itertools
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+from mpi4py import MPI
+
+TESTS = Path(__file__).resolve().parents[1]
+REPO = TESTS.parent
+HOST_NCCL = REPO / "build" / "host" / "libnccl.so.2"
+sys.path[:0] = [str(REPO), str(TESTS)]
+
+from conftest import from_float32, make_values, widen  # noqa: E402  (the codec tests' data)
+from qnccl import _lib  # noqa: E402
+from qnccl.emulate import allreduce as emulate_allreduce  # noqa: E402
+from qnccl.emulate.allreduce import auto_algo, chunks, segment_length  # noqa: E402
+
+COMM = MPI.COMM_WORLD
+RANK, NRANKS = COMM.Get_rank(), COMM.Get_size()
+ffi = _lib.ffi()
+# The host backend first: the engine looks for an already loaded libnccl.so.2.
+nccl = ffi.dlopen(str(HOST_NCCL))
+lib = _lib.lib()
+
+NCCL_TYPES = {"float32": lib.ncclFloat32, "float16": lib.ncclFloat16,
+              "bfloat16": lib.ncclBfloat16}
+ALGOS = {"auto": lib.qncclAlgoAuto, "ring": lib.qncclAlgoRing, "tree": lib.qncclAlgoTree,
+         "sra": lib.qncclAlgoSra}
+ROUNDINGS = {"nearest": lib.qncclRoundNearest, "stochastic": lib.qncclRoundStochastic}
+OPS = {"sum": lib.ncclSum, "avg": lib.ncclAvg}
+UNWRITTEN = 0xA5  # out of place, the output buffer starts as these bytes
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    algo: str
+    dtype: str
+    count: int
+    rounding: str = "stochastic"
+    op: str = "sum"
+    inplace: bool = False
+    bits: int = 4
+    bucket: int = 128
+    segment_values: int = 0
+    seed: int = 0
+    data: str = "wide"  # "wide": conftest.make_values; "special": with NaN/Inf; "normal"
+
+    def __str__(self):
+        return (f"{self.algo} {self.dtype} count={self.count} {self.rounding} {self.op} "
+                f"{'in place' if self.inplace else 'out of place'} bits={self.bits} "
+                f"bucket={self.bucket} segmentValues={self.segment_values} seed={self.seed} "
+                f"data={self.data}")
+
+
+def rank_input(case, rank):
+    """Rank `rank`'s input of `case`: a pure function of (case.seed, rank)."""
+    rng = np.random.default_rng([case.seed, rank])
+    if case.data == "normal":
+        return from_float32(rng.standard_normal(case.count), case.dtype)
+    return make_values(rng, case.count, case.dtype, case.bucket, specials=case.data == "special")
+
+
+# ---- calling the library ---------------------------------------------------------
+
+class Failures:
+    def __init__(self):
+        self.lines = []
+
+    def add(self, case, what):
+        line = f"FAIL [N={NRANKS}] {case}: {what}"
+        self.lines.append(line)
+        print(line, flush=True)
+
+
+def check_nccl(result, what):
+    if result != lib.ncclSuccess:
+        raise RuntimeError(f"rank {RANK}: {what} failed ({result}): "
+                           f"{ffi.string(nccl.ncclGetErrorString(result)).decode()}")
+
+
+def init_comm():
+    uid = ffi.new("ncclUniqueId*")
+    if RANK == 0:
+        check_nccl(nccl.ncclGetUniqueId(uid), "ncclGetUniqueId")
+    ffi.memmove(uid, COMM.bcast(bytes(ffi.buffer(uid)), root=0), ffi.sizeof("ncclUniqueId"))
+    comm = ffi.new("ncclComm_t*")
+    check_nccl(nccl.ncclCommInitRank(comm, NRANKS, uid[0], RANK), "ncclCommInitRank")
+    return comm[0]
+
+
+def make_config(case):
+    config = ffi.new("qncclAllReduceConfig_t*")
+    config.codec.bits = case.bits
+    config.codec.bucketSize = case.bucket
+    config.codec.rounding = ROUNDINGS[case.rounding]
+    config.codec.seed = case.seed
+    config.algo = ALGOS[case.algo]
+    config.segmentValues = case.segment_values
+    return config
+
+
+def call_allreduce(comm, case, x):
+    """(result, message, output, send buffer afterwards) of qncclAllReduce on this rank."""
+    send = x.copy()
+    recv = send if case.inplace else np.full(x.nbytes, UNWRITTEN, np.uint8).view(x.dtype)
+    result = lib.qncclAllReduce(ffi.from_buffer(send), ffi.from_buffer(recv), case.count,
+                                NCCL_TYPES[case.dtype], OPS[case.op], make_config(case), comm,
+                                ffi.NULL)
+    message = "" if result == lib.ncclSuccess else ffi.string(lib.qncclGetLastError()).decode()
+    return result, message, recv, send
+
+
+# ---- checks on rank 0 --------------------------------------------------------------
+
+def bits_of(values):
+    values = np.ascontiguousarray(values).reshape(-1)
+    return values.view({2: np.uint16, 4: np.uint32}[values.itemsize])
+
+
+def describe(case, i):
+    """Where value i lives: its segment, offset and chunk (chunks matter to ring and SRA)."""
+    width = segment_length(case.segment_values, case.bucket)
+    g, offset = divmod(i, width)
+    m = min(width, case.count - g * width)
+    k = next(k for k, (lo, hi) in enumerate(chunks(m, NRANKS, case.bucket)) if lo <= offset < hi)
+    return f"element {i} (segment {g}, offset {offset}, chunk {k})"
+
+
+def first_difference(case, got, expected, dtype, who):
+    got_bits, want_bits = bits_of(got), bits_of(expected)
+    differ = np.flatnonzero(got_bits != want_bits)
+    if differ.size == 0:
+        return None
+    i = int(differ[0])
+    return (f"{who}: {differ.size} of {case.count} values differ; first at {describe(case, i)}: "
+            f"engine {float(widen(got[i:i + 1], dtype)[0])!r} ({int(got_bits[i]):#x}), emulator "
+            f"{float(widen(expected[i:i + 1], dtype)[0])!r} ({int(want_bits[i]):#x})")
+
+
+def check_case(case, call, outputs, send_ok, failures):
+    """Rank 0: outputs[r] is rank r's output array of `case`, the call-th call."""
+    inputs = [rank_input(case, r) for r in range(NRANKS)]
+    for r in range(NRANKS):
+        if not send_ok[r]:
+            failures.add(case, f"rank {r}: out of place, the send buffer changed")
+        diff = first_difference(case, outputs[r], outputs[0], case.dtype,
+                                f"rank {r} differs from rank 0")
+        if diff:
+            failures.add(case, diff)
+    def emulate(call):
+        return emulate_allreduce(
+            inputs, algo=case.algo, bits=case.bits, bucket_size=case.bucket,
+            rounding=case.rounding, seed=case.seed, op=case.op, call=call,
+            segment_values=case.segment_values, dtype=case.dtype, return_bounds=True)
+
+    expected, bound = emulate(call)
+    diff = first_difference(case, outputs[0], expected[0], case.dtype,
+                            f"rank 0 differs from qnccl.emulate.allreduce(call={call})")
+    if diff:
+        if case.rounding == "stochastic":  # a miscounted call? say which one matches
+            match = next((c for c in range(call + 16) if c != call and np.array_equal(
+                bits_of(emulate(c)[0][0]), bits_of(outputs[0]))), None)
+            if match is not None:
+                diff += f"; the engine's bytes are the emulator's at call={match}"
+        failures.add(case, diff)
+    if case.rounding == "nearest" and case.data != "special" and case.count:
+        exact = np.stack([widen(x, case.dtype) for x in inputs]).sum(axis=0)
+        exact_slack = NRANKS * 2.0**-53 * np.abs(np.stack([widen(x, case.dtype)
+                                                           for x in inputs])).sum(axis=0)
+        if case.op == "avg":
+            exact, exact_slack = exact / NRANKS, exact_slack / NRANKS
+        finite = np.isfinite(bound)
+        with np.errstate(invalid="ignore"):
+            error = np.abs(widen(outputs[0], case.dtype) - exact)
+        over = np.flatnonzero(finite & (error > bound + exact_slack))
+        if over.size:
+            i = int(over[0])
+            failures.add(case, f"{over.size} values exceed the error bound; first at "
+                               f"{describe(case, i)}: error {error[i]:.6g} > bound {bound[i]:.6g}")
+    return expected[0]
+
+
+def run_cases(comm, cases, failures, first_call=0):
+    """Runs `cases` in order on every rank; rank 0 checks each. Returns the
+    emulator's outputs (rank 0) and the next call number."""
+    call = first_call
+    results = []
+    for case in cases:
+        x = rank_input(case, RANK)
+        result, message, out, send = call_allreduce(comm, case, x)
+        send_ok = case.inplace or np.array_equal(bits_of(send), bits_of(x))
+        if result != lib.ncclSuccess:  # the others would wait for us: stop here
+            print(f"FAIL [N={NRANKS}] {case}: rank {RANK}: qncclAllReduce returned {result}: "
+                  f"{message}", flush=True)
+            COMM.Abort(1)
+        gathered = COMM.gather((out, send_ok), root=0)
+        if RANK == 0:
+            outputs, send_oks = zip(*gathered)
+            results.append((case, outputs, check_case(case, call, outputs, send_oks, failures)))
+        call += 1
+    return results, call
+
+
+# ---- the three programs ------------------------------------------------------------
+
+def matrix_cases():
+    """Every algorithm x type x shape; roundings, ops, in place, bits and
+    seeds rotate through the cases, so each value of each appears with every
+    algorithm and type."""
+    shapes = [  # (count, bucket, segment_values)
+        (0, 128, 0), (1, 128, 0), (300, 128, 0), (7919, 100, 0), (300007, 128, 0),
+        (5003, 64, 1000), (1000, 128, 5), (2049, 1, 700)]
+    combos = list(itertools.product(("nearest", "stochastic"), ("sum", "avg"), (False, True)))
+    cases = []
+    for i, (algo, dtype, (count, bucket, segment_values)) in enumerate(
+            itertools.product(("ring", "tree", "sra", "auto"), ("float32", "float16", "bfloat16"),
+                              shapes)):
+        rounding, op, inplace = combos[(i * 5) % len(combos)]
+        cases.append(Case(algo, dtype, count, rounding, op, inplace, bits=1 + (i * 3) % 8,
+                          bucket=bucket, segment_values=segment_values,
+                          seed=(1000 + i) * 0x9E3779B97F4A7C15 % 2**64))
+    for i, (algo, dtype) in enumerate(itertools.product(("ring", "tree", "sra", "auto"),
+                                                        ("float32", "float16", "bfloat16"))):
+        cases.append(Case(algo, dtype, 4099, ("nearest", "stochastic")[i % 2], ("sum", "avg")[
+            i // 2 % 2], inplace=bool(i % 3), bits=4, bucket=32, seed=2000 + i, data="special"))
+    return cases
+
+
+def check_auto_algo(failures):
+    for count, dtype in itertools.product((0, 1, 16383, 16384, 32767, 32768, 10**7),
+                                          NCCL_TYPES):
+        got = ffi.new("qncclAlgo_t*")
+        result = lib.qncclAutoAlgo(count, NCCL_TYPES[dtype], NRANKS, got)
+        want = auto_algo(count, dtype, NRANKS)
+        if result != lib.ncclSuccess or got[0] != ALGOS[want]:
+            failures.add(f"qncclAutoAlgo({count}, {dtype}, {NRANKS})",
+                         f"returned {result}, algo {got[0]}; emulate.auto_algo says {want}")
+
+
+def matrix(comm, failures):
+    cases = matrix_cases()
+    if RANK == 0:
+        check_auto_algo(failures)
+    run_cases(comm, cases, failures)
+    return len(cases)
+
+
+def ordering(comm, failures):
+    """Same data, same seed through the three algorithms at 4 bits."""
+    cases = [Case(algo, "float32", 1 << 16, rounding, bits=4, bucket=128, seed=77, data="normal")
+             for rounding in ("nearest", "stochastic") for algo in ("ring", "tree", "sra")]
+    results, _ = run_cases(comm, cases, failures)
+    if RANK == 0:
+        inputs = [rank_input(cases[0], r) for r in range(NRANKS)]
+        exact = np.stack(inputs).astype(np.float64).sum(axis=0)
+        scale = np.abs(exact).mean()
+        for rounding in ("nearest", "stochastic"):
+            error = {}
+            for case, outputs, _ in results:
+                if case.rounding == rounding:
+                    e = np.abs(outputs[0].astype(np.float64) - exact)
+                    error[case.algo] = e.mean() / scale
+                    print(f"error N={NRANKS} {rounding:10s} {case.algo:4s}: mean |e|/mean |S| "
+                          f"{e.mean() / scale:.4f}, max |e|/mean |S| {e.max() / scale:.4f}",
+                          flush=True)
+            if not error["ring"] > error["tree"] > error["sra"]:
+                failures.add(f"ordering {rounding}", f"expected ring > tree > sra, got {error}")
+    return len(cases)
+
+
+MISUSE = [  # (argument, bad value, what the message must say: the argument and allowed values)
+    ("bits", 0, r"bits = 0 .*allowed: 1\.\.8"),
+    ("bits", 9, r"bits = 9 .*allowed: 1\.\.8"),
+    ("bucketSize", 0, r"bucketSize = 0 .*allowed: >= 1"),
+    ("algo", 7, r"algo = 7 .*allowed: .*qncclAlgoAuto.*qncclAlgoRing.*qncclAlgoTree"
+                r".*qncclAlgoSra"),
+    ("op", "ncclMax", r"op = 2 .*allowed: ncclSum.*ncclAvg"),
+    ("datatype", "ncclInt32", r"datatype = 2 .*allowed: ncclFloat32.*ncclFloat16.*ncclBfloat16"),
+]
+
+
+def misuse(comm, failures):
+    base = Case("ring", "float32", 1000, "stochastic", seed=5)
+    x = rank_input(base, RANK)
+    lines = []
+    for field, value, pattern in MISUSE:
+        config = make_config(base)
+        op, dtype = OPS["sum"], NCCL_TYPES["float32"]
+        if field == "bits":
+            config.codec.bits = value
+        elif field == "bucketSize":
+            config.codec.bucketSize = value
+        elif field == "algo":
+            config.algo = value
+        elif field == "op":
+            op = getattr(lib, value)
+        else:
+            dtype = getattr(lib, value)
+        out = np.zeros_like(x)
+        result = lib.qncclAllReduce(ffi.from_buffer(x), ffi.from_buffer(out), x.size, dtype, op,
+                                    config, comm, ffi.NULL)
+        message = ffi.string(lib.qncclGetLastError()).decode() if result else ""
+        if result != lib.ncclInvalidArgument or not re.search(pattern, message):
+            lines.append(f"{field} = {value}: returned {result} ({message!r}); expected "
+                         f"ncclInvalidArgument and a message matching {pattern!r}")
+    for rank, rank_lines in enumerate(COMM.gather(lines, root=0) or []):
+        for line in rank_lines:
+            failures.add(f"misuse rank {rank}", line)
+    # rejected calls are not calls: the next one is call 0 of the communicator
+    run_cases(comm, [base], failures, first_call=0)
+    return len(MISUSE) + 1
+
+
+def calls(comm, failures):
+    def case(algo, seed):
+        return Case(algo, "float32", 3001, "stochastic", bits=3, bucket=64, seed=seed)
+
+    _, next_a = run_cases(comm, [case("sra", 1), case("ring", 2)], failures)
+    other = init_comm()
+    _, next_b = run_cases(other, [case("tree", 3)], failures)  # call 0 of `other`
+    run_cases(comm, [case("ring", 4)], failures, first_call=next_a)
+    run_cases(other, [case("sra", 5)], failures, first_call=next_b)
+    # Destroyed through libqnccl's ncclCommDestroy (what an interposed job
+    # calls), which forgets the communicator and forwards to the real one.
+    check_nccl(lib.ncclCommDestroy(other), "ncclCommDestroy")
+    # a new communicator starts from call 0, wherever its handle lands
+    third = init_comm()
+    run_cases(third, [case("ring", 6), case("sra", 7)], failures)
+    check_nccl(lib.ncclCommDestroy(third), "ncclCommDestroy")
+    return 7
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("program", choices=("matrix", "ordering", "misuse", "calls"))
+    args = parser.parse_args()
+    comm = init_comm()
+    failures = Failures()
+    programs = {"matrix": matrix, "ordering": ordering, "misuse": misuse, "calls": calls}
+    cases = programs[args.program](comm, failures)
+    check_nccl(nccl.ncclCommDestroy(comm), "ncclCommDestroy")
+    failed = COMM.bcast(len(failures.lines), root=0)
+    if RANK == 0:
+        print(f"SUMMARY {args.program}: {NRANKS} ranks, {cases} cases, {failed} failures",
+              flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
