@@ -25,10 +25,12 @@ CXXFLAGS += -std=c++17 -fPIC -ffp-contract=off -fno-fast-math -fno-trapping-math
 NVCCFLAGS ?= -O3
 NVCCFLAGS += -std=c++17 -fmad=false -prec-div=true -ftz=false -Xcompiler -fPIC,-fvisibility=hidden \
              -Werror all-warnings -Isrc/include -Isrc $(NVCC_GENCODE)
-LDFLAGS += -shared -Wl,--no-undefined -Wl,-soname,libqnccl.so
+# -Bsymbolic-functions: calls between our own exported functions stay inside
+# the library even when another one (the interposer) exports the same names.
+LDFLAGS += -shared -Wl,--no-undefined -Wl,-soname,libqnccl.so -Wl,-Bsymbolic-functions
 
 LIB_SRCS := src/common/error.cc src/common/env.cc src/codec/host_isa.cc src/codec/codec_api.cc \
-            $(wildcard src/engine/*.cc) $(wildcard src/shim/*.cc)
+            $(wildcard src/engine/*.cc) $(wildcard src/shim/*.cc) $(wildcard src/config/*.cc)
 # The host backend: the NCCL API for host memory over MPI (its own libnccl.so.2).
 MPICXX  ?= mpicxx
 HOST_SRCS := $(wildcard src/host_backend/*.cc)
@@ -95,7 +97,7 @@ $(BUILD)/obj/host/%.o: src/host_backend/%.cc $(HEADERS) $(FLAGS_STAMP)
 $(HOST_LIB): $(HOST_SRCS:src/host_backend/%.cc=$(BUILD)/obj/host/%.o) $(BUILD)/obj/src/common/error.o \
              $(BUILD)/obj/src/common/env.o src/host_backend/exports.map
 	@mkdir -p $(dir $@)
-	$(MPICXX) -shared -Wl,--no-undefined -Wl,-soname,libnccl.so.2 \
+	$(MPICXX) -shared -Wl,--no-undefined -Wl,-soname,libnccl.so.2 -Wl,-Bsymbolic-functions \
 	  -Wl,--version-script=src/host_backend/exports.map -o $@ $(filter %.o,$^)
 	ln -sf libnccl.so.2 $(BUILD)/host/libnccl.so
 

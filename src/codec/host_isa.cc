@@ -47,7 +47,7 @@ struct Choice {
 Choice choose() {
   Candidate all[3];
   const int n = candidates(all);
-  const char* want = env::host_isa();
+  const char* want = env::get(env::Var::kHostIsa);
   Choice c;
   char names[64] = "";
   for (int i = 0; i < n; i++) {

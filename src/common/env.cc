@@ -5,19 +5,29 @@
 namespace qnccl {
 namespace env {
 
-namespace {
-/* The variable's value, or null when it is unset or empty. */
-const char* value_of(const char* name) {
-  const char* value = getenv(name);
+const char* name(Var var) {
+  switch (var) {
+    case Var::kEnable: return "QNCCL_ENABLE";
+    case Var::kBits: return "QNCCL_BITS";
+    case Var::kBucketSize: return "QNCCL_BUCKET_SIZE";
+    case Var::kRounding: return "QNCCL_ROUNDING";
+    case Var::kAlgo: return "QNCCL_ALGO";
+    case Var::kMinBytes: return "QNCCL_MIN_BYTES";
+    case Var::kSeed: return "QNCCL_SEED";
+    case Var::kErrorFeedback: return "QNCCL_ERROR_FEEDBACK";
+    case Var::kWarmupCalls: return "QNCCL_WARMUP_CALLS";
+    case Var::kDebug: return "QNCCL_DEBUG";
+    case Var::kNcclLib: return "QNCCL_NCCL_LIB";
+    case Var::kHostIsa: return "QNCCL_HOST_ISA";
+    case Var::kHostInitTimeout: return "QNCCL_HOST_INIT_TIMEOUT";
+  }
+  return "?";
+}
+
+const char* get(Var var) {
+  const char* value = getenv(name(var));
   return value != nullptr && value[0] != '\0' ? value : nullptr;
 }
-}  // namespace
-
-const char* host_isa() { return value_of("QNCCL_HOST_ISA"); }
-
-const char* nccl_lib() { return value_of("QNCCL_NCCL_LIB"); }
-
-const char* host_init_timeout() { return value_of("QNCCL_HOST_INIT_TIMEOUT"); }
 
 }  // namespace env
 }  // namespace qnccl

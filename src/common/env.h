@@ -1,22 +1,33 @@
-/* Every environment variable QNCCL reads is read here, and only here, so the
- * README's table has one counterpart in the code. */
+/* Every environment variable QNCCL reads is read here, and only here: the
+ * table in env.cc is the code's counterpart of the README's. Parsing and
+ * validation live with the users (src/config/config.cc for QNCCL_* knobs). */
 #ifndef QNCCL_COMMON_ENV_H_
 #define QNCCL_COMMON_ENV_H_
 
 namespace qnccl {
 namespace env {
 
-/* QNCCL_HOST_ISA: instruction set of the host codec, "generic", "avx2" or
- * "avx512"; unset or empty: the best this CPU runs. Null when unset. */
-const char* host_isa();
+enum class Var {
+  kEnable,            // QNCCL_ENABLE
+  kBits,              // QNCCL_BITS
+  kBucketSize,        // QNCCL_BUCKET_SIZE
+  kRounding,          // QNCCL_ROUNDING
+  kAlgo,              // QNCCL_ALGO
+  kMinBytes,          // QNCCL_MIN_BYTES
+  kSeed,              // QNCCL_SEED
+  kErrorFeedback,     // QNCCL_ERROR_FEEDBACK
+  kWarmupCalls,       // QNCCL_WARMUP_CALLS
+  kDebug,             // QNCCL_DEBUG
+  kNcclLib,           // QNCCL_NCCL_LIB: path of the real NCCL
+  kHostIsa,           // QNCCL_HOST_ISA: generic | avx2 | avx512 host codec
+  kHostInitTimeout,   // QNCCL_HOST_INIT_TIMEOUT: host backend waits, seconds
+};
 
-/* QNCCL_NCCL_LIB: path of the real NCCL library; null when unset. */
-const char* nccl_lib();
+/* The variable's name, e.g. "QNCCL_BITS". */
+const char* name(Var var);
 
-/* QNCCL_HOST_INIT_TIMEOUT: seconds the host backend waits for the ranks of a
- * new communicator, and for a group's point-to-point operations to make
- * progress; null when unset (the backend's default applies). */
-const char* host_init_timeout();
+/* Its value, or null when it is unset or empty. */
+const char* get(Var var);
 
 }  // namespace env
 }  // namespace qnccl

@@ -46,6 +46,7 @@ class Segment {
   bool average;
   int rank, nranks;
   uint64_t call;
+  uint64_t* wire_sent;  // bytes this rank has sent (statistics)
   // This segment.
   uint64_t index;
   const char* x;  // this rank's input values of the segment
@@ -87,6 +88,20 @@ ncclResult_t sra(Segment& s, Workspace& w);
 
 /* docs/allreduce.md, "Choosing an algorithm". */
 qncclAlgo_t auto_algo(size_t count, ncclDataType_t type, int nranks);
+
+struct CommState;
+
+/* The checks of a quantized allreduce's arguments; `fn` names the caller in
+ * messages. */
+ncclResult_t check_allreduce(const char* fn, const void* sendbuff, void* recvbuff, size_t count,
+                             ncclDataType_t type, ncclRedOp_t op,
+                             const qncclAllReduceConfig_t* config, ncclComm_t comm);
+
+/* Runs a checked quantized allreduce on `comm` and counts it in `state`. */
+ncclResult_t run_allreduce(const void* sendbuff, void* recvbuff, size_t count,
+                           ncclDataType_t type, ncclRedOp_t op,
+                           const qncclAllReduceConfig_t& config, ncclComm_t comm,
+                           cudaStream_t stream, CommState& state);
 
 }  // namespace qnccl
 

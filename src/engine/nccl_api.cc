@@ -19,7 +19,7 @@ struct Resolved {
 void* open_library() {
   // The NCCL the application already uses (PyTorch loads the wheel's copy).
   if (void* h = dlopen("libnccl.so.2", RTLD_NOW | RTLD_NOLOAD)) return h;
-  const char* path = env::nccl_lib();
+  const char* path = env::get(env::Var::kNcclLib);
   return dlopen(path != nullptr ? path : "libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
 }
 
@@ -34,7 +34,7 @@ Resolved resolve() {
   Resolved r;
   void* h = open_library();
   if (h == nullptr) {
-    const char* path = env::nccl_lib();
+    const char* path = env::get(env::Var::kNcclLib);
     snprintf(r.error, sizeof r.error,
              "cannot load the real NCCL (%s): %s. Set QNCCL_NCCL_LIB to the path of "
              "libnccl.so.2 (NVIDIA's, or build/host/libnccl.so.2 for host memory)",
@@ -49,7 +49,14 @@ Resolved resolve() {
                   bind(h, "ncclCommCount", &a.commCount, r.error, sizeof r.error) &&
                   bind(h, "ncclCommUserRank", &a.commUserRank, r.error, sizeof r.error) &&
                   bind(h, "ncclCommDestroy", &a.commDestroy, r.error, sizeof r.error) &&
-                  bind(h, "ncclCommAbort", &a.commAbort, r.error, sizeof r.error);
+                  bind(h, "ncclCommAbort", &a.commAbort, r.error, sizeof r.error) &&
+                  bind(h, "ncclAllReduce", &a.allReduce, r.error, sizeof r.error) &&
+                  bind(h, "ncclCommInitRank", &a.commInitRank, r.error, sizeof r.error) &&
+                  bind(h, "ncclCommInitRankConfig", &a.commInitRankConfig, r.error,
+                       sizeof r.error) &&
+                  bind(h, "ncclCommInitAll", &a.commInitAll, r.error, sizeof r.error) &&
+                  bind(h, "ncclCommSplit", &a.commSplit, r.error, sizeof r.error) &&
+                  bind(h, "ncclRedOpDestroy", &a.redOpDestroy, r.error, sizeof r.error);
   if (!ok) return r;
   struct link_map* map = nullptr;
   if (dlinfo(h, RTLD_DI_LINKMAP, &map) == 0 && map != nullptr)

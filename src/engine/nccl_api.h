@@ -17,6 +17,14 @@ struct NcclApi {
   ncclResult_t (*commUserRank)(const ncclComm_t, int*);
   ncclResult_t (*commDestroy)(ncclComm_t);
   ncclResult_t (*commAbort)(ncclComm_t);
+  // Entry points libqnccl.so interposes and forwards (src/shim/).
+  ncclResult_t (*allReduce)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t,
+                            cudaStream_t);
+  ncclResult_t (*commInitRank)(ncclComm_t*, int, ncclUniqueId, int);
+  ncclResult_t (*commInitRankConfig)(ncclComm_t*, int, ncclUniqueId, int, ncclConfig_t*);
+  ncclResult_t (*commInitAll)(ncclComm_t*, int, const int*);
+  ncclResult_t (*commSplit)(ncclComm_t, int, int, ncclComm_t*, ncclConfig_t*);
+  ncclResult_t (*redOpDestroy)(ncclRedOp_t, ncclComm_t);
   char path[512];  // the file it was loaded from
 };
 

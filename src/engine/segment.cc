@@ -64,9 +64,11 @@ void Segment::finish(float* acc, size_t n) const {
 ncclResult_t Segment::exchange(const Transfer* sends, int nsends, const Transfer* recvs,
                                int nrecvs) const {
   ncclResult_t res = nccl->groupStart();
-  for (int i = 0; i < nsends && res == ncclSuccess; i++)
-    if (sends[i].len > 0)
-      res = nccl->send(sends[i].bytes, sends[i].len, ncclUint8, sends[i].peer, comm, stream);
+  for (int i = 0; i < nsends && res == ncclSuccess; i++) {
+    if (sends[i].len == 0) continue;
+    res = nccl->send(sends[i].bytes, sends[i].len, ncclUint8, sends[i].peer, comm, stream);
+    *wire_sent += sends[i].len;
+  }
   for (int i = 0; i < nrecvs && res == ncclSuccess; i++)
     if (recvs[i].len > 0)
       res = nccl->recv(recvs[i].bytes, recvs[i].len, ncclUint8, recvs[i].peer, comm, stream);

@@ -52,7 +52,7 @@ ncclResult_t start_mpi() {
 }
 
 ncclResult_t init_timeout(const char* fn, double* seconds) {
-  const char* text = env::host_init_timeout();
+  const char* text = env::get(env::Var::kHostInitTimeout);
   *seconds = kDefaultInitTimeout;
   if (text == nullptr) return ncclSuccess;
   char* end;

@@ -115,6 +115,53 @@ ncclResult_t qncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
  * `nranks` ranks. */
 ncclResult_t qncclAutoAlgo(size_t count, ncclDataType_t datatype, int nranks, qncclAlgo_t* algo);
 
+/* ---- Quantized reduction ops ---------------------------------------------- */
+
+typedef struct {
+  qncclAllReduceConfig_t allreduce;  /* codec, algorithm, segment size */
+  ncclRedOp_t reduction;             /* ncclSum or ncclAvg */
+} qncclQuantizedOpConfig_t;
+
+/* Creates an ncclRedOp_t meaning "`config->reduction`, quantized with
+ * `config->allreduce`", valid for ncclAllReduce on `comm` until
+ * ncclRedOpDestroy(op, comm). It applies whatever the QNCCL_* environment
+ * says (also with QNCCL_ENABLE=0 and below QNCCL_MIN_BYTES). Needs
+ * libqnccl.so to be the library the program's ncclAllReduce resolves to
+ * (LD_PRELOAD, or `qnccl run`). Op values never collide with NCCL's own or
+ * with PreMulSum ops. */
+ncclResult_t qncclRedOpCreateQuantized(ncclRedOp_t* op, const qncclQuantizedOpConfig_t* config,
+                                       ncclComm_t comm);
+
+/* ---- Configuration from the environment (README, "Environment variables") -- */
+
+typedef enum { qncclDebugWarn = 0, qncclDebugInfo = 1, qncclDebugTrace = 2 } qncclDebugLevel_t;
+
+typedef struct {
+  int enable;                        /* QNCCL_ENABLE: 0 passes every call through */
+  qncclAllReduceConfig_t allreduce;  /* QNCCL_BITS, _BUCKET_SIZE, _ROUNDING, _SEED, _ALGO */
+  size_t minBytes;                   /* QNCCL_MIN_BYTES: smaller calls pass through */
+  uint64_t warmupCalls;              /* QNCCL_WARMUP_CALLS: first eligible calls stay exact */
+  int errorFeedback;                 /* QNCCL_ERROR_FEEDBACK */
+  qncclDebugLevel_t debug;           /* QNCCL_DEBUG */
+} qncclEnvConfig_t;
+
+/* The configuration the QNCCL_* variables give a communicator created now.
+ * An unparsable or out-of-range value fails with ncclInvalidArgument and a
+ * message naming the variable and the values allowed. */
+ncclResult_t qncclConfigFromEnv(qncclEnvConfig_t* config);
+
+/* ---- Statistics ------------------------------------------------------------- */
+
+typedef struct {
+  uint64_t callsCompressed;   /* allreduces that went through the quantized engine */
+  uint64_t callsPassedThrough; /* allreduces forwarded to the real NCCL unchanged */
+  uint64_t bytesIn;           /* input bytes of the compressed calls */
+  uint64_t bytesOnWire;       /* bytes this rank sent for them */
+} qncclStats_t;
+
+/* Counters of `comm` since its creation. */
+ncclResult_t qncclCommGetStats(ncclComm_t comm, qncclStats_t* stats);
+
 /* 1 when this library was built with the CUDA kernels, else 0. */
 ncclResult_t qncclCudaCompiled(int* compiled);
 

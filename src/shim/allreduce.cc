@@ -1,0 +1,158 @@
+/* The interposed ncclAllReduce: eligible calls run the quantized engine,
+ * everything else goes to the real NCCL unchanged (DESIGN invariant 5).
+ * Inside a group, eligible calls wait for the outermost ncclGroupEnd, which
+ * first lets the real NCCL flush the group's pass-through operations, then
+ * runs them in issue order. */
+#include <stdio.h>
+
+#include <vector>
+
+#include "codec/dtype.h"
+#include "common/error.h"
+#include "config/config.h"
+#include "engine/engine.h"
+#include "engine/nccl_api.h"
+#include "shim/shim.h"
+
+using namespace qnccl;
+
+namespace {
+
+struct Decision {
+  bool compress = false;
+  qncclAllReduceConfig_t config = {};
+  ncclRedOp_t reduction = ncclSum;
+  char why[128] = "";  // pass-through reason
+};
+
+bool is_float(ncclDataType_t t) { return t == ncclFloat32 || t == ncclFloat16 || t == ncclBfloat16; }
+
+Decision decide(CommState& st, size_t count, ncclDataType_t type, ncclRedOp_t op) {
+  Decision d;
+  const qncclEnvConfig_t& c = st.config;
+  auto quantized = st.ops.find((int)op);
+  if (quantized != st.ops.end()) {  // an explicit request: the environment does not apply
+    d.compress = true;
+    d.config = quantized->second.allreduce;
+    d.reduction = quantized->second.reduction;
+  } else if (!c.enable) {
+    snprintf(d.why, sizeof d.why, "QNCCL_ENABLE=0");
+  } else if (!is_float(type)) {
+    snprintf(d.why, sizeof d.why, "%s is not quantized", short_type_name(type));
+  } else if (op != ncclSum && op != ncclAvg) {
+    snprintf(d.why, sizeof d.why, "op %s is not quantized", op_name(op));
+  } else if (count * float_type_size(type) < c.minBytes) {
+    snprintf(d.why, sizeof d.why, "below QNCCL_MIN_BYTES=%zu", c.minBytes);
+  } else if (st.eligible_calls++ < c.warmupCalls) {
+    snprintf(d.why, sizeof d.why, "warm-up: the first %llu eligible calls stay exact",
+             (unsigned long long)c.warmupCalls);
+  } else {
+    d.compress = true;
+    d.config = c.allreduce;
+    d.reduction = op;
+  }
+  return d;
+}
+
+/* One report per kind of call (type, op, decision) and communicator. */
+void report_kind(ncclComm_t comm, CommState& st, ncclDataType_t type, ncclRedOp_t op,
+                 const Decision& d, size_t count, const NcclApi& nccl) {
+  if (st.config.debug < qncclDebugInfo) return;
+  char kind[256];
+  if (d.compress) {
+    int nranks = 1;
+    nccl.commCount(comm, &nranks);
+    const qncclAlgo_t algo = d.config.algo == qncclAlgoAuto
+                                 ? auto_algo(count, type, nranks) : d.config.algo;
+    snprintf(kind, sizeof kind, "%s %s: compressed (%s)", short_type_name(type),
+             st.ops.count((int)op) ? "quantized-op" : op_name(op), algo_name(algo));
+  } else {
+    snprintf(kind, sizeof kind, "%s %s: passed through (%s)", short_type_name(type), op_name(op),
+             d.why);
+  }
+  if (st.logged.insert(kind).second) info(comm, st, ": ncclAllReduce %s", kind);
+}
+
+struct Deferred {
+  const void* send;
+  void* recv;
+  size_t count;
+  ncclDataType_t type;
+  ncclRedOp_t reduction;
+  qncclAllReduceConfig_t config;
+  ncclComm_t comm;
+  cudaStream_t stream;
+};
+
+thread_local int group_depth = 0;
+thread_local std::vector<Deferred> deferred;
+
+ncclResult_t run(const Deferred& c) {
+  CommState* st;
+  QNCCL_CHECK(comm_state(c.comm, nullptr, &st));
+  return run_allreduce(c.send, c.recv, c.count, c.type, c.reduction, c.config, c.comm, c.stream,
+                       *st);
+}
+
+ncclResult_t all_reduce(const void* send, void* recv, size_t count, ncclDataType_t type,
+                        ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
+  const NcclApi* nccl;
+  if (real_nccl(&nccl) != ncclSuccess) return fail(ncclSystemError);
+  CommState* st;
+  if (comm == nullptr) return nccl->allReduce(send, recv, count, type, op, comm, stream);
+  if (comm_state(comm, nullptr, &st) != ncclSuccess) return fail(ncclInvalidArgument);
+  const Decision d = decide(*st, count, type, op);
+  report_kind(comm, *st, type, op, d, count, *nccl);
+  if (!d.compress) {
+    st->stats.callsPassedThrough++;
+    return nccl->allReduce(send, recv, count, type, op, comm, stream);
+  }
+  if (check_allreduce("ncclAllReduce", send, recv, count, type, d.reduction, &d.config, comm) !=
+      ncclSuccess)
+    return fail(ncclInvalidArgument);
+  const Deferred call = {send, recv, count, type, d.reduction, d.config, comm, stream};
+  if (group_depth > 0) {
+    deferred.push_back(call);
+    return ncclSuccess;
+  }
+  const ncclResult_t res = run(call);
+  return res == ncclSuccess ? res : fail(res);
+}
+
+}  // namespace
+
+QNCCL_EXPORT ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
+                                        ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
+                                        cudaStream_t stream) {
+  return all_reduce(sendbuff, recvbuff, count, datatype, op, comm, stream);
+}
+
+QNCCL_EXPORT ncclResult_t pncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
+                                         ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
+                                         cudaStream_t stream) {
+  return all_reduce(sendbuff, recvbuff, count, datatype, op, comm, stream);
+}
+
+QNCCL_EXPORT ncclResult_t ncclGroupStart(void) {
+  const NcclApi* nccl;
+  if (real_nccl(&nccl) != ncclSuccess) return fail(ncclSystemError);
+  const ncclResult_t res = nccl->groupStart();
+  if (res == ncclSuccess) group_depth++;
+  return res;
+}
+
+QNCCL_EXPORT ncclResult_t ncclGroupEnd(void) {
+  const NcclApi* nccl;
+  if (real_nccl(&nccl) != ncclSuccess) return fail(ncclSystemError);
+  ncclResult_t res = nccl->groupEnd();
+  if (group_depth > 0) group_depth--;
+  if (group_depth > 0) return res;
+  std::vector<Deferred> calls;
+  calls.swap(deferred);
+  for (const Deferred& call : calls) {
+    if (res != ncclSuccess) break;
+    res = run(call);
+    if (res != ncclSuccess) fail(res);
+  }
+  return res;
+}
