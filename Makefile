@@ -35,7 +35,7 @@ LIB_SRCS := src/common/error.cc src/common/env.cc src/codec/host_isa.cc src/code
 MPICXX  ?= mpicxx
 HOST_SRCS := $(wildcard src/host_backend/*.cc)
 HOST_LIB  := $(BUILD)/host/libnccl.so.2
-CU_SRCS  := src/codec/codec_cuda.cu
+CU_SRCS  := src/codec/codec_cuda.cu src/engine/compute_cuda.cu
 HEADERS  := $(wildcard src/include/*.h src/*/*.h)
 
 ifneq ($(strip $(NVCC)),)
@@ -62,7 +62,7 @@ LIB_OBJS := $(LIB_SRCS:%.cc=$(BUILD)/obj/%.o) $(HOST_CODEC_OBJS) $(CU_OBJS)
 LIB      := $(BUILD)/lib/libqnccl.so
 CDEF     := $(BUILD)/include/qnccl_cdef.h
 PERF_BINS := $(BUILD)/bin/codec_bench
-GPU_TESTS := $(if $(strip $(NVCC)),$(BUILD)/bin/codec_gpu_test)
+GPU_TESTS := $(if $(strip $(NVCC)),$(BUILD)/bin/codec_gpu_test $(BUILD)/bin/allreduce_gpu_test)
 
 .PHONY: all setup test bench clean
 all: $(LIB) $(HOST_LIB) $(CDEF) $(PERF_BINS) $(GPU_TESTS)
@@ -111,7 +111,7 @@ $(BUILD)/bin/codec_bench: perf/codec_bench.cc $(LIB) $(HEADERS) $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CXX) $(filter-out -fvisibility=hidden,$(CXXFLAGS)) $< -o $@ -L$(BUILD)/lib -lqnccl -Wl,-rpath,'$$ORIGIN/../lib'
 
-$(BUILD)/bin/codec_gpu_test: tests/gpu/codec_gpu_test.cc $(LIB) $(HEADERS) $(FLAGS_STAMP)
+$(BUILD)/bin/%_gpu_test: tests/gpu/%_gpu_test.cc $(LIB) $(HEADERS) $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CXX) $(filter-out -fvisibility=hidden,$(CXXFLAGS)) $< -o $@ -L$(BUILD)/lib -lqnccl \
 	  -L$(CUDA_HOME)/lib64 -lcudart_static -lrt -lpthread -ldl -Wl,-rpath,'$$ORIGIN/../lib'

@@ -1,22 +1,137 @@
 /* qncclAllReduce: checks the arguments, then runs the chosen algorithm on
- * each segment of the buffer (docs/allreduce.md). */
+ * each segment of the buffer (docs/allreduce.md), computing on the host for
+ * host buffers and with CUDA kernels on the caller's stream for device
+ * buffers. */
 #include <stdint.h>
+
+#include <memory>
 
 #include "codec/codec_math.h"
 #include "common/error.h"
 #include "engine/comm_state.h"
 #include "engine/engine.h"
+#include "shim/shim.h"
 
 namespace qnccl {
 namespace {
 
-size_t segment_values(const qncclAllReduceConfig_t* config) {
-  const size_t bucket = config->codec.bucketSize;
-  const size_t want = config->segmentValues ? config->segmentValues : QNCCL_DEFAULT_SEGMENT_VALUES;
-  return want < bucket ? bucket : want / bucket * bucket;
+ncclResult_t check_algo(const char* fn, qncclAlgo_t algo) {
+  if (algo >= qncclAlgoAuto && algo <= qncclAlgoSra) return ncclSuccess;
+  return set_error(ncclInvalidArgument,
+                   "%s: algo = %d is unknown; allowed: qncclAlgoAuto (0), qncclAlgoRing (1), "
+                   "qncclAlgoTree (2), qncclAlgoSra (3)",
+                   fn, (int)algo);
 }
 
+/* Counts the call (it gets the next `call` number) and runs the algorithm
+ * on each segment. */
+ncclResult_t run_segments(Segment& s, Workspace& w, qncclAlgo_t algo, const void* sendbuff,
+                          void* recvbuff, size_t count, const qncclAllReduceConfig_t& config,
+                          CommState& state) {
+  s.call = state.calls++;
+  s.wire_sent = &state.stats.bytesOnWire;
+  state.stats.callsCompressed++;
+  state.stats.bytesIn += count * s.type_size;
+  ncclResult_t (*run)(Segment&, Workspace&) =
+      algo == qncclAlgoRing ? ring : algo == qncclAlgoTree ? tree : sra;
+  const size_t step = segment_values(config);
+  for (size_t first = 0, g = 0; first < count; first += step, g++) {
+    s.index = g;
+    s.x = static_cast<const char*>(sendbuff) + first * s.type_size;
+    s.y = static_cast<char*>(recvbuff) + first * s.type_size;
+    s.count = count - first < step ? count - first : step;
+    QNCCL_CHECK(run(s, w));
+    QNCCL_CHECK(s.status);
+  }
+  return ncclSuccess;
+}
+
+#ifdef QNCCL_WITH_CUDA
+const char* memory_kind(int device) { return device >= 0 ? "device" : "host"; }
+
+/* The current device for one call, restored at its end. */
+class DeviceScope {
+ public:
+  ncclResult_t enter(int device) { return set_current_device(device, &previous_); }
+  ~DeviceScope() { restore_current_device(previous_); }
+
+ private:
+  int previous_ = -1;
+};
+
+/* The CUDA path: compute on the caller's stream, in the communicator's
+ * device workspace (docs/allreduce.md, "Device buffers"). */
+ncclResult_t run_on_device(Segment& s, int device, qncclAlgo_t algo, const WorkspaceSize& need,
+                           const void* sendbuff, void* recvbuff, size_t count, ncclRedOp_t op,
+                           const qncclAllReduceConfig_t& config, CommState& state) {
+  DeviceWorkspace& ws = state.device;
+  if (ws.device >= 0 && ws.device != device)
+    return set_error(ncclInvalidArgument,
+                     "quantized allreduce: the buffers are on device %d, but this communicator "
+                     "has run on device %d; a communicator belongs to one device",
+                     device, ws.device);
+  if ((uintptr_t)sendbuff % s.type_size != 0 || (uintptr_t)recvbuff % s.type_size != 0)
+    return set_error(ncclInvalidArgument,
+                     "quantized allreduce: %s is not aligned to its %zu-byte elements; device "
+                     "buffers must be",
+                     (uintptr_t)sendbuff % s.type_size != 0 ? "sendbuff" : "recvbuff",
+                     s.type_size);
+  DeviceScope scope;
+  QNCCL_CHECK(scope.enter(device));
+  bool capturing = false;
+  QNCCL_CHECK(stream_capturing(s.stream, &capturing));
+  switch (plan_device_call(ws.bytes, need.bytes(), capturing)) {
+    case DevicePlan::kPassThrough:
+      if (!ws.warned_capture) {
+        ws.warned_capture = true;
+        warn("comm %p rank %d: an allreduce of %zu values during CUDA graph capture needs %zu "
+             "bytes of quantization workspace, more than this communicator has (%zu), and "
+             "QNCCL allocates nothing while capturing: such calls go to NCCL unquantized. To "
+             "quantize them, run one uncaptured allreduce of the largest size first (warned "
+             "once per communicator)",
+             (void*)s.comm, s.rank, count, need.bytes(), ws.bytes);
+      }
+      state.stats.callsPassedThrough++;
+      if (ncclResult_t res =
+              s.nccl->allReduce(sendbuff, recvbuff, count, s.type, op, s.comm, s.stream);
+          res != ncclSuccess)
+        return set_error(res, "quantized allreduce: passing a captured call through to %s failed "
+                         "(%d)", s.nccl->path, (int)res);
+      return ncclSuccess;
+    case DevicePlan::kGrow:
+      QNCCL_CHECK(grow_device_workspace(ws, device, grown_bytes(ws.bytes, need.bytes())));
+      break;
+    case DevicePlan::kRun:
+      break;
+  }
+  s.compute = device_compute(s.stream);
+  Workspace w;
+  w.assign(ws.memory, need);
+  // A graph replays without the host: its stream order is the application's.
+  if (!capturing) QNCCL_CHECK(device_call_begin(ws, s.stream));
+  ncclResult_t res = run_segments(s, w, algo, sendbuff, recvbuff, count, config, state);
+  if (!capturing) {
+    const ncclResult_t end = device_call_end(ws, s.stream);
+    if (res == ncclSuccess) res = end;
+  }
+  return res;
+}
+#endif
+
 }  // namespace
+
+DevicePlan plan_device_call(size_t have, size_t need, bool capturing) {
+  if (need <= have) return DevicePlan::kRun;
+  return capturing ? DevicePlan::kPassThrough : DevicePlan::kGrow;
+}
+
+size_t grown_bytes(size_t have, size_t need) { return need > 2 * have ? need : 2 * have; }
+
+size_t segment_values(const qncclAllReduceConfig_t& config) {
+  const size_t bucket = config.codec.bucketSize;
+  const size_t want = config.segmentValues ? config.segmentValues : QNCCL_DEFAULT_SEGMENT_VALUES;
+  return want < bucket ? bucket : want / bucket * bucket;
+}
 
 ncclResult_t check_allreduce(const char* fn, const void* sendbuff, void* recvbuff, size_t count,
                              ncclDataType_t type, ncclRedOp_t op,
@@ -25,11 +140,7 @@ ncclResult_t check_allreduce(const char* fn, const void* sendbuff, void* recvbuf
     return set_error(ncclInvalidArgument, "%s: config is NULL; pass a qncclAllReduceConfig_t", fn);
   QNCCL_CHECK(check_codec_config(fn, &config->codec));
   QNCCL_CHECK(check_codec_type(fn, "datatype", type));
-  if (config->algo < qncclAlgoAuto || config->algo > qncclAlgoSra)
-    return set_error(ncclInvalidArgument,
-                     "%s: algo = %d is unknown; allowed: qncclAlgoAuto (0), qncclAlgoRing (1), "
-                     "qncclAlgoTree (2), qncclAlgoSra (3)",
-                     fn, (int)config->algo);
+  QNCCL_CHECK(check_algo(fn, config->algo));
   if (op != ncclSum && op != ncclAvg)
     return set_error(ncclInvalidArgument,
                      "%s: op = %d is not a quantized reduction; allowed: ncclSum (0), ncclAvg (4)",
@@ -48,11 +159,19 @@ ncclResult_t check_allreduce(const char* fn, const void* sendbuff, void* recvbuf
                      "buffer (in place) or disjoint ones",
                      fn);
 #ifdef QNCCL_WITH_CUDA
-  if (count > 0 && (is_device_pointer(sendbuff) || is_device_pointer(recvbuff)))
-    return set_error(ncclInvalidUsage,
-                     "%s: device buffers need the CUDA engine path, which this build does not "
-                     "have yet; pass host buffers",
-                     fn);
+  if (count > 0 && s != r) {
+    const int ds = buffer_device(sendbuff), dr = buffer_device(recvbuff);
+    if ((ds >= 0) != (dr >= 0))
+      return set_error(ncclInvalidArgument,
+                       "%s: sendbuff is in %s memory and recvbuff in %s memory; pass both in "
+                       "device memory (computed on the GPU) or both in host memory",
+                       fn, memory_kind(ds), memory_kind(dr));
+    if (ds != dr)
+      return set_error(ncclInvalidArgument,
+                       "%s: sendbuff is on device %d and recvbuff on device %d; pass both on "
+                       "the communicator's device",
+                       fn, ds, dr);
+  }
 #endif
   return ncclSuccess;
 }
@@ -63,6 +182,9 @@ qncclAlgo_t auto_algo(size_t count, ncclDataType_t type, int nranks) {
   return nranks <= 16 ? qncclAlgoSra : qncclAlgoRing;
 }
 
+qncclAlgo_t resolve_algo(qncclAlgo_t algo, size_t count, ncclDataType_t type, int nranks) {
+  return algo == qncclAlgoAuto ? auto_algo(count, type, nranks) : algo;
+}
 
 ncclResult_t run_allreduce(const void* sendbuff, void* recvbuff, size_t count,
                            ncclDataType_t datatype, ncclRedOp_t op,
@@ -70,7 +192,6 @@ ncclResult_t run_allreduce(const void* sendbuff, void* recvbuff, size_t count,
                            cudaStream_t stream, CommState& state) {
   Segment s;
   QNCCL_CHECK(real_nccl(&s.nccl));
-  QNCCL_CHECK(host_codec(&s.codec));
   if (s.nccl->commCount(comm, &s.nranks) != ncclSuccess ||
       s.nccl->commUserRank(comm, &s.rank) != ncclSuccess)
     return set_error(ncclInvalidArgument, "quantized allreduce: comm is not a communicator of %s",
@@ -82,25 +203,19 @@ ncclResult_t run_allreduce(const void* sendbuff, void* recvbuff, size_t count,
   s.type = datatype;
   s.type_size = float_type_size(datatype);
   s.average = op == ncclAvg;
-  s.call = state.calls++;
-  s.wire_sent = &state.stats.bytesOnWire;
-  state.stats.callsCompressed++;
-  state.stats.bytesIn += count * s.type_size;
-  const qncclAlgo_t algo =
-      config.algo == qncclAlgoAuto ? auto_algo(count, datatype, s.nranks) : config.algo;
-  ncclResult_t (*run)(Segment&, Workspace&) =
-      algo == qncclAlgoRing ? ring : algo == qncclAlgoTree ? tree : sra;
-
+  const qncclAlgo_t algo = resolve_algo(config.algo, count, datatype, s.nranks);
+  const WorkspaceSize need = workspace_size(algo, count, config, s.nranks);
+#ifdef QNCCL_WITH_CUDA
+  // check_allreduce made sure both buffers are on the same side.
+  const int device = count > 0 ? buffer_device(sendbuff) : -1;
+  if (device >= 0)
+    return run_on_device(s, device, algo, need, sendbuff, recvbuff, count, op, config, state);
+#endif
+  QNCCL_CHECK(host_compute(&s.compute));
+  std::unique_ptr<uint64_t[]> memory(new uint64_t[(need.bytes() + 7) / 8]);
   Workspace w;
-  const size_t step = segment_values(&config);
-  for (size_t first = 0, g = 0; first < count; first += step, g++) {
-    s.index = g;
-    s.x = static_cast<const char*>(sendbuff) + first * s.type_size;
-    s.y = static_cast<char*>(recvbuff) + first * s.type_size;
-    s.count = count - first < step ? count - first : step;
-    QNCCL_CHECK(run(s, w));
-  }
-  return ncclSuccess;
+  w.assign(memory.get(), need);
+  return run_segments(s, w, algo, sendbuff, recvbuff, count, config, state);
 }
 
 }  // namespace qnccl
@@ -115,6 +230,24 @@ QNCCL_EXPORT ncclResult_t qncclAutoAlgo(size_t count, ncclDataType_t datatype, i
   if (algo == nullptr)
     return set_error(ncclInvalidArgument, "qncclAutoAlgo: algo is NULL; pass a qncclAlgo_t*");
   *algo = auto_algo(count, datatype, nranks);
+  return ncclSuccess;
+}
+
+QNCCL_EXPORT ncclResult_t qncclAllReduceWorkspaceSize(size_t count, ncclDataType_t datatype,
+                                                      const qncclAllReduceConfig_t* config,
+                                                      int nranks, size_t* bytes) {
+  const char* fn = "qncclAllReduceWorkspaceSize";
+  if (config == nullptr)
+    return set_error(ncclInvalidArgument, "%s: config is NULL; pass a qncclAllReduceConfig_t", fn);
+  QNCCL_CHECK(check_codec_config(fn, &config->codec));
+  QNCCL_CHECK(check_codec_type(fn, "datatype", datatype));
+  QNCCL_CHECK(check_algo(fn, config->algo));
+  if (nranks < 1) return set_error(ncclInvalidArgument, "%s: nranks = %d; allowed: >= 1", fn, nranks);
+  if (count > SIZE_MAX / 16)
+    return set_error(ncclInvalidArgument, "%s: count = %zu is too large", fn, count);
+  if (bytes == nullptr) return set_error(ncclInvalidArgument, "%s: bytes is NULL; pass a size_t*", fn);
+  const qncclAlgo_t algo = resolve_algo(config->algo, count, datatype, nranks);
+  *bytes = workspace_size(algo, count, *config, nranks).bytes();
   return ncclSuccess;
 }
 

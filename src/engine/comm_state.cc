@@ -5,6 +5,7 @@
 
 #include "common/error.h"
 #include "config/config.h"
+#include "engine/compute.h"
 
 namespace qnccl {
 namespace {
@@ -41,9 +42,18 @@ ncclResult_t comm_state(ncclComm_t comm, const qncclEnvConfig_t* config, CommSta
 }
 
 void forget_comm(ncclComm_t comm) {
-  Registry& r = registry();
-  std::lock_guard<std::mutex> lock(r.mutex);
-  r.comms.erase(comm);
+  std::unique_ptr<CommState> state;
+  {
+    Registry& r = registry();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    auto it = r.comms.find(comm);
+    if (it == r.comms.end()) return;
+    state = std::move(it->second);
+    r.comms.erase(it);
+  }
+#ifdef QNCCL_WITH_CUDA
+  release_device_workspace(state->device);  // outside the lock: it may wait for the device
+#endif
 }
 
 }  // namespace qnccl

@@ -2,7 +2,10 @@
  * sra.cc) are written against. An algorithm is a short list of steps, each a
  * compute primitive (encode, decode, accumulate on the codec) or one
  * transport group (sends and receives of wire bytes through the real NCCL);
- * it never touches bytes itself. docs/allreduce.md is the specification. */
+ * it never touches bytes itself. docs/allreduce.md is the specification.
+ * The primitives run on the Compute of the call (engine/compute.h): host
+ * code for host buffers, CUDA kernels on the caller's stream for device
+ * buffers; the algorithms cannot tell which. */
 #ifndef QNCCL_ENGINE_ENGINE_H_
 #define QNCCL_ENGINE_ENGINE_H_
 
@@ -12,6 +15,7 @@
 #include <vector>
 
 #include "codec/codec.h"
+#include "engine/compute.h"
 #include "engine/nccl_api.h"
 
 namespace qnccl {
@@ -39,7 +43,7 @@ class Segment {
   const NcclApi* nccl;
   ncclComm_t comm;
   cudaStream_t stream;
-  const HostCodec* codec;
+  Compute compute;     // host code or CUDA kernels, by where the buffers live
   CodecParams params;  // params.stream is set per quantization
   ncclDataType_t type;
   size_t type_size;
@@ -62,7 +66,10 @@ class Segment {
   const char* input(Range r) const { return x + r.begin * type_size; }
   char* output(Range r) const { return y + r.begin * type_size; }
 
-  /* Compute primitives. `step` numbers this rank's quantizations. */
+  /* Compute primitives. `step` numbers this rank's quantizations. The first
+   * failure (a kernel that did not launch) is kept in `status`; after it the
+   * primitives do nothing and exchange() returns it, so the algorithm stops
+   * at its next transport step. */
   void encode_input(Range r, uint64_t step, uint8_t* wire);
   void encode_acc(const float* acc, size_t n, uint64_t step, uint8_t* wire);
   void decode_output(const uint8_t* wire, Range r) const;
@@ -73,12 +80,75 @@ class Segment {
   /* Transport primitive: one group of sends and receives (zero-length ones
    * are skipped on both sides alike). */
   ncclResult_t exchange(const Transfer* sends, int nsends, const Transfer* recvs, int nrecvs) const;
+
+  mutable ncclResult_t status = ncclSuccess;
+
+ private:
+  void record(ncclResult_t res) const {
+    if (status == ncclSuccess) status = res;
+  }
 };
 
-/* Scratch memory of one call, sized by the algorithm. */
+/* The workspace a call needs (docs/allreduce.md, "Workspace"), computed for
+ * its first segment, the largest: float32 accumulator values, then wire
+ * bytes starting at wire_offset(). One pure function for host and device. */
+constexpr size_t kWorkspaceAlign = 256;  // of the wire area, as cudaMalloc aligns
+struct WorkspaceSize {
+  size_t acc_values = 0;
+  size_t wire_bytes = 0;
+  size_t wire_offset() const {
+    return (acc_values * sizeof(float) + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign;
+  }
+  size_t bytes() const { return wire_offset() + wire_bytes; }
+};
+/* W of docs/allreduce.md: values per segment. */
+size_t segment_values(const qncclAllReduceConfig_t& config);
+/* `algo` is ring, tree or SRA (resolve auto first); `config` is checked. */
+WorkspaceSize workspace_size(qncclAlgo_t algo, size_t count, const qncclAllReduceConfig_t& config,
+                             int nranks);
+
+/* What a call on device buffers does with its communicator's workspace of
+ * `have` bytes when it needs `need`: run in it, grow it first, or (while its
+ * stream is being captured into a CUDA graph, when nothing may be
+ * allocated) pass the call through to the real NCCL. A pure function of
+ * values every rank shares (all make the same calls), so ranks agree. */
+enum class DevicePlan { kRun, kGrow, kPassThrough };
+DevicePlan plan_device_call(size_t have, size_t need, bool capturing);
+/* The size to grow to: at least double, so the buffers outgrown on the way
+ * add up to less than the current one. */
+size_t grown_bytes(size_t have, size_t need);
+
+/* Reports an algorithm asking for more workspace than workspace_size() gave
+ * it (a bug in QNCCL) and aborts. */
+[[noreturn]] void workspace_overflow(size_t need, size_t have);
+
+/* Typed view of a call's workspace memory. The algorithms resize() it to
+ * what they use; that never exceeds what workspace_size() reserved (a
+ * violation is a bug in QNCCL, reported and aborted on). */
+template <class T>
+class WorkArea {
+ public:
+  void assign(void* memory, size_t capacity) {
+    data_ = static_cast<T*>(memory);
+    capacity_ = capacity;
+  }
+  void resize(size_t n) const {
+    if (n > capacity_) workspace_overflow(n * sizeof(T), capacity_ * sizeof(T));
+  }
+  T* data() const { return data_; }
+
+ private:
+  T* data_ = nullptr;
+  size_t capacity_ = 0;
+};
+
+/* Scratch memory of one call, in memory of the buffers' kind, sized by
+ * workspace_size(). */
 struct Workspace {
-  std::vector<float> acc;
-  std::vector<uint8_t> wire;
+  WorkArea<float> acc;
+  WorkArea<uint8_t> wire;
+  /* Points acc and wire into `memory`, size.bytes() bytes aligned to 256. */
+  void assign(void* memory, const WorkspaceSize& size);
   uint8_t* slot(size_t i, size_t slot_bytes) { return wire.data() + i * slot_bytes; }
 };
 
@@ -88,6 +158,8 @@ ncclResult_t sra(Segment& s, Workspace& w);
 
 /* docs/allreduce.md, "Choosing an algorithm". */
 qncclAlgo_t auto_algo(size_t count, ncclDataType_t type, int nranks);
+/* `algo`, or auto_algo() when it is qncclAlgoAuto. */
+qncclAlgo_t resolve_algo(qncclAlgo_t algo, size_t count, ncclDataType_t type, int nranks);
 
 struct CommState;
 

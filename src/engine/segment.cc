@@ -1,5 +1,9 @@
-/* The primitives of Segment: compute on the host codec, transport through
- * the real NCCL's point-to-point calls. */
+/* The primitives of Segment: compute on the call's Compute (host code or
+ * CUDA kernels), transport through the real NCCL's point-to-point calls;
+ * and the workspace the algorithms run in. */
+#include <stdio.h>
+#include <stdlib.h>
+
 #include <algorithm>
 
 #include "codec/codec_math.h"
@@ -28,41 +32,80 @@ size_t Segment::wire_bytes(size_t values) const {
   return compressed_bytes(values, params.bits, params.bucket);
 }
 
+/* What ring(), tree() and sra() resize their workspace to in a segment of
+ * `values`; later segments are no longer and need no more. */
+WorkspaceSize workspace_size(qncclAlgo_t algo, size_t count, const qncclAllReduceConfig_t& config,
+                             int nranks) {
+  WorkspaceSize size;
+  const size_t bucket = config.codec.bucketSize;
+  const int bits = config.codec.bits;
+  const size_t values = std::min(count, segment_values(config));
+  if (values == 0) return size;
+  const size_t chunk = Segment::max_chunk(values, bucket, nranks);
+  switch (algo) {
+    case qncclAlgoTree:
+      size.acc_values = values;
+      size.wire_bytes = 3 * compressed_bytes(values, bits, bucket);
+      break;
+    case qncclAlgoSra:
+      size.acc_values = chunk;
+      size.wire_bytes = 2 * (size_t)nranks * compressed_bytes(chunk, bits, bucket);
+      break;
+    default:  // ring
+      size.acc_values = chunk;
+      size.wire_bytes = 2 * compressed_bytes(chunk, bits, bucket);
+      break;
+  }
+  return size;
+}
+
+void Workspace::assign(void* memory, const WorkspaceSize& size) {
+  acc.assign(memory, size.acc_values);
+  wire.assign(static_cast<char*>(memory) + size.wire_offset(), size.wire_bytes);
+}
+
+void workspace_overflow(size_t need, size_t have) {
+  fprintf(stderr,
+          "QNCCL WARN internal error: an allreduce algorithm asked for %zu bytes of workspace "
+          "where %zu were reserved; please report this\n",
+          need, have);
+  abort();
+}
+
 void Segment::encode_input(Range r, uint64_t step, uint8_t* wire) {
+  if (status != ncclSuccess) return;
   params.stream = stream_id(call, index, (uint64_t)rank, step);
-  codec->quantize(input(r), r.size(), type, params, wire);
+  record(compute.quantize(compute, input(r), r.size(), type, params, wire));
 }
 
 void Segment::encode_acc(const float* acc, size_t n, uint64_t step, uint8_t* wire) {
+  if (status != ncclSuccess) return;
   params.stream = stream_id(call, index, (uint64_t)rank, step);
-  codec->quantize(acc, n, ncclFloat32, params, wire);
+  record(compute.quantize(compute, acc, n, ncclFloat32, params, wire));
 }
 
 void Segment::decode_output(const uint8_t* wire, Range r) const {
-  codec->dequantize(wire, r.size(), params, output(r), type, false);
+  if (status == ncclSuccess)
+    record(compute.dequantize(compute, wire, r.size(), params, output(r), type, false));
 }
 
 void Segment::add_decoded(const uint8_t* wire, size_t n, float* acc) const {
-  codec->dequantize(wire, n, params, acc, ncclFloat32, true);
+  if (status == ncclSuccess)
+    record(compute.dequantize(compute, wire, n, params, acc, ncclFloat32, true));
 }
 
 void Segment::widen_input(Range r, float* acc) const {
-  const char* in = input(r);
-  dispatch_float_type(type, [&](auto d) {
-    using D = decltype(d);
-    const typename D::T* values = reinterpret_cast<const typename D::T*>(in);
-    for (size_t i = 0; i < r.size(); i++) acc[i] = D::load(values[i]);
-  });
+  if (status == ncclSuccess) record(compute.widen(compute, input(r), r.size(), type, acc));
 }
 
 void Segment::finish(float* acc, size_t n) const {
-  if (!average) return;
-  const float ranks = (float)nranks;
-  for (size_t i = 0; i < n; i++) acc[i] = acc[i] / ranks;
+  if (average && status == ncclSuccess)
+    record(compute.divide(compute, acc, n, (float)nranks));
 }
 
 ncclResult_t Segment::exchange(const Transfer* sends, int nsends, const Transfer* recvs,
                                int nrecvs) const {
+  if (status != ncclSuccess) return status;  // a compute step failed: send nothing
   ncclResult_t res = nccl->groupStart();
   for (int i = 0; i < nsends && res == ncclSuccess; i++) {
     if (sends[i].len == 0) continue;

@@ -115,6 +115,16 @@ ncclResult_t qncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
  * `nranks` ranks. */
 ncclResult_t qncclAutoAlgo(size_t count, ncclDataType_t datatype, int nranks, qncclAlgo_t* algo);
 
+/* Bytes of scratch memory (accumulator and wire buffers, docs/allreduce.md
+ * "Workspace") a qncclAllReduce of `count` values of `datatype` over
+ * `nranks` ranks with `config` works in. On host buffers it is allocated per
+ * call; on device buffers the communicator keeps device memory at least as
+ * large as its largest call so far, and a call captured into a CUDA graph
+ * must fit in it (QNCCL allocates nothing during capture). */
+ncclResult_t qncclAllReduceWorkspaceSize(size_t count, ncclDataType_t datatype,
+                                         const qncclAllReduceConfig_t* config, int nranks,
+                                         size_t* bytes);
+
 /* ---- Quantized reduction ops ---------------------------------------------- */
 
 typedef struct {

@@ -79,6 +79,9 @@ QNCCL_EXPORT ncclResult_t ncclCommAbort(ncclComm_t comm) {
   const NcclApi* nccl;
   if (real_nccl(&nccl) != ncclSuccess) return fail(ncclSystemError);
   report_stats(comm);
+  // Abort first: forgetting frees device memory, which waits for the
+  // device, and the work of an aborted communicator may never finish.
+  const ncclResult_t res = nccl->commAbort(comm);
   forget_comm(comm);
-  return nccl->commAbort(comm);
+  return res;
 }

@@ -1,0 +1,177 @@
+/* The device compute (engine/compute.h): the CUDA codec, and two small
+ * kernels doing what the host loops of compute_host.cc do, with the same
+ * per-element functions (dtype.h's load, codec_math.h's div_rn, which is
+ * __fdiv_rn here), so both write the same bytes. Plus the CUDA runtime calls
+ * of the device path: where a buffer lives, capture state, the
+ * communicator's workspace memory and the event that orders its reuse.
+ * Everything is enqueued on the caller's stream; nothing here synchronizes
+ * except cudaFree in release_device_workspace (when a communicator ends). */
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "codec/codec_math.h"
+#include "common/error.h"
+#include "engine/comm_state.h"
+#include "engine/compute.h"
+
+namespace qnccl {
+namespace {
+
+constexpr int kBlockThreads = 256;
+constexpr size_t kMaxBlocks = 4096;  // grid-stride loops cover any count
+
+int blocks_for(size_t n) {
+  const size_t blocks = (n + kBlockThreads - 1) / kBlockThreads;
+  return (int)(blocks < kMaxBlocks ? blocks : kMaxBlocks);
+}
+
+template <class Type>
+__global__ void __launch_bounds__(kBlockThreads)
+    widen_kernel(const typename Type::T* __restrict__ src, size_t n, float* __restrict__ acc) {
+  const size_t threads = gridDim.x * (size_t)blockDim.x;
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += threads)
+    acc[i] = Type::load(src[i]);
+}
+
+__global__ void __launch_bounds__(kBlockThreads) divide_kernel(float* acc, size_t n, float divisor) {
+  const size_t threads = gridDim.x * (size_t)blockDim.x;
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += threads)
+    acc[i] = div_rn(acc[i], divisor);
+}
+
+ncclResult_t cuda_failed(const char* what, int err) {
+  return set_error(ncclUnhandledCudaError, "quantized allreduce: %s failed: CUDA error %d: %s",
+                   what, err, cudaGetErrorString((cudaError_t)err));
+}
+
+ncclResult_t launched(const char* what, int err) {
+  return err == cudaSuccess ? ncclSuccess : cuda_failed(what, err);
+}
+
+ncclResult_t quantize(const Compute& c, const void* src, size_t n, ncclDataType_t type,
+                      const CodecParams& p, uint8_t* wire) {
+  return launched("quantizing on the device", device_quantize(src, n, type, p, wire, c.stream));
+}
+
+ncclResult_t dequantize(const Compute& c, const uint8_t* wire, size_t n, const CodecParams& p,
+                        void* dst, ncclDataType_t type, bool accumulate) {
+  return launched("dequantizing on the device",
+                  device_dequantize(wire, n, p, dst, type, accumulate, c.stream));
+}
+
+ncclResult_t widen(const Compute& c, const void* src, size_t n, ncclDataType_t type, float* acc) {
+  if (n == 0) return ncclSuccess;
+  cudaError_t err = cudaErrorInvalidValue;
+  dispatch_float_type(type, [&](auto t) {
+    using Type = decltype(t);
+    if ((uintptr_t)src % sizeof(typename Type::T) != 0) {
+      err = cudaErrorMisalignedAddress;
+      return;
+    }
+    widen_kernel<Type><<<blocks_for(n), kBlockThreads, 0, c.stream>>>(
+        static_cast<const typename Type::T*>(src), n, acc);
+    err = cudaGetLastError();
+  });
+  return launched("widening the input to float32 on the device", err);
+}
+
+ncclResult_t divide(const Compute& c, float* acc, size_t n, float divisor) {
+  if (n == 0) return ncclSuccess;
+  divide_kernel<<<blocks_for(n), kBlockThreads, 0, c.stream>>>(acc, n, divisor);
+  return launched("averaging on the device", cudaGetLastError());
+}
+
+}  // namespace
+
+Compute device_compute(cudaStream_t stream) {
+  return Compute{"device", nullptr, stream, quantize, dequantize, widen, divide};
+}
+
+int buffer_device(const void* ptr) {
+  cudaPointerAttributes attr;
+  if (cudaPointerGetAttributes(&attr, ptr) != cudaSuccess) {
+    (void)cudaGetLastError();  // no driver or device: everything is host memory
+    return -1;
+  }
+  if (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged) return -1;
+  return attr.device;
+}
+
+ncclResult_t set_current_device(int device, int* previous) {
+  *previous = -1;
+  int current = -1;
+  cudaError_t err = cudaGetDevice(&current);
+  if (err == cudaSuccess && current != device) {
+    err = cudaSetDevice(device);
+    if (err == cudaSuccess) *previous = current;
+  }
+  return err == cudaSuccess ? ncclSuccess : cuda_failed("selecting the buffers' device", err);
+}
+
+void restore_current_device(int previous) {
+  if (previous >= 0 && cudaSetDevice(previous) != cudaSuccess) (void)cudaGetLastError();
+}
+
+ncclResult_t stream_capturing(cudaStream_t stream, bool* capturing) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  const cudaError_t err = cudaStreamIsCapturing(stream, &status);
+  if (err != cudaSuccess) return cuda_failed("cudaStreamIsCapturing on the caller's stream", err);
+  *capturing = status != cudaStreamCaptureStatusNone;
+  return ncclSuccess;
+}
+
+ncclResult_t grow_device_workspace(DeviceWorkspace& ws, int device, size_t bytes) {
+  void* memory = nullptr;
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  cudaError_t err = cudaThreadExchangeStreamCaptureMode(&mode);
+  if (err != cudaSuccess) return cuda_failed("cudaThreadExchangeStreamCaptureMode", err);
+  err = cudaMalloc(&memory, bytes);
+  cudaThreadExchangeStreamCaptureMode(&mode);  // back to the thread's own mode
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    return set_error(ncclUnhandledCudaError,
+                     "quantized allreduce: cannot allocate %zu bytes of workspace on device %d: "
+                     "CUDA error %d: %s",
+                     bytes, device, (int)err, cudaGetErrorString(err));
+  }
+  if (ws.memory != nullptr) ws.retired.push_back(ws.memory);
+  ws.memory = memory;
+  ws.bytes = bytes;
+  ws.device = device;
+  return ncclSuccess;
+}
+
+ncclResult_t device_call_begin(DeviceWorkspace& ws, cudaStream_t stream) {
+  if (ws.done == nullptr) return ncclSuccess;
+  const cudaError_t err = cudaStreamWaitEvent(stream, static_cast<cudaEvent_t>(ws.done), 0);
+  return err == cudaSuccess ? ncclSuccess
+                            : cuda_failed("ordering after the communicator's previous call", err);
+}
+
+ncclResult_t device_call_end(DeviceWorkspace& ws, cudaStream_t stream) {
+  cudaError_t err = cudaSuccess;
+  if (ws.done == nullptr) {
+    cudaEvent_t event;
+    err = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
+    if (err == cudaSuccess) ws.done = event;
+  }
+  if (err == cudaSuccess) err = cudaEventRecord(static_cast<cudaEvent_t>(ws.done), stream);
+  return err == cudaSuccess ? ncclSuccess : cuda_failed("recording the end of the call", err);
+}
+
+void release_device_workspace(DeviceWorkspace& ws) {
+  if (ws.device < 0 && ws.done == nullptr) return;  // never used a device: no CUDA call
+  int previous = -1;
+  if (ws.device >= 0 && cudaGetDevice(&previous) == cudaSuccess && previous != ws.device)
+    cudaSetDevice(ws.device);
+  else
+    previous = -1;
+  for (void* old : ws.retired) cudaFree(old);
+  if (ws.memory != nullptr) cudaFree(ws.memory);
+  if (ws.done != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(ws.done));
+  (void)cudaGetLastError();  // at process exit the runtime may be gone: nothing to report
+  restore_current_device(previous);
+  ws = DeviceWorkspace();
+}
+
+}  // namespace qnccl

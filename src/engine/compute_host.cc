@@ -1,0 +1,45 @@
+/* The host compute (engine/compute.h): the host codec, and the widening and
+ * averaging loops the CUDA path runs as kernels (compute_cuda.cu). */
+#include "codec/codec_math.h"
+#include "common/error.h"
+#include "engine/compute.h"
+
+namespace qnccl {
+namespace {
+
+ncclResult_t quantize(const Compute& c, const void* src, size_t n, ncclDataType_t type,
+                      const CodecParams& p, uint8_t* wire) {
+  c.codec->quantize(src, n, type, p, wire);
+  return ncclSuccess;
+}
+
+ncclResult_t dequantize(const Compute& c, const uint8_t* wire, size_t n, const CodecParams& p,
+                        void* dst, ncclDataType_t type, bool accumulate) {
+  c.codec->dequantize(wire, n, p, dst, type, accumulate);
+  return ncclSuccess;
+}
+
+ncclResult_t widen(const Compute&, const void* src, size_t n, ncclDataType_t type, float* acc) {
+  dispatch_float_type(type, [&](auto d) {
+    using D = decltype(d);
+    const typename D::T* values = static_cast<const typename D::T*>(src);
+    for (size_t i = 0; i < n; i++) acc[i] = D::load(values[i]);
+  });
+  return ncclSuccess;
+}
+
+ncclResult_t divide(const Compute&, float* acc, size_t n, float divisor) {
+  for (size_t i = 0; i < n; i++) acc[i] = div_rn(acc[i], divisor);
+  return ncclSuccess;
+}
+
+}  // namespace
+
+ncclResult_t host_compute(Compute* compute) {
+  const HostCodec* codec;
+  QNCCL_CHECK(host_codec(&codec));
+  *compute = Compute{"host", codec, nullptr, quantize, dequantize, widen, divide};
+  return ncclSuccess;
+}
+
+}  // namespace qnccl

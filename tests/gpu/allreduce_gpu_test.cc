@@ -1,0 +1,496 @@
+/* The quantized allreduce on device buffers (the engine's CUDA path) through
+ * NVIDIA's NCCL, which QNCCL_NCCL_LIB names (tests/test_allreduce_gpu.py
+ * finds it):
+ *   1. one rank: every algorithm, type, op and rounding on device buffers
+ *      writes the bytes the host path writes for the same call (a second
+ *      1-rank communicator runs the host buffers, so both count calls alike);
+ *      outputs get garbage first and guard bytes after, inputs stay intact;
+ *   2. mixed host/device buffers fail with ncclInvalidArgument;
+ *   3. a call enqueued behind a held stream returns without waiting for it;
+ *   4. CUDA graph capture through the interposed ncclAllReduce: without a
+ *      workspace the captured calls go to NCCL unquantized (exact; the
+ *      warning is printed once, which the Python side counts); after one
+ *      eager call the captured call is quantized, and each replay writes the
+ *      host path's bytes;
+ *   5. with two devices, two ranks (one thread each): both ranks' outputs are
+ *      identical, and with an output folder (argv[1]) the inputs and outputs
+ *      are written there with a manifest for the emulator to check.
+ *
+ * Exit status: 0 all passed, 1 a failure (printed), 77 skipped (no CUDA
+ * device, or no NVIDIA NCCL). */
+#include <cuda_runtime_api.h>
+#include <dlfcn.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <atomic>
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "codec/dtype.h"
+#include "qnccl.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using Bytes = std::vector<uint8_t>;
+
+constexpr size_t kGuard = 64;       // bytes checked untouched past every device output
+constexpr uint8_t kGarbage = 0xa5;  // device outputs start as this
+
+bool cuda_ok(cudaError_t err, const std::string& what) {
+  if (err == cudaSuccess) return true;
+  printf("FAIL: %s: %s\n", what.c_str(), cudaGetErrorString(err));
+  return false;
+}
+
+bool nccl_ok(ncclResult_t res, const std::string& what) {
+  if (res == ncclSuccess) return true;
+  printf("FAIL: %s: result %d: %s\n", what.c_str(), (int)res, qncclGetLastError());
+  return false;
+}
+
+uint64_t next_random(uint64_t& state) {
+  uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+size_t type_size(ncclDataType_t type) { return type == ncclFloat32 ? 4 : 2; }
+
+const char* type_name(ncclDataType_t type) {
+  return type == ncclFloat32 ? "float32" : type == ncclFloat16 ? "float16" : "bfloat16";
+}
+
+/* `count` values of `type`: each run of up to 300 values at its own scale;
+ * with `nonfinite` a few NaN and +-Inf. */
+Bytes make_input(ncclDataType_t type, size_t count, uint64_t seed, bool nonfinite) {
+  Bytes out(count * type_size(type));
+  uint64_t s = seed;
+  float scale = 1.0f;
+  for (size_t i = 0; i < count; ++i) {
+    if (i % 300 == 0) scale = ldexpf(1.0f, (int)(next_random(s) % 24) - 12);
+    float v = ((float)(next_random(s) >> 40) * 0x1p-23f - 1.0f) * scale;
+    if (nonfinite && next_random(s) % 997 == 0) v = next_random(s) % 2 ? NAN : -INFINITY;
+    if (type == ncclFloat32) {
+      memcpy(&out[4 * i], &v, 4);
+    } else {
+      const uint16_t h = type == ncclFloat16 ? qnccl::F16::store(v) : qnccl::BF16::store(v);
+      memcpy(&out[2 * i], &h, 2);
+    }
+  }
+  return out;
+}
+
+/* `bytes` of device memory plus kGuard, filled with kGarbage. */
+struct DeviceBuffer {
+  void* ptr = nullptr;
+  size_t bytes;
+  explicit DeviceBuffer(size_t n) : bytes(n + kGuard) {
+    if (cuda_ok(cudaMalloc(&ptr, bytes), "cudaMalloc"))
+      cuda_ok(cudaMemset(ptr, kGarbage, bytes), "cudaMemset");
+  }
+  ~DeviceBuffer() { cudaFree(ptr); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  bool upload(const Bytes& b) {
+    return b.empty() || cuda_ok(cudaMemcpy(ptr, b.data(), b.size(), cudaMemcpyHostToDevice),
+                                "cudaMemcpy to the device");
+  }
+  Bytes download() const {
+    Bytes out(bytes);
+    cuda_ok(cudaMemcpy(out.data(), ptr, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy to the host");
+    return out;
+  }
+};
+
+/* `want` equals the first want.size() bytes of `got`, whose rest is kGarbage. */
+bool same_bytes(const std::string& what, const Bytes& want, const Bytes& got, size_t unit) {
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (want[i] == got[i]) continue;
+    printf("MISMATCH %s: element %zu (byte %zu of %zu): host %02x, device %02x\n", what.c_str(),
+           i / unit, i, want.size(), want[i], got[i]);
+    return false;
+  }
+  for (size_t i = want.size(); i < got.size(); ++i) {
+    if (got[i] == kGarbage) continue;
+    printf("MISMATCH %s: the device wrote byte %zu past the end (%zu bytes)\n", what.c_str(), i,
+           want.size());
+    return false;
+  }
+  return true;
+}
+
+/* Two 1-rank communicators on device 0: one for host buffers, one for
+ * device buffers, given the same calls in the same order. */
+struct Twin {
+  ncclComm_t host = nullptr, device = nullptr;
+  bool init() {
+    const int dev = 0;
+    return nccl_ok(ncclCommInitAll(&host, 1, &dev), "ncclCommInitAll") &&
+           nccl_ok(ncclCommInitAll(&device, 1, &dev), "ncclCommInitAll");
+  }
+  ~Twin() {
+    if (host) ncclCommDestroy(host);
+    if (device) ncclCommDestroy(device);
+  }
+};
+
+struct Case {
+  qncclAllReduceConfig_t config;
+  ncclDataType_t type;
+  ncclRedOp_t op;
+  size_t count;
+  bool inplace, nonfinite;
+  std::string name() const {
+    static const char* algos[] = {"auto", "ring", "tree", "sra"};
+    char text[200];
+    snprintf(text, sizeof text, "%s %s n=%zu bits=%d bucket=%zu %s %s segment=%zu%s%s",
+             algos[config.algo], type_name(type), count, config.codec.bits,
+             config.codec.bucketSize,
+             config.codec.rounding == qncclRoundStochastic ? "stochastic" : "nearest",
+             op == ncclAvg ? "avg" : "sum", config.segmentValues, inplace ? " in-place" : "",
+             nonfinite ? " nonfinite" : "");
+    return text;
+  }
+};
+
+/* The host path's output of `c` on `input` (the twin's host communicator). */
+bool host_result(const Case& c, ncclComm_t comm, const Bytes& input, Bytes* out) {
+  Bytes send = input;
+  *out = Bytes(input.size(), kGarbage);
+  void* recv = c.inplace ? send.data() : out->data();
+  if (!nccl_ok(qncclAllReduce(send.data(), recv, c.count, c.type, c.op, &c.config, comm, nullptr),
+               c.name() + " (host buffers)"))
+    return false;
+  if (c.inplace) *out = send;
+  return true;
+}
+
+/* Part 1: one case on both sides of the twin. */
+bool check_case(const Case& c, Twin& twin, cudaStream_t stream, uint64_t seed) {
+  const std::string name = c.name();
+  const Bytes input = make_input(c.type, c.count, seed, c.nonfinite);
+  Bytes want;
+  if (!host_result(c, twin.host, input, &want)) return false;
+  DeviceBuffer send(input.size()), recv(input.size());
+  if (!send.upload(input)) return false;
+  void* out = c.inplace ? send.ptr : recv.ptr;
+  if (!nccl_ok(qncclAllReduce(send.ptr, out, c.count, c.type, c.op, &c.config, twin.device,
+                              stream),
+               name + " (device buffers)") ||
+      !cuda_ok(cudaStreamSynchronize(stream), name + ": the device work"))
+    return false;
+  if (!same_bytes(name, want, (c.inplace ? send : recv).download(), type_size(c.type)))
+    return false;
+  return c.inplace || same_bytes(name + " (input)", input, send.download(), type_size(c.type));
+}
+
+int check_matrix(Twin& twin, cudaStream_t stream) {
+  struct Shape {
+    size_t count, bucket, segment;
+    int bits;
+  };
+  const Shape shapes[] = {{0, 128, 0, 4}, {1, 128, 0, 4}, {4099, 7, 0, 3},
+                          {5003, 1000, 1000, 8}, {300007, 128, 65536, 4}, {(1 << 20) + 3, 64, 0, 2}};
+  const ncclDataType_t types[] = {ncclFloat32, ncclFloat16, ncclBfloat16};
+  int failed = 0;
+  uint64_t serial = 0;
+  for (const Shape& shape : shapes)
+    for (int algo = qncclAlgoRing; algo <= qncclAlgoSra; ++algo)
+      for (ncclDataType_t type : types)
+        for (int variant = 0; variant < 4; ++variant, ++serial) {
+          Case c;
+          c.config.codec = {shape.bits, shape.bucket,
+                            variant % 2 ? qncclRoundStochastic : qncclRoundNearest,
+                            0x5eed0000ull + serial};
+          c.config.algo = (qncclAlgo_t)algo;
+          c.config.segmentValues = shape.segment;
+          c.type = type;
+          c.op = variant / 2 ? ncclAvg : ncclSum;
+          c.count = shape.count;
+          c.inplace = serial % 3 == 1;
+          c.nonfinite = serial % 5 == 2;
+          if (!check_case(c, twin, stream, serial * 7919 + 1) && ++failed >= 10) return failed;
+        }
+  printf("matrix: %llu cases, %d failed\n", (unsigned long long)serial, failed);
+  return failed;
+}
+
+/* Part 2. */
+bool check_mixed_buffers(Twin& twin, cudaStream_t stream) {
+  const qncclAllReduceConfig_t config = {{4, 128, qncclRoundNearest, 1}, qncclAlgoAuto, 0};
+  std::vector<float> host(1000, 1.0f);
+  DeviceBuffer device(host.size() * 4);
+  const ncclResult_t res = qncclAllReduce(host.data(), device.ptr, host.size(), ncclFloat32,
+                                          ncclSum, &config, twin.device, stream);
+  if (res == ncclInvalidArgument && strstr(qncclGetLastError(), "host memory") != nullptr)
+    return true;
+  printf("FAIL: mixed host/device buffers: result %d, message: %s\n", (int)res,
+         qncclGetLastError());
+  return false;
+}
+
+/* Part 3: a stream held shut by a host function until open() (or 20 s). */
+class StreamGate {
+ public:
+  explicit StreamGate(cudaStream_t stream) {
+    cuda_ok(cudaLaunchHostFunc(stream, &StreamGate::hold, this), "cudaLaunchHostFunc");
+  }
+  void open() { open_ = true; }
+
+ private:
+  static void hold(void* self) {
+    const auto until = Clock::now() + std::chrono::seconds(20);
+    while (!static_cast<StreamGate*>(self)->open_ && Clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  std::atomic<bool> open_{false};
+};
+
+bool check_no_sync(Twin& twin, cudaStream_t stream) {
+  Case c;
+  c.config = {{4, 128, qncclRoundStochastic, 42}, qncclAlgoRing, 1 << 18};
+  c.type = ncclFloat32;
+  c.op = ncclAvg;
+  c.count = (3 << 20) + 5;
+  c.inplace = false;
+  c.nonfinite = false;
+  // The first call grows the workspace (and loads the kernels); then hold the stream.
+  if (!check_case(c, twin, stream, 99)) return false;
+  const Bytes input = make_input(c.type, c.count, 100, false);
+  Bytes want;
+  if (!host_result(c, twin.host, input, &want)) return false;
+  DeviceBuffer send(input.size()), recv(input.size());
+  if (!send.upload(input)) return false;
+  StreamGate gate(stream);
+  const auto t0 = Clock::now();
+  const ncclResult_t res = qncclAllReduce(send.ptr, recv.ptr, c.count, c.type, c.op, &c.config,
+                                          twin.device, stream);
+  const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  gate.open();
+  if (!nccl_ok(res, "no-sync call") || !cuda_ok(cudaStreamSynchronize(stream), "gated work"))
+    return false;
+  if (seconds > 10) {
+    printf("FAIL: the device allreduce took %.1f s behind a held stream: it synchronizes\n",
+           seconds);
+    return false;
+  }
+  return same_bytes("no-sync " + c.name(), want, recv.download(), 4);
+}
+
+/* Part 4: captures `calls` interposed ncclAllReduce calls into a graph. */
+bool capture(cudaStream_t stream, ncclComm_t comm, const DeviceBuffer& send,
+             const DeviceBuffer& recv, size_t count, int calls, cudaGraphExec_t* exec) {
+  cudaGraph_t graph;
+  if (!cuda_ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), "begin capture"))
+    return false;
+  ncclResult_t res = ncclSuccess;
+  for (int i = 0; i < calls && res == ncclSuccess; ++i)
+    res = ncclAllReduce(send.ptr, recv.ptr, count, ncclFloat32, ncclSum, comm, stream);
+  const bool ended = cuda_ok(cudaStreamEndCapture(stream, &graph), "end capture");
+  if (!nccl_ok(res, "captured ncclAllReduce") || !ended) return false;
+  const bool ok = cuda_ok(cudaGraphInstantiate(exec, graph, 0), "cudaGraphInstantiate");
+  cudaGraphDestroy(graph);
+  return ok;
+}
+
+bool replay(cudaGraphExec_t exec, cudaStream_t stream, const DeviceBuffer& recv,
+            const Bytes& want, const std::string& what) {
+  return cuda_ok(cudaMemset(recv.ptr, kGarbage, recv.bytes), "cudaMemset") &&
+         cuda_ok(cudaGraphLaunch(exec, stream), "cudaGraphLaunch") &&
+         cuda_ok(cudaStreamSynchronize(stream), what) &&
+         same_bytes(what, want, recv.download(), 4);
+}
+
+bool check_capture(cudaStream_t stream) {
+  Twin twin;
+  qncclEnvConfig_t env;
+  if (!twin.init() || !nccl_ok(qncclConfigFromEnv(&env), "qncclConfigFromEnv")) return false;
+  if (env.minBytes > 0 || !env.enable) {
+    printf("FAIL: run with QNCCL_MIN_BYTES=0 (and QNCCL_ENABLE unset)\n");
+    return false;
+  }
+  Case c;
+  c.config = env.allreduce;
+  c.type = ncclFloat32;
+  c.op = ncclSum;
+  c.count = 1 << 16;
+  c.inplace = false;
+  c.nonfinite = false;
+  const Bytes input = make_input(c.type, c.count, 5, false);
+  DeviceBuffer send(input.size()), recv(input.size());
+  if (!send.upload(input)) return false;
+  // No workspace yet: both captured calls pass through, exact (one rank: a copy).
+  cudaGraphExec_t exec;
+  if (!capture(stream, twin.device, send, recv, c.count, 2, &exec)) return false;
+  bool ok = replay(exec, stream, recv, input, "captured pass-through");
+  cudaGraphExecDestroy(exec);
+  qncclStats_t stats;
+  if (!ok || !nccl_ok(qncclCommGetStats(twin.device, &stats), "stats")) return false;
+  if (stats.callsPassedThrough != 2 || stats.callsCompressed != 0) {
+    printf("FAIL: capture without workspace: %llu passed through, %llu compressed; want 2, 0\n",
+           (unsigned long long)stats.callsPassedThrough,
+           (unsigned long long)stats.callsCompressed);
+    return false;
+  }
+  // One eager call (call 0) sizes the workspace; a captured one (call 1) is then quantized.
+  Bytes want;
+  if (!host_result(c, twin.host, input, &want) ||
+      !nccl_ok(ncclAllReduce(send.ptr, recv.ptr, c.count, c.type, c.op, twin.device, stream),
+               "eager ncclAllReduce") ||
+      !cuda_ok(cudaStreamSynchronize(stream), "eager call") ||
+      !same_bytes("eager " + c.name(), want, recv.download(), 4))
+    return false;
+  if (!host_result(c, twin.host, input, &want) ||
+      !capture(stream, twin.device, send, recv, c.count, 1, &exec))
+    return false;
+  ok = replay(exec, stream, recv, want, "captured quantized call, replay 1") &&
+       replay(exec, stream, recv, want, "captured quantized call, replay 2");
+  cudaGraphExecDestroy(exec);
+  return ok && nccl_ok(qncclCommGetStats(twin.device, &stats), "stats") &&
+         stats.callsCompressed == 2;
+}
+
+/* Part 5: two ranks, one thread and device each. */
+struct RankRun {
+  std::vector<Bytes> inputs, outputs;
+  bool ok = true;
+};
+
+std::vector<Case> two_rank_cases() {
+  std::vector<Case> cases;
+  for (int algo = qncclAlgoRing; algo <= qncclAlgoSra; ++algo)
+    for (ncclDataType_t type : {ncclFloat32, ncclBfloat16}) {
+      Case c;
+      c.config = {{4, 128, qncclRoundStochastic, 7}, (qncclAlgo_t)algo, 65536};
+      c.type = type;
+      c.op = type == ncclFloat32 ? ncclAvg : ncclSum;
+      c.count = 300007;
+      c.inplace = algo == qncclAlgoTree;
+      c.nonfinite = false;
+      cases.push_back(c);
+    }
+  return cases;
+}
+
+void run_rank(int rank, ncclUniqueId id, const std::vector<Case>& cases, RankRun* run) {
+  ncclComm_t comm = nullptr;
+  cudaStream_t stream = nullptr;
+  run->ok = cuda_ok(cudaSetDevice(rank), "cudaSetDevice") &&
+            cuda_ok(cudaStreamCreate(&stream), "cudaStreamCreate") &&
+            nccl_ok(ncclCommInitRank(&comm, 2, id, rank), "ncclCommInitRank");
+  for (size_t i = 0; i < cases.size() && run->ok; ++i) {
+    const Case& c = cases[i];
+    const Bytes input = make_input(c.type, c.count, 1000 * i + rank, false);
+    DeviceBuffer send(input.size()), recv(input.size());
+    run->ok = send.upload(input) &&
+              nccl_ok(qncclAllReduce(send.ptr, c.inplace ? send.ptr : recv.ptr, c.count, c.type,
+                                     c.op, &c.config, comm, stream),
+                      c.name() + " rank " + std::to_string(rank)) &&
+              cuda_ok(cudaStreamSynchronize(stream), c.name());
+    Bytes out = (c.inplace ? send : recv).download();
+    out.resize(input.size());
+    run->inputs.push_back(input);
+    run->outputs.push_back(out);
+  }
+  if (comm != nullptr) ncclCommDestroy(comm);
+  if (stream != nullptr) cudaStreamDestroy(stream);
+}
+
+bool write_file(const std::string& path, const Bytes& bytes) {
+  FILE* f = fopen(path.c_str(), "wb");
+  const bool ok = f != nullptr && fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
+  if (f != nullptr) fclose(f);
+  if (!ok) printf("FAIL: cannot write %s\n", path.c_str());
+  return ok;
+}
+
+bool check_two_ranks(const char* folder) {
+  ncclResult_t (*get_id)(ncclUniqueId*) = nullptr;
+  const char* path = getenv("QNCCL_NCCL_LIB");
+  if (void* h = dlopen(path != nullptr ? path : "libnccl.so.2", RTLD_NOW))
+    get_id = reinterpret_cast<ncclResult_t (*)(ncclUniqueId*)>(dlsym(h, "ncclGetUniqueId"));
+  ncclUniqueId id;
+  if (get_id == nullptr || !nccl_ok(get_id(&id), "ncclGetUniqueId")) return false;
+  const std::vector<Case> cases = two_rank_cases();
+  RankRun runs[2];
+  std::thread t0(run_rank, 0, id, std::cref(cases), &runs[0]);
+  std::thread t1(run_rank, 1, id, std::cref(cases), &runs[1]);
+  t0.join();
+  t1.join();
+  if (!runs[0].ok || !runs[1].ok) return false;
+  FILE* manifest = nullptr;
+  if (folder != nullptr) manifest = fopen((std::string(folder) + "/manifest.txt").c_str(), "w");
+  bool ok = folder == nullptr || manifest != nullptr;
+  for (size_t i = 0; i < cases.size() && ok; ++i) {
+    const Case& c = cases[i];
+    if (runs[0].outputs[i] != runs[1].outputs[i]) {
+      printf("FAIL: 2 ranks, %s: the ranks' outputs differ\n", c.name().c_str());
+      ok = false;
+    } else if (manifest != nullptr) {
+      static const char* algos[] = {"auto", "ring", "tree", "sra"};
+      const std::string stem = std::string(folder) + "/case" + std::to_string(i);
+      ok = write_file(stem + ".in0", runs[0].inputs[i]) &&
+           write_file(stem + ".in1", runs[1].inputs[i]) &&
+           write_file(stem + ".out", runs[0].outputs[i]);
+      // name algo dtype op rounding bits bucket seed segment_values call count
+      fprintf(manifest, "case%zu %s %s %s %s %d %zu %llu %zu %zu %zu\n", i, algos[c.config.algo],
+              type_name(c.type), c.op == ncclAvg ? "avg" : "sum",
+              c.config.codec.rounding == qncclRoundStochastic ? "stochastic" : "nearest",
+              c.config.codec.bits, c.config.codec.bucketSize,
+              (unsigned long long)c.config.codec.seed, c.config.segmentValues, i, c.count);
+    }
+  }
+  if (manifest != nullptr) fclose(manifest);
+  printf("2 ranks: %zu cases, %s\n", cases.size(), ok ? "ranks identical" : "FAILED");
+  return ok;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    printf("SKIP: no CUDA device\n");
+    return 77;
+  }
+  int compiled = 0;
+  if (qncclCudaCompiled(&compiled) != ncclSuccess || !compiled) {
+    printf("FAIL: libqnccl was built without the CUDA kernels\n");
+    return 1;
+  }
+  const char* path = getenv("QNCCL_NCCL_LIB");
+  if (dlopen(path != nullptr ? path : "libnccl.so.2", RTLD_NOW) == nullptr) {
+    printf("SKIP: NVIDIA's NCCL (%s) does not load: %s\n", path ? path : "libnccl.so.2",
+           dlerror());
+    return 77;
+  }
+  cudaStream_t stream;
+  if (!cuda_ok(cudaSetDevice(0), "cudaSetDevice") ||
+      !cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate"))
+    return 1;
+  const auto start = Clock::now();
+  int failed = 0;
+  {
+    Twin twin;
+    if (!twin.init()) return 1;
+    failed += check_matrix(twin, stream);
+    failed += !check_mixed_buffers(twin, stream);
+    failed += !check_no_sync(twin, stream);
+  }
+  failed += !check_capture(stream);
+  if (devices >= 2)
+    failed += !check_two_ranks(argc > 1 ? argv[1] : nullptr);
+  else
+    printf("2 ranks: skipped, needs 2 CUDA devices (found %d)\n", devices);
+  cudaStreamDestroy(stream);
+  printf("%s (%.1f s)\n", failed == 0 ? "all passed" : "FAILED",
+         std::chrono::duration<double>(Clock::now() - start).count());
+  return failed == 0 ? 0 : 1;
+}

@@ -1,0 +1,87 @@
+"""qncclAllReduceWorkspaceSize against docs/allreduce.md, "Workspace".
+
+The engine sizes a call's workspace with one pure function on the host, for
+host and device buffers alike (the CUDA path keeps the largest per
+communicator and must know, during CUDA graph capture, whether a call fits
+without allocating). Here its answer is recomputed from the table of the
+spec with the emulator's segment, chunk and wire-size rules. That the
+algorithms never ask for more is checked on every call: the engine aborts
+when one does, so every run of tests/test_allreduce.py exercises it."""
+import itertools
+
+import pytest
+
+from qnccl.emulate.allreduce import auto_algo, segment_length
+from qnccl.emulate.codec import compressed_size
+
+ALIGN = 256  # the wire buffers start 256-byte aligned after the accumulator
+ALGOS = ("auto", "ring", "tree", "sra")
+TYPES = {"float32": 7, "float16": 6, "bfloat16": 9}  # ncclDataType_t values
+
+
+def expected_bytes(count, dtype, nranks, algo, bits, bucket, segment_values):
+    if count == 0:
+        return 0
+    if algo == "auto":
+        algo = auto_algo(count, dtype, nranks)
+    w = min(count, segment_length(segment_values, bucket))   # the largest segment
+    c = min(w, bucket * (-(-w // bucket) // nranks + 1))       # the largest chunk
+    acc, wire = {"ring": (c, 2 * compressed_size(c, bits, bucket)),
+                 "tree": (w, 3 * compressed_size(w, bits, bucket)),
+                 "sra": (c, 2 * nranks * compressed_size(c, bits, bucket))}[algo]
+    return -(-4 * acc // ALIGN) * ALIGN + wire
+
+
+def workspace_size(capi, count, dtype, nranks, algo, bits, bucket, segment_values):
+    ffi, lib = capi
+    config = ffi.new("qncclAllReduceConfig_t*")
+    config.codec.bits = bits
+    config.codec.bucketSize = bucket
+    config.codec.rounding = lib.qncclRoundNearest
+    config.algo = ALGOS.index(algo)
+    config.segmentValues = segment_values
+    out = ffi.new("size_t*")
+    result = lib.qncclAllReduceWorkspaceSize(count, TYPES[dtype], config, nranks, out)
+    assert result == lib.ncclSuccess, ffi.string(lib.qncclGetLastError()).decode()
+    return out[0]
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_workspace_size_follows_the_spec(capi, algo):
+    counts = (0, 1, 127, 128, 129, 5003, 16383, 300007, (1 << 22) + 5)
+    configs = ((4, 128, 0), (1, 1, 0), (8, 7, 1000), (3, 1000, 100), (2, 64, 1 << 20))
+    for count, dtype, nranks, (bits, bucket, segment_values) in itertools.product(
+            counts, TYPES, (1, 2, 3, 8, 17), configs):
+        want = expected_bytes(count, dtype, nranks, algo, bits, bucket, segment_values)
+        got = workspace_size(capi, count, dtype, nranks, algo, bits, bucket, segment_values)
+        assert got == want, (count, dtype, nranks, algo, bits, bucket, segment_values)
+
+
+def test_default_workspace_matches_the_docs_example(capi):
+    """docs/allreduce.md: with the defaults (W = 2^22, 4 bits, buckets of 128)
+    tree takes 16 MiB of accumulator plus 3 x 2.3 MiB of wire buffers."""
+    got = workspace_size(capi, 1 << 24, "float32", 8, "tree", 4, 128, 0)
+    assert got == (16 << 20) + 3 * compressed_size(1 << 22, 4, 128)
+    assert 2.2 < compressed_size(1 << 22, 4, 128) / 2**20 < 2.4
+
+
+@pytest.mark.parametrize("argument, value, words", [
+    ("nranks", 0, ["nranks = 0", ">= 1"]),
+    ("algo", 7, ["algo = 7", "qncclAlgoSra"]),
+    ("bits", 9, ["bits", "1..8"]),
+    ("bytes", None, ["bytes is NULL"]),
+    ("datatype", 2, ["datatype"]),
+])
+def test_bad_arguments_name_the_argument(capi, argument, value, words):
+    ffi, lib = capi
+    config = ffi.new("qncclAllReduceConfig_t*")
+    config.codec.bits = 9 if argument == "bits" else 4
+    config.codec.bucketSize = 128
+    config.algo = value if argument == "algo" else 0
+    out = ffi.NULL if argument == "bytes" else ffi.new("size_t*")
+    datatype = value if argument == "datatype" else TYPES["float32"]
+    nranks = value if argument == "nranks" else 2
+    assert lib.qncclAllReduceWorkspaceSize(1000, datatype, config, nranks, out) == \
+        lib.ncclInvalidArgument
+    message = ffi.string(lib.qncclGetLastError()).decode()
+    assert all(word in message for word in words), message
