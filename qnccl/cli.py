@@ -1,12 +1,14 @@
 """The `qnccl` command.
 
-    qnccl info     what is installed and built: versions, library, CUDA, nvcc
-    qnccl bench    host codec throughput (build/bin/codec_bench), beside memcpy
-
-`qnccl run -- CMD` (LD_PRELOAD launcher) arrives with the interposer.
+    qnccl run [options] -- CMD ...   run CMD with libqnccl.so preloaded and QNCCL_* set
+    qnccl info                       what is installed and built, and what a job would use:
+                                     configuration, GPU driver, the NCCL library
+    qnccl bench                      host codec throughput (build/bin/codec_bench), beside memcpy
 """
 import argparse
+import ctypes
 import importlib.metadata
+import importlib.util
 import os
 import re
 import shutil
@@ -18,7 +20,16 @@ from . import __version__
 
 REPO = Path(__file__).resolve().parents[1]
 BUILD = REPO / "build"
+NCCL_SONAME = "libnccl.so.2"
 
+
+def libqnccl_path():
+    """The libqnccl.so `qnccl run` preloads and `qnccl info` describes: QNCCL_LIB
+    (as for the Python binding), else the one `make` built in this repository."""
+    return Path(os.environ.get("QNCCL_LIB") or BUILD / "lib" / "libqnccl.so").resolve()
+
+
+# ---- argument types ------------------------------------------------------------------
 
 def _int_list(low, high=None):
     """argparse type: a comma list of integers in [low, high]."""
@@ -34,6 +45,290 @@ def _int_list(low, high=None):
     return parse
 
 
+def _int_in(low, high=None):
+    """argparse type: one decimal integer in [low, high] (no upper limit when None).
+    argparse prefixes the message with the flag's name."""
+    allowed = f"an integer in {low}..{high}" if high is not None else f"an integer >= {low}"
+
+    def parse(text):
+        if not re.fullmatch(r"[+-]?\d+", text.strip()):
+            raise argparse.ArgumentTypeError(f"must be {allowed}, got {text!r}")
+        value = int(text)
+        if value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"must be {allowed}, got {text!r}")
+        return value
+    return parse
+
+
+_SIZE_SUFFIXES = {"": 0, "K": 10, "M": 20, "G": 30}
+
+
+def _byte_size(text):
+    """argparse type: bytes >= 0, with an optional K, M or G suffix (2^10, 2^20, 2^30)."""
+    match = re.fullmatch(r"\s*(\d+)\s*([KMG]?)\s*", text, re.IGNORECASE)
+    if match is None:
+        raise argparse.ArgumentTypeError(
+            f"must be an integer >= 0 with an optional K, M or G suffix (x 2^10, 2^20, 2^30), "
+            f"got {text!r}")
+    return int(match.group(1)) << _SIZE_SUFFIXES[match.group(2).upper()]
+
+
+def _library_path(text):
+    """argparse type: a library file (a path, checked) or a bare name for dlopen's search."""
+    if "/" not in text:
+        return text
+    path = Path(text).expanduser()
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(f"no such file: {text!r} (give the path of "
+                                         f"{NCCL_SONAME}, or a library name for dlopen)")
+    return str(path.resolve())
+
+
+# ---- qnccl run ----------------------------------------------------------------------------
+
+# Each option of `qnccl run` and the environment variable it sets: (flag, variable, argparse
+# keywords). The library validates the variables again when a communicator is created.
+RUN_OPTIONS = (
+    ("--bits", "QNCCL_BITS", dict(type=_int_in(1, 8), metavar="N",
+                                  help="bits per value, 1..8 (default 4)")),
+    ("--bucket-size", "QNCCL_BUCKET_SIZE", dict(type=_int_in(1), metavar="N",
+                                                help="values per bucket, >= 1 (default 128)")),
+    ("--rounding", "QNCCL_ROUNDING", dict(choices=("stochastic", "nearest"),
+                                          help="default stochastic")),
+    ("--algo", "QNCCL_ALGO", dict(choices=("auto", "ring", "tree", "sra"),
+                                  help="default auto (docs/allreduce.md)")),
+    ("--min-bytes", "QNCCL_MIN_BYTES", dict(
+        type=_byte_size, metavar="N",
+        help="smaller allreduces pass through exact; K, M, G suffixes allowed (default 64K)")),
+    ("--seed", "QNCCL_SEED", dict(type=_int_in(0, 2**64 - 1), metavar="N",
+                                  help="stochastic-rounding seed, 0..2^64-1 (default 0)")),
+    ("--warmup-calls", "QNCCL_WARMUP_CALLS", dict(
+        type=_int_in(0), metavar="N",
+        help="the first N eligible allreduces of each communicator stay exact (default 0)")),
+    ("--debug", "QNCCL_DEBUG", dict(type=str.upper, choices=("WARN", "INFO", "TRACE"),
+                                    metavar="LEVEL", help="WARN (default), INFO or TRACE")),
+    ("--nccl-lib", "QNCCL_NCCL_LIB", dict(
+        type=_library_path, metavar="PATH",
+        help=f"the real NCCL, when the program has not loaded a {NCCL_SONAME} itself")),
+    ("--disable", "QNCCL_ENABLE", dict(action="store_const", const=0,
+                                       help="0: pass every call through exact")),
+)
+
+
+def _preload_list(value):
+    """Entries of an LD_PRELOAD value (ld.so separates them by colons or spaces)."""
+    return [entry for entry in re.split(r"[:\s]+", value or "") if entry]
+
+
+def run_environment(args, environ, library):
+    """The environment `qnccl run` gives CMD: `environ` with `library` first in
+    LD_PRELOAD (once: an entry naming the same file is dropped, the others kept in
+    their order) and the QNCCL_* variable of every flag given (flags win)."""
+    env = dict(environ)
+    others = [entry for entry in _preload_list(env.get("LD_PRELOAD"))
+              if os.path.realpath(entry) != os.path.realpath(library)]
+    env["LD_PRELOAD"] = ":".join([str(library), *others])
+    for flag, variable, _ in RUN_OPTIONS:
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if value is not None:
+            env[variable] = str(value)
+    return env
+
+
+def cmd_run(args):
+    command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not command:
+        args.parser.error("missing CMD: qnccl run [options] -- CMD [ARGS...]")
+    library = libqnccl_path()
+    if not library.is_file():
+        print(f"qnccl run: {library} is missing: run `make` in {REPO}", file=sys.stderr)
+        return 1
+    env = run_environment(args, os.environ, library)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:  # CMD replaces this process: its signals and exit status are the caller's
+        os.execvpe(command[0], command, env)
+    except OSError as e:
+        print(f"qnccl run: cannot run {command[0]!r}: {e.strerror}", file=sys.stderr)
+        return 127 if isinstance(e, FileNotFoundError) else 126  # as env(1) and shells
+
+
+# ---- qnccl info -----------------------------------------------------------------------------
+
+def _nvcc():
+    """Path and release of the nvcc that `make` would use (same search as the Makefile)."""
+    cuda_nvcc = Path(os.environ.get("CUDA_HOME") or "/usr/local/cuda") / "bin" / "nvcc"
+    path = shutil.which("nvcc") or (str(cuda_nvcc) if os.access(cuda_nvcc, os.X_OK) else None)
+    if path is None:
+        return "not found (CPU-only build)"
+    out = subprocess.run([path, "--version"], capture_output=True, text=True).stdout
+    release = re.search(r"release ([\d.]+)", out)
+    return f"{path} (CUDA {release.group(1) if release else '?'})"
+
+
+def _loaded_path(name):
+    """Where the dynamic loader found the shared library `name` in this process,
+    or None when it is not loaded."""
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        if line.endswith(f"/{name}"):
+            return line.split()[-1]
+    return None
+
+
+def cuda_driver():
+    """What the CUDA driver API (libcuda.so.1) sees, in words; works without a GPU."""
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return "no CUDA driver (libcuda.so.1 not found): host buffers only"
+    result = cuda.cuInit(0)
+    if result != 0:
+        return f"CUDA driver present, no usable device (cuInit: CUresult {result})"
+    count, version = ctypes.c_int(0), ctypes.c_int(0)
+    cuda.cuDriverGetVersion(ctypes.byref(version))
+    cuda.cuDeviceGetCount(ctypes.byref(count))
+    names = []
+    for ordinal in range(count.value):
+        device, name = ctypes.c_int(0), ctypes.create_string_buffer(256)
+        if cuda.cuDeviceGet(ctypes.byref(device), ordinal) == 0 and \
+                cuda.cuDeviceGetName(name, len(name), device) == 0:
+            names.append(name.value.decode(errors="replace"))
+    driver = f"driver CUDA {version.value // 1000}.{version.value % 1000 // 10}"
+    return f"{count.value} device(s){': ' + ', '.join(names) if names else ''} ({driver})"
+
+
+def _ld_cache_path(soname):
+    """The path ld.so's cache (`ldconfig -p`) gives `soname` for this process's ABI."""
+    ldconfig = shutil.which("ldconfig") or next(
+        (p for p in ("/sbin/ldconfig", "/usr/sbin/ldconfig") if os.access(p, os.X_OK)), None)
+    if ldconfig is None:
+        return None
+    out = subprocess.run([ldconfig, "-p"], capture_output=True, text=True).stdout
+    want_64 = ctypes.sizeof(ctypes.c_void_p) == 8
+    for match in re.finditer(rf"^\s*{re.escape(soname)} \(([^)]*)\) => (\S+)$", out, re.M):
+        if ("64" in match.group(1)) == want_64:
+            return match.group(2)
+    return None
+
+
+def nccl_library():
+    """(path or name, how it was chosen) of the NCCL libqnccl.so loads, in its order:
+    a libnccl.so.2 already loaded, QNCCL_NCCL_LIB, else dlopen's search for
+    libnccl.so.2 (LD_LIBRARY_PATH, ld.so's cache, the default directories)."""
+    loaded = _loaded_path(NCCL_SONAME)
+    if loaded:
+        return loaded, "already loaded in this process"
+    configured = os.environ.get("QNCCL_NCCL_LIB")
+    if configured:
+        missing = "/" in configured and not Path(configured).is_file()
+        return configured, "QNCCL_NCCL_LIB" + (": no such file" if missing else "")
+    for directory in re.split(r"[:;]", os.environ.get("LD_LIBRARY_PATH", "")):
+        if directory and (Path(directory) / NCCL_SONAME).is_file():
+            return os.path.abspath(Path(directory) / NCCL_SONAME), "LD_LIBRARY_PATH"
+    cached = _ld_cache_path(NCCL_SONAME)
+    if cached:
+        return cached, "ld.so cache"
+    for directory in ("/lib", "/usr/lib", "/lib64", "/usr/lib64"):
+        if (Path(directory) / NCCL_SONAME).is_file():
+            return str(Path(directory) / NCCL_SONAME), "default directory"
+    return None, (f"{NCCL_SONAME} not found: set QNCCL_NCCL_LIB, or LD_LIBRARY_PATH="
+                  f"{BUILD / 'host'} for the host backend")
+
+
+def nccl_wheel():
+    """libnccl.so.2 of NVIDIA's nvidia-nccl-cu* wheel (what PyTorch loads) when installed."""
+    try:
+        spec = importlib.util.find_spec("nvidia.nccl")
+    except (ImportError, ValueError):
+        return None
+    for location in (spec.submodule_search_locations or []) if spec else []:
+        library = Path(location) / "lib" / NCCL_SONAME
+        if library.is_file():
+            versions = []
+            for dist in ("nvidia-nccl-cu13", "nvidia-nccl-cu12"):
+                try:
+                    versions.append(f"{dist} {importlib.metadata.version(dist)}")
+                except importlib.metadata.PackageNotFoundError:
+                    pass
+            return f"{library}" + (f" ({', '.join(versions)})" if versions else "")
+    return None
+
+
+_ROUNDING_NAMES = {0: "nearest", 1: "stochastic"}
+_ALGO_NAMES = {0: "auto", 1: "ring", 2: "tree", 3: "sra"}
+_DEBUG_NAMES = {0: "WARN", 1: "INFO", 2: "TRACE"}
+
+
+def describe_env_config(config):
+    """A qncclEnvConfig_t in the words of the library's QNCCL_DEBUG=INFO line."""
+    allreduce = config.allreduce
+    return (f"bits={allreduce.codec.bits} bucket={allreduce.codec.bucketSize} "
+            f"rounding={_ROUNDING_NAMES.get(allreduce.codec.rounding, allreduce.codec.rounding)} "
+            f"algo={_ALGO_NAMES.get(allreduce.algo, allreduce.algo)} "
+            f"min_bytes={config.minBytes} seed={allreduce.codec.seed} "
+            f"warmup={config.warmupCalls} enable={config.enable} "
+            f"error_feedback={config.errorFeedback} "
+            f"debug={_DEBUG_NAMES.get(config.debug, config.debug)}")
+
+
+def _library_rows():
+    """(rows, ok) about libqnccl.so: version, kernels, host codec, the configuration
+    the environment gives a communicator."""
+    from . import _lib
+    try:
+        ffi, lib = _lib.ffi(), _lib.lib()
+        compiled = ffi.new("int*")
+        _lib.check(lib.qncclCudaCompiled(compiled))
+    except Exception as e:  # info reports whatever keeps the library from loading
+        return [("library", f"not loaded: {type(e).__name__}: {e}")], False
+    rows = [("library", f"{_lib.version()} at {_loaded_path('libqnccl.so') or '?'}"),
+            ("CUDA kernels", "built in" if compiled[0] else "not built (host codec only)")]
+    ok = True
+    isa = ffi.new("const char**")
+    try:
+        _lib.check(lib.qncclHostCodecIsa(isa))
+        rows.append(("host codec", ffi.string(isa[0]).decode()))
+    except _lib.QncclError as e:  # a bad QNCCL_HOST_ISA
+        rows.append(("host codec", f"unusable: {e.message}"))
+        ok = False
+    settings = " ".join(f"{k}={v}" for k, v in sorted(os.environ.items())
+                        if k.startswith("QNCCL_"))
+    rows.append(("environment", settings or "no QNCCL_* variables set (defaults)"))
+    config = ffi.new("qncclEnvConfig_t*")
+    try:
+        _lib.check(lib.qncclConfigFromEnv(config))
+        rows.append(("configuration", describe_env_config(config)))
+    except _lib.QncclError as e:  # a bad QNCCL_* value: what ncclCommInitRank would say
+        rows.append(("configuration", f"invalid: {e.message}"))
+        ok = False
+    return rows, ok
+
+
+def cmd_info(_args):
+    from .emulate import codec as emulator
+
+    rows = [("qnccl package", __version__)]
+    library_rows, ok = _library_rows()
+    rows += library_rows
+    nccl, how = nccl_library()
+    rows.append(("NCCL", f"{nccl} ({how})" if nccl else how))
+    ok = ok and "no such file" not in how
+    wheel = nccl_wheel()
+    if wheel:
+        rows.append(("NCCL wheel", wheel))
+    rows.append(("GPU", cuda_driver()))
+    header = (REPO / "src" / "include" / "qnccl.h").read_text()
+    wire = re.search(r"#define QNCCL_WIRE_VERSION (\d+)", header).group(1)
+    rows += [("wire format", f"{wire} (qnccl.h), {emulator.WIRE_VERSION} (emulator)"),
+             ("nvcc", _nvcc())]
+    rows += [(pkg, importlib.metadata.version(pkg)) for pkg in ("numpy", "cffi")]
+    for key, value in rows:
+        print(f"{key:<14} {value}")
+    return 0 if ok else 1
+
+
+# ---- qnccl bench ----------------------------------------------------------------------------
+
 def cmd_bench(args):
     exe = BUILD / "bin" / "codec_bench"
     if not exe.is_file():
@@ -48,63 +343,33 @@ def cmd_bench(args):
     return rc
 
 
-def _nvcc():
-    """Path and release of the nvcc that `make` would use (same search as the Makefile)."""
-    cuda_nvcc = Path(os.environ.get("CUDA_HOME") or "/usr/local/cuda") / "bin" / "nvcc"
-    path = shutil.which("nvcc") or (str(cuda_nvcc) if os.access(cuda_nvcc, os.X_OK) else None)
-    if path is None:
-        return "not found (CPU-only build)"
-    out = subprocess.run([path, "--version"], capture_output=True, text=True).stdout
-    release = re.search(r"release ([\d.]+)", out)
-    return f"{path} (CUDA {release.group(1) if release else '?'})"
-
-
-def _loaded_path(name):
-    """Where the dynamic loader found the shared library `name` in this process."""
-    for line in Path("/proc/self/maps").read_text().splitlines():
-        if line.endswith(name) or f"/{name} " in line:
-            return line.split()[-1]
-    return "?"
-
-
-def cmd_info(_args):
-    from . import _lib
-    from .emulate import codec as emulator
-
-    rows = [("qnccl package", __version__)]
-    status = 0
-    try:
-        compiled = _lib.ffi().new("int*")
-        _lib.check(_lib.lib().qncclCudaCompiled(compiled))
-        rows += [("library", f"{_lib.version()} at {_loaded_path('libqnccl.so')}"),
-                 ("CUDA kernels", "built in" if compiled[0] else "not built (host codec only)")]
-    except Exception as e:  # info reports whatever keeps the library from loading
-        rows.append(("library", f"not loaded: {type(e).__name__}: {e}"))
-        status = 1
-    if status == 0:
-        isa = _lib.ffi().new("const char**")
-        try:
-            _lib.check(_lib.lib().qncclHostCodecIsa(isa))
-            rows.append(("host codec", _lib.ffi().string(isa[0]).decode()))
-        except _lib.QncclError as e:  # a bad QNCCL_HOST_ISA
-            rows.append(("host codec", f"unusable: {e.message}"))
-            status = 1
-    header = (REPO / "src" / "include" / "qnccl.h").read_text()
-    wire = re.search(r"#define QNCCL_WIRE_VERSION (\d+)", header).group(1)
-    rows += [("wire format", f"{wire} (qnccl.h), {emulator.WIRE_VERSION} (emulator)"),
-             ("nvcc", _nvcc())]
-    rows += [(pkg, importlib.metadata.version(pkg)) for pkg in ("numpy", "cffi")]
-    for key, value in rows:
-        print(f"{key:<14} {value}")
-    return status
-
-
-def main(argv=None):
+def build_parser():
+    """The parser of every `qnccl` command; parse_args gives `func` to call with the args."""
     parser = argparse.ArgumentParser(prog="qnccl", description="Quantized NCCL collectives.")
     parser.add_argument("--version", action="version", version=f"qnccl {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    info = commands.add_parser("info", help="versions, library, CUDA support, tools")
+    run = commands.add_parser(
+        "run", help="run a command with libqnccl.so preloaded",
+        usage="qnccl run [options] -- CMD [ARGS...]",
+        description="Runs CMD in place of this process (exit status and signals are CMD's) "
+                    "with libqnccl.so first in LD_PRELOAD, so its ncclAllReduce quantizes "
+                    "eligible calls (float32/float16/bfloat16, sum or avg, at least "
+                    "--min-bytes). Each option sets its QNCCL_* variable, overriding the "
+                    "environment; variables no option sets pass through unchanged. Under MPI "
+                    "put it after the launcher (mpirun -np 4 qnccl run -- ./train), or export "
+                    "the variables to remote ranks (mpirun -x LD_PRELOAD -x QNCCL_BITS ...).")
+    for flag, variable, keywords in RUN_OPTIONS:
+        keywords = dict(keywords, help=f"{variable}: {keywords['help']}")
+        run.add_argument(flag, **keywords)
+    run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]",
+                     help="the program to run and its arguments")
+    run.set_defaults(func=cmd_run, parser=run)
+
+    info = commands.add_parser(
+        "info", help="versions, library, configuration, GPU driver, NCCL library",
+        description="Exits 1 when something keeps QNCCL from working here: the library does "
+                    "not load, or a QNCCL_* variable has a bad value (the message says which).")
     info.set_defaults(func=cmd_info)
 
     bench = commands.add_parser(
@@ -121,6 +386,9 @@ def main(argv=None):
     bench.add_argument("--json", type=Path, default=BUILD / "bench" / "codec.json",
                        help="where to write the results (default build/bench/codec.json)")
     bench.set_defaults(func=cmd_bench)
+    return parser
 
-    args = parser.parse_args(argv)
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
     return args.func(args)

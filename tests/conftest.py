@@ -121,3 +121,38 @@ def make_values(rng, count, dtype, bucket_size, specials=True):
         positions = rng.choice(count, size=count // 64, replace=False)
         values[positions] = extra[rng.integers(0, extra.size, positions.size)]
     return values
+
+
+# ---- what a quantized allreduce puts on the wire ------------------------------
+
+def sent_bytes(count, dtype, nranks, rank, algo="auto", bits=4, bucket_size=128,
+               segment_values=0):
+    """Bytes rank `rank` sends in one quantized allreduce of `count` values
+    (docs/allreduce.md: per segment, ring sends 2(N-1) chunks, tree the whole
+    segment to its parent and to each child, SRA every other chunk and then its
+    own N-1 times; empty chunks send nothing): what qncclStats_t.bytesOnWire
+    adds up for the call."""
+    from qnccl.emulate.allreduce import auto_algo, chunks, segments
+    from qnccl.emulate.codec import compressed_size
+
+    if algo == "auto":
+        algo = auto_algo(count, dtype, nranks)
+    sent = 0
+    for start, stop in segments(count, segment_values, bucket_size):
+        if nranks == 1:
+            break
+        m = stop - start
+        sizes = [compressed_size(hi - lo, bits, bucket_size) for lo, hi in
+                 chunks(m, nranks, bucket_size)]
+        if algo == "ring":
+            sent += sum(sizes[(rank - s) % nranks] + sizes[(rank + 1 - s) % nranks]
+                        for s in range(nranks - 1))
+        elif algo == "tree":
+            messages = (rank > 0) + sum(c < nranks for c in (2 * rank + 1, 2 * rank + 2))
+            sent += messages * compressed_size(m, bits, bucket_size)
+        elif algo == "sra":
+            sent += sum(size for k, size in enumerate(sizes) if k != rank)
+            sent += (nranks - 1) * sizes[rank]
+        else:
+            raise ValueError(f"algo must be auto, ring, tree or sra, got {algo!r}")
+    return sent

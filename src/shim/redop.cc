@@ -1,17 +1,11 @@
-/* Quantized reduction ops: ncclRedOp_t values that make an ncclAllReduce
- * quantize with their own configuration. Values come from the top of the
- * op range, far from NCCL's built-in ops and the PreMulSum ops NCCL hands
- * out upwards from ncclNumOps. */
+/* Quantized reduction ops: ncclRedOp_t values (from kFirstQuantizedOp up)
+ * that make an ncclAllReduce quantize with their own configuration. */
 #include "common/error.h"
 #include "engine/engine.h"
 #include "engine/nccl_api.h"
 #include "shim/shim.h"
 
 using namespace qnccl;
-
-namespace {
-constexpr int kFirstQuantizedOp = 0x7f000000;
-}
 
 QNCCL_EXPORT ncclResult_t qncclRedOpCreateQuantized(ncclRedOp_t* op,
                                                     const qncclQuantizedOpConfig_t* config,

@@ -1,0 +1,368 @@
+"""libqnccl.so's NCCL entry points on real ranks, called from Python.
+
+    mpirun -np 4 python interposer_check.py
+
+A preloaded libqnccl.so puts its ncclCommInitRank, ncclCommInitRankConfig,
+ncclCommInitAll, ncclCommSplit, ncclAllReduce, ncclRedOpDestroy and
+ncclCommDestroy in front of NCCL's; this program calls exactly those, through
+the cffi binding, over QNCCL's host backend (loaded first, as in
+allreduce_check.py, whose helpers it uses). The QNCCL_* variables are set in
+the process environment while each communicator is made, so one job tries
+several configurations. Sections, in this order on every rank:
+
+ops     a communicator made with QNCCL_ENABLE=0: quantized ops
+        (qncclRedOpCreateQuantized) with ring, tree, SRA and auto, float32,
+        float16 and bfloat16, sum and avg, below QNCCL_MIN_BYTES, all quantize
+        (the emulator's bytes; call numbers count only quantized calls, plain
+        calls in between pass through exact, so does a PreMulSum op of the
+        real NCCL); op values avoid NCCL's and PreMulSum's; an op with int32,
+        and a destroyed op, are rejected with ncclInvalidArgument and are not
+        calls.
+env     a communicator made (ncclCommInitRankConfig) with QNCCL_WARMUP_CALLS=2, QNCCL_MIN_BYTES=1K,
+        QNCCL_ALGO=ring, QNCCL_BITS=3, QNCCL_BUCKET_SIZE=32 and a 64-bit seed:
+        the first two eligible calls and calls below 1 KiB come out exact, the
+        rest quantized with that configuration (call numbers from 0 after the
+        warm-up), while the `ops` communicator keeps its own count.
+split   ncclCommSplit reads the environment again: a child (2 ranks, order by
+        key reversed) with another configuration counts its calls from 0 and
+        is destroyed while its parent goes on; a bad QNCCL_* value fails
+        ncclCommSplit, ncclCommInitRank and ncclCommInitRankConfig with
+        ncclInvalidArgument and a message naming the variable, on every rank.
+one     ncclCommInitAll(1): a communicator of one rank quantizes too; ncclCommAbort.
+
+Each communicator's qncclCommGetStats is checked after its calls:
+compressed and passed-through calls, input bytes, and bytes sent
+(conftest.sent_bytes). Prints one line per failure, then a summary; exits
+non-zero on any failure.
+"""
+import contextlib
+import dataclasses
+import os
+import sys
+
+import numpy as np
+
+from allreduce_check import (COMM, NRANKS, NCCL_TYPES, OPS, RANK, UNWRITTEN, Case, Failures,
+                             bits_of, check_case, check_nccl, ffi, lib, make_config, nccl,
+                             rank_input)
+from conftest import from_float32, sent_bytes
+from qnccl.emulate import allreduce as emulate_allreduce
+
+TYPES = dict(NCCL_TYPES, int32=lib.ncclInt32)
+EXACT_OPS = dict(OPS, max=lib.ncclMax)
+ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "int32": 4}
+# Every variable of the interposer's configuration (README, Environment variables).
+CONFIG_VARIABLES = ("QNCCL_ENABLE", "QNCCL_BITS", "QNCCL_BUCKET_SIZE", "QNCCL_ROUNDING",
+                    "QNCCL_ALGO", "QNCCL_MIN_BYTES", "QNCCL_SEED", "QNCCL_ERROR_FEEDBACK",
+                    "QNCCL_WARMUP_CALLS", "QNCCL_DEBUG")
+
+failures = Failures()
+checks = 0
+
+
+def expect(condition, label, what):
+    global checks
+    checks += 1
+    if not condition:
+        failures.add(label, f"rank {RANK}: {what}")
+    return condition
+
+
+def require(result, what):
+    """A call every rank must pass; on failure the others would wait forever."""
+    if result != lib.ncclSuccess:
+        print(f"FAIL [N={NRANKS}] rank {RANK}: {what} returned {result}: "
+              f"{ffi.string(lib.qncclGetLastError()).decode()}", flush=True)
+        COMM.Abort(1)
+
+
+@contextlib.contextmanager
+def qnccl_env(**settings):
+    """The process environment holds exactly `settings` of the QNCCL_* configuration."""
+    saved = {name: os.environ.pop(name, None) for name in CONFIG_VARIABLES}
+    os.environ.update({f"QNCCL_{k.upper()}": str(v) for k, v in settings.items()})
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            os.environ.pop(name, None)
+            if value is not None:
+                os.environ[name] = value
+
+
+def new_id():
+    uid = ffi.new("ncclUniqueId*")
+    if RANK == 0:
+        check_nccl(nccl.ncclGetUniqueId(uid), "ncclGetUniqueId")
+    ffi.memmove(uid, COMM.bcast(bytes(ffi.buffer(uid)), root=0), ffi.sizeof("ncclUniqueId"))
+    return uid[0]
+
+
+def nccl_config():
+    """An ncclConfig_t as NCCL_CONFIG_INITIALIZER makes it (NCCL 2.32.3)."""
+    config = ffi.new("ncclConfig_t*")
+    config.size, config.magic, config.version = ffi.sizeof("ncclConfig_t"), 0xCAFEBEEF, 23203
+    return config
+
+
+def init_comm(with_config=False, **settings):
+    """(result, communicator) of libqnccl's ncclCommInitRank (ncclCommInitRankConfig
+    `with_config`) over all ranks, made under the QNCCL_* `settings`."""
+    uid, comm = new_id(), ffi.new("ncclComm_t*")
+    with qnccl_env(**settings):
+        if with_config:
+            result = lib.ncclCommInitRankConfig(comm, NRANKS, uid, RANK, nccl_config())
+        else:
+            result = lib.ncclCommInitRank(comm, NRANKS, uid, RANK)
+    return result, comm[0]
+
+
+def allreduce(comm, x, dtype, op, inplace=False):
+    """(result, output, send buffer afterwards) of libqnccl's ncclAllReduce on this rank."""
+    send = x.copy()
+    recv = send if inplace else np.full(x.nbytes, UNWRITTEN, np.uint8).view(x.dtype)
+    result = lib.ncclAllReduce(ffi.from_buffer(send), ffi.from_buffer(recv), x.size,
+                               TYPES[dtype], op, comm, ffi.NULL)
+    return result, recv, send
+
+
+# ---- expected results and counters ---------------------------------------------------
+
+@dataclasses.dataclass
+class Tally:
+    """What qncclCommGetStats of one communicator should say on this rank."""
+    nranks: int
+    rank: int
+    compressed: int = 0
+    passed: int = 0
+    bytes_in: int = 0
+    wire: int = 0
+
+    def add_compressed(self, case):
+        self.compressed += 1
+        self.bytes_in += case.count * ITEMSIZE[case.dtype]
+        self.wire += sent_bytes(case.count, case.dtype, self.nranks, self.rank, case.algo,
+                                case.bits, case.bucket, case.segment_values)
+
+    def check(self, comm, label):
+        stats = ffi.new("qncclStats_t*")
+        require(lib.qncclCommGetStats(comm, stats), f"qncclCommGetStats ({label})")
+        got = (stats.callsCompressed, stats.callsPassedThrough, stats.bytesIn, stats.bytesOnWire)
+        want = (self.compressed, self.passed, self.bytes_in, self.wire)
+        expect(got == want, f"stats of {label}",
+               "(compressed, passed through, bytes in, bytes on wire) = "
+               f"{got}, expected {want}")
+
+
+def quantized(comm, tally, case, call, op=None):
+    """One quantized ncclAllReduce of `case` (with `op`, else its sum/avg): rank 0
+    checks every rank's bytes against the emulator's call number `call`."""
+    x = rank_input(case, RANK)
+    result, out, send = allreduce(comm, x, case.dtype, OPS[case.op] if op is None else op,
+                                  case.inplace)
+    require(result, f"ncclAllReduce {case}")
+    send_ok = case.inplace or np.array_equal(bits_of(send), bits_of(x))
+    gathered = COMM.gather((out, send_ok), root=0)
+    if RANK == 0:
+        global checks
+        checks += 1
+        outputs, send_oks = zip(*gathered)
+        check_case(case, call, outputs, send_oks, failures)
+    tally.add_compressed(case)
+    return call + 1
+
+
+def small_integers(count, rank):
+    """Rank `rank`'s integer-valued input: sums of any order are exact in every type."""
+    return np.random.default_rng([count, rank]).integers(-8, 9, count)
+
+
+def exact(comm, tally, label, dtype, count, op="sum", inplace=False, nccl_op=None, scale=1):
+    """One ncclAllReduce that must come out exact (passed through), on integer-valued
+    inputs: the sum (times `scale` for a PreMulSum `nccl_op`), average or maximum."""
+    def storage(values):
+        return values.astype(np.int32) if dtype == "int32" else from_float32(values, dtype)
+
+    everyone = np.stack([small_integers(count, r) for r in range(NRANKS)])
+    want = {"sum": everyone.sum(0) * scale, "avg": everyone.sum(0) / NRANKS,
+            "max": everyone.max(0)}[op]
+    result, out, _ = allreduce(comm, storage(everyone[RANK]), dtype,
+                               EXACT_OPS[op] if nccl_op is None else nccl_op, inplace)
+    require(result, f"ncclAllReduce ({label})")
+    expect(np.array_equal(bits_of(out), bits_of(storage(want))), label,
+           "not the exact result: the call was not passed through unchanged")
+    tally.passed += 1
+
+
+# ---- sections ------------------------------------------------------------------------
+
+def quantized_op(comm, case):
+    config = ffi.new("qncclQuantizedOpConfig_t*")
+    config.allreduce = make_config(case)[0]
+    config.reduction = OPS[case.op]
+    op = ffi.new("ncclRedOp_t*")
+    require(lib.qncclRedOpCreateQuantized(op, config, comm), f"qncclRedOpCreateQuantized {case}")
+    return op[0]
+
+
+def ops_section():
+    result, comm = init_comm(enable=0)
+    require(result, "ncclCommInitRank (QNCCL_ENABLE=0)")
+    tally = Tally(NRANKS, RANK)
+    cases = [Case("ring", "float32", 5000, "stochastic", "sum", bits=3, bucket=64, seed=11),
+             Case("tree", "float16", 3001, "stochastic", "avg", inplace=True, bits=5, seed=12),
+             Case("sra", "bfloat16", 4099, "nearest", "sum", bits=2, bucket=32, seed=13),
+             Case("auto", "float32", 300, "stochastic", "avg", bits=8, bucket=16, seed=14,
+                  segment_values=100)]
+    ops = [quantized_op(comm, case) for case in cases]
+    premul_scalar = np.array([2.0], np.float32)
+    premul = ffi.new("ncclRedOp_t*")  # the real NCCL's own op (not intercepted)
+    check_nccl(nccl.ncclRedOpCreatePreMulSum(premul, ffi.from_buffer(premul_scalar),
+                                             lib.ncclFloat32, lib.ncclScalarHostImmediate, comm),
+               "ncclRedOpCreatePreMulSum")
+    expect(len(set(ops)) == len(ops) and min(ops) >= lib.ncclNumOps and premul[0] not in ops,
+           "op values", f"quantized ops {ops} collide with NCCL's (< {lib.ncclNumOps}), with "
+                        f"each other or with PreMulSum op {premul[0]}")
+    call = 0
+    for case, op in zip(cases, ops):
+        call = quantized(comm, tally, case, call, op)
+        exact(comm, tally, "QNCCL_ENABLE=0: plain float32 sum", "float32", 1 << 17)
+    exact(comm, tally, "PreMulSum op of the real NCCL", "float32", 5000, nccl_op=premul[0],
+          scale=2)
+    require(lib.ncclRedOpDestroy(premul[0], comm), "ncclRedOpDestroy (PreMulSum, forwarded)")
+    tally.check(comm, "the QNCCL_ENABLE=0 communicator")
+
+    x = small_integers(1000, RANK).astype(np.int32)
+    result, _, _ = allreduce(comm, x, "int32", ops[0])
+    expect(result == lib.ncclInvalidArgument, "quantized op with int32",
+           f"returned {result}, expected ncclInvalidArgument ({lib.ncclInvalidArgument})")
+    require(lib.ncclRedOpDestroy(ops[1], comm), "ncclRedOpDestroy (quantized op)")
+    result, _, _ = allreduce(comm, rank_input(cases[1], RANK), "float16", ops[1])
+    expect(result == lib.ncclInvalidArgument, "destroyed quantized op",
+           f"returned {result}, expected ncclInvalidArgument ({lib.ncclInvalidArgument})")
+    # rejected calls are no calls: the next quantized call is still number `call`
+    call = quantized(comm, tally, dataclasses.replace(cases[0], seed=15, count=777), call,
+                     quantized_op(comm, dataclasses.replace(cases[0], seed=15)))
+    tally.check(comm, "the QNCCL_ENABLE=0 communicator after rejected calls (a rejected "
+                      "call is neither compressed nor passed through)")
+    return comm, tally, call
+
+
+ENV_CONFIG = dict(warmup_calls=2, min_bytes="1K", algo="ring", bits=3, bucket_size=32,
+                  seed=2**64 - 59)
+
+
+def env_case(dtype, count, op="sum", inplace=False):
+    return Case("ring", dtype, count, "stochastic", op, inplace, bits=3, bucket=32,
+                seed=ENV_CONFIG["seed"])
+
+
+def env_section(ops_comm, ops_tally, ops_call):
+    result, comm = init_comm(with_config=True, **ENV_CONFIG)
+    require(result, f"ncclCommInitRankConfig ({ENV_CONFIG})")
+    tally = Tally(NRANKS, RANK)
+    exact(comm, tally, "warm-up call 1 of 2", "float32", 1000)
+    exact(comm, tally, "below QNCCL_MIN_BYTES (no warm-up call)", "float32", 255, inplace=True)
+    exact(comm, tally, "warm-up call 2 of 2", "float16", 600, op="avg")
+    exact(comm, tally, "float32 max", "float32", 1000, op="max")
+    call = quantized(comm, tally, env_case("float32", 3000), 0)
+    # the other communicator counts its own calls
+    ops_call = quantized(ops_comm, ops_tally, Case("sra", "float32", 2000, bits=4, seed=16),
+                         ops_call, quantized_op(ops_comm, Case("sra", "float32", 0, seed=16)))
+    call = quantized(comm, tally, env_case("bfloat16", 2000, "avg", inplace=True), call)
+    call = quantized(comm, tally, env_case("float16", 512), call)  # exactly QNCCL_MIN_BYTES
+    tally.check(comm, f"the communicator of {ENV_CONFIG}")
+    ops_tally.check(ops_comm, "the QNCCL_ENABLE=0 communicator, beside another")
+    return comm, tally, call
+
+
+CHILD_CONFIG = dict(bits=8, algo="tree", min_bytes=0, seed=5, bucket_size=16)
+
+
+def split_section(parent, parent_tally, parent_call):
+    color, key = RANK % 2, NRANKS - RANK
+    child = ffi.new("ncclComm_t*")
+    with qnccl_env(**CHILD_CONFIG):
+        require(lib.ncclCommSplit(parent, color, key, child, ffi.NULL), "ncclCommSplit")
+    child_rank = ffi.new("int*")
+    check_nccl(nccl.ncclCommUserRank(child[0], child_rank), "ncclCommUserRank")
+    members = len(range(color, NRANKS, 2))
+    tally = Tally(members, child_rank[0])
+    for call, count in enumerate((2000, 10)):
+        case = Case("tree", "float32", count, "stochastic", "avg" if call else "sum", bits=8,
+                    bucket=16, seed=5)
+        x = rank_input(case, RANK)
+        result, out, _ = allreduce(child[0], x, "float32", OPS[case.op])
+        require(result, f"ncclAllReduce on the split communicator ({case})")
+        tally.add_compressed(case)
+        gathered = COMM.gather((color, child_rank[0], x, out), root=0)
+        if RANK == 0:
+            for group in (0, 1):
+                ranks = sorted((g for g in gathered if g[0] == group), key=lambda g: g[1])
+                expected = emulate_allreduce(
+                    [g[2] for g in ranks], algo="tree", bits=8, bucket_size=16,
+                    rounding="stochastic", seed=5, op=case.op, call=call)[0]
+                for _, r, _, got in ranks:
+                    expect(np.array_equal(bits_of(got), bits_of(expected)),
+                           f"split color {group} {case}",
+                           f"child rank {r}'s output is not the emulator's (2 ranks in key "
+                           f"order, call {call}, {CHILD_CONFIG})")
+    tally.check(child[0], f"the split communicator of {CHILD_CONFIG}")
+    parent_tally.check(parent, "the parent, after its child's calls")
+    require(lib.ncclCommDestroy(child[0]), "ncclCommDestroy (split communicator)")
+    parent_call = quantized(parent, parent_tally, env_case("float32", 3000, "avg"), parent_call)
+
+    bad = ffi.new("ncclComm_t*")
+    with qnccl_env(algo="butterfly"):
+        result = lib.ncclCommSplit(parent, 0, RANK, bad, ffi.NULL)
+    rejected(result, "QNCCL_ALGO", "ncclCommSplit with QNCCL_ALGO=butterfly")
+    parent_call = quantized(parent, parent_tally, env_case("float16", 4000), parent_call)
+    parent_tally.check(parent, "the parent, after a failed split")
+
+    result, _ = init_comm(bits=0)
+    rejected(result, "QNCCL_BITS", "ncclCommInitRank with QNCCL_BITS=0")
+    result, _ = init_comm(with_config=True, rounding="round-half-up")
+    rejected(result, "QNCCL_ROUNDING", "ncclCommInitRankConfig with QNCCL_ROUNDING=round-half-up")
+
+
+def rejected(result, variable, label):
+    message = ffi.string(lib.qncclGetLastError()).decode() if result else ""
+    expect(result == lib.ncclInvalidArgument and variable in message, label,
+           f"returned {result} ({message!r}); expected ncclInvalidArgument "
+           f"({lib.ncclInvalidArgument}) and a message naming {variable}")
+
+
+def one_rank_section():
+    comm = ffi.new("ncclComm_t*")
+    with qnccl_env(min_bytes=0, bits=5):
+        require(lib.ncclCommInitAll(comm, 1, ffi.NULL), "ncclCommInitAll(1)")
+    tally = Tally(1, 0)
+    case = Case("auto", "float32", 1000, bits=5)
+    x = rank_input(case, RANK)
+    result, out, _ = allreduce(comm[0], x, "float32", lib.ncclSum)
+    require(result, "ncclAllReduce on a one-rank communicator")
+    tally.add_compressed(case)
+    expected = emulate_allreduce([x], bits=5)[0]
+    expect(np.array_equal(bits_of(out), bits_of(expected)), "one-rank communicator",
+           "output is not the emulator's (1 rank, 5 bits, call 0)")
+    tally.check(comm[0], "a one-rank communicator")
+    require(lib.ncclCommAbort(comm[0]), "ncclCommAbort (one rank)")
+
+
+def main():
+    ops_comm, ops_tally, ops_call = ops_section()
+    env_comm, env_tally, env_call = env_section(ops_comm, ops_tally, ops_call)
+    split_section(env_comm, env_tally, env_call)
+    one_rank_section()
+    for comm in (ops_comm, env_comm):
+        require(lib.ncclCommDestroy(comm), "ncclCommDestroy")
+    failed = COMM.allreduce(len(failures.lines))
+    total = COMM.allreduce(checks)
+    if RANK == 0:
+        print(f"SUMMARY interposer: {NRANKS} ranks, {total} checks, {failed} failures",
+              flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,571 @@
+"""libqnccl.so as a drop-in for NCCL: an unmodified NCCL program under
+`qnccl run` (LD_PRELOAD), the QNCCL_* configuration, quantized ops,
+communicators and their statistics, and the `qnccl run` / `qnccl info`
+commands.
+
+MPI jobs (tests/mpi.py) run over QNCCL's host backend:
+
+- programs/nccl_allreduce.c, a plain NCCL + MPI program built here against
+  QNCCL's ABI header, on 4 ranks: as is (exact results), through
+  `qnccl run --bits 4 ... --debug INFO` (eligible calls are bit for bit
+  qnccl.emulate.allreduce with the communicator's call numbers, every other
+  call the plain run's bytes; the INFO lines; the statistics), with
+  --disable (all exact), and with bad settings (communicator creation fails
+  naming the variable);
+- mpi_programs/interposer_check.py: the exported entry points called from
+  Python: quantized ops, warm-up, split, per-communicator statistics.
+
+The rest (configuration parsing, the CLI) runs in this process or in plain
+subprocesses.
+"""
+import dataclasses
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import mpi
+from conftest import cuda_device_count, sent_bytes, widen
+from mpi import HOST_NCCL, REPO
+from qnccl import cli
+from qnccl.emulate import allreduce as emulate_allreduce
+from qnccl.emulate.allreduce import auto_algo
+
+TESTS = Path(__file__).resolve().parent
+PROGRAM_SOURCE = TESTS / "programs" / "nccl_allreduce.c"
+CHECK_PROGRAM = TESTS / "mpi_programs" / "interposer_check.py"
+LIBQNCCL = REPO / "build" / "lib" / "libqnccl.so"
+QNCCL = [sys.executable, "-m", "qnccl"]  # the `qnccl` command of this interpreter
+NRANKS = 4
+
+# Every variable of the interposer's configuration: the tests start from none set.
+CONFIG_VARIABLES = tuple(variable for _, variable, _ in cli.RUN_OPTIONS) + (
+    "QNCCL_ERROR_FEEDBACK",)
+# What libqnccl.so must export to stand in for NCCL, and its own API for it.
+INTERPOSED = ("ncclAllReduce", "pncclAllReduce", "ncclCommInitRank", "ncclCommInitRankConfig",
+              "ncclCommInitAll", "ncclCommSplit", "ncclCommDestroy", "ncclCommAbort",
+              "ncclGroupStart", "ncclGroupEnd", "ncclRedOpDestroy", "qncclConfigFromEnv",
+              "qncclRedOpCreateQuantized", "qncclCommGetStats")
+
+
+@pytest.fixture(autouse=True)
+def no_qnccl_settings(monkeypatch):
+    for name in CONFIG_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture(scope="session")
+def interposer():
+    """libqnccl.so with the interposer, and the host backend."""
+    for path in (LIBQNCCL, HOST_NCCL):
+        if not path.is_file():
+            pytest.fail(f"{path} is missing: run `make` in {REPO}")
+    symbols = subprocess.run(["nm", "-D", "--defined-only", str(LIBQNCCL)], capture_output=True,
+                             text=True).stdout
+    missing = [name for name in INTERPOSED if not re.search(rf" [TW] {name}$", symbols, re.M)]
+    if missing:
+        pytest.fail(f"{LIBQNCCL} does not export {', '.join(missing)}: run `make` in {REPO}")
+
+
+# ---- the NCCL program ------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def program(tmp_path_factory, interposer):
+    """programs/nccl_allreduce.c compiled against an nccl.h that is QNCCL's ABI
+    header (the NCCL API without CUDA) and linked with the host backend."""
+    mpicc = shutil.which("mpicc") or pytest.fail("mpicc not found: run `make setup`")
+    build = tmp_path_factory.mktemp("nccl_program")
+    (build / "include").mkdir()
+    (build / "include" / "nccl.h").write_text(
+        f'/* NCCL\'s API, as QNCCL declares it */\n'
+        f'#include "{REPO / "src" / "include" / "nccl_abi.h"}"\n')
+    exe = build / "nccl_allreduce"
+    compiled = subprocess.run(
+        [mpicc, "-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", f"-I{build / 'include'}",
+         str(PROGRAM_SOURCE), "-o", str(exe), f"-L{HOST_NCCL.parent}", "-lnccl"],
+        capture_output=True, text=True)
+    if compiled.returncode != 0:
+        pytest.fail(f"compiling {PROGRAM_SOURCE.name} failed:\n{compiled.stderr}")
+    return exe
+
+
+def run_program(program, outdir, qnccl_flags=None, nprocs=NRANKS, env=None, check=True):
+    """The program on `nprocs` ranks writing to `outdir`; through `qnccl run
+    <qnccl_flags> --` unless None. Its libnccl.so.2 is the host backend."""
+    argv = [str(program), str(outdir)]
+    if qnccl_flags is not None:
+        argv = [*QNCCL, "run", *qnccl_flags, "--", *argv]
+    with pytest.MonkeyPatch.context() as patch:  # module fixtures: no QNCCL_* from outside
+        for name in CONFIG_VARIABLES:
+            patch.delenv(name, raising=False)
+        return mpi.run(nprocs, argv, timeout=120, check=check,
+                       env={"LD_LIBRARY_PATH": str(HOST_NCCL.parent), **(env or {})})
+
+
+STORAGE = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16,
+           "int32": np.int32, "float64": np.float64}
+
+
+@dataclasses.dataclass
+class Call:
+    """One ncclAllReduce of the program (a line of its manifest.tsv) and every
+    rank's input and output."""
+    name: str
+    dtype: str
+    op: str
+    count: int
+    inplace: bool
+    group_depth: int
+    inputs: list
+    outputs: list
+
+    @property
+    def nbytes(self):
+        return self.count * np.dtype(STORAGE[self.dtype]).itemsize
+
+
+def load_run(directory):
+    calls = []
+    for line in (directory / "manifest.tsv").read_text().splitlines():
+        _, name, dtype, op, count, inplace, depth = line.split("\t")
+
+        def read(kind):
+            return [np.fromfile(directory / f"{name}.r{r}.{kind}", STORAGE[dtype])
+                    for r in range(NRANKS)]
+        calls.append(Call(name, dtype, op, int(count), inplace == "1", int(depth), read("in"),
+                          read("out")))
+    return calls
+
+
+@dataclasses.dataclass
+class Run:
+    calls: list
+    output: str
+
+
+def program_run(program, tmp_path_factory, name, qnccl_flags=None):
+    outdir = tmp_path_factory.mktemp(name)
+    output = run_program(program, outdir, qnccl_flags).stdout
+    return Run(load_run(outdir), output)
+
+
+# The preloaded run's configuration: flags of `qnccl run` and what they mean.
+SEED = 20261122
+RUN_FLAGS = ["--bits", "4", "--bucket-size", "64", "--min-bytes", "16K", "--seed", str(SEED),
+             "--debug", "info"]
+CONFIG = dict(bits=4, bucket_size=64, rounding="stochastic", seed=SEED)
+MIN_BYTES = 16 << 10
+CODEC_TYPES = ("float32", "float16", "bfloat16")
+
+
+def eligible(call):
+    """The interposer's rule: a codec type, sum or avg, at least QNCCL_MIN_BYTES."""
+    return call.dtype in CODEC_TYPES and call.op in ("sum", "avg") and call.nbytes >= MIN_BYTES
+
+
+@pytest.fixture(scope="module")
+def plain(program, tmp_path_factory):
+    return program_run(program, tmp_path_factory, "plain")
+
+
+@pytest.fixture(scope="module")
+def preloaded(program, tmp_path_factory):
+    return program_run(program, tmp_path_factory, "preloaded", RUN_FLAGS)
+
+
+def same_bytes(a, b):
+    return a.nbytes == b.nbytes and np.array_equal(a.view(np.uint8), b.view(np.uint8))
+
+
+# float rounding of one step of the host backend's reduction, per type
+UNIT = {"float32": 2.0**-24, "float16": 2.0**-11, "bfloat16": 2.0**-8, "float64": 2.0**-53}
+
+
+def test_plain_run_is_exact(plain):
+    """Without QNCCL the program gets NCCL's (the host backend's) results:
+    int32 and max exactly, float sums within a few roundings of the exact sum."""
+    assert sum(map(eligible, plain.calls)) >= 8 and sum(not eligible(c) for c in plain.calls) >= 6
+    for call in plain.calls:
+        values = np.stack([widen(x, call.dtype) for x in call.inputs])
+        if call.op == "max":
+            want, tolerance = values.max(axis=0), 0.0
+        else:
+            divisor = NRANKS if call.op == "avg" else 1
+            want = values.sum(axis=0) / divisor
+            tolerance = (0.0 if call.dtype == "int32" else
+                         (NRANKS + 1) * UNIT[call.dtype] * np.abs(values).sum(axis=0) / divisor)
+        for rank, out in enumerate(call.outputs):
+            error = np.abs(widen(out, call.dtype) - want)
+            assert np.all(error <= tolerance), (
+                f"{call.name} rank {rank}: {np.count_nonzero(error > tolerance)} values off by "
+                f"up to {error.max():.3g}")
+
+
+def emulate(call, number):
+    return emulate_allreduce(call.inputs, algo="auto", op=call.op, call=number,
+                             dtype=call.dtype, **CONFIG)[0]
+
+
+def test_preloaded_run_quantizes_exactly_the_eligible_calls(plain, preloaded):
+    """Under `qnccl run`: every eligible call (float32/float16/bfloat16, sum or
+    avg, >= 16 KiB) is bit for bit the emulator's allreduce with the flags'
+    configuration, on every rank, its call number counting the compressed calls
+    in issue order (grouped calls included, nested groups, mixed with calls
+    that pass through); every other call (int32, max, float64, below the
+    minimum) is the plain run's bytes."""
+    failures = []
+    number = 0
+    for before, call in zip(plain.calls, preloaded.calls):
+        assert all(same_bytes(a, b) for a, b in zip(before.inputs, call.inputs)), call.name
+        if not eligible(call):
+            failures += [f"{call.name} rank {r}: passed-through call differs from the plain run"
+                         for r in range(NRANKS) if not same_bytes(call.outputs[r],
+                                                                  before.outputs[r])]
+            continue
+        expected = emulate(call, number)
+        wrong = [r for r in range(NRANKS) if not same_bytes(call.outputs[r], expected)]
+        if wrong:
+            match = next((c for c in range(number + 8) if c != number and
+                          same_bytes(call.outputs[wrong[0]], emulate(call, c))), None)
+            failures.append(f"{call.name} (compressed call {number}): ranks {wrong} differ from "
+                            f"the emulator" + (f"; rank {wrong[0]} has its call {match}"
+                                               if match is not None else ""))
+        number += 1
+    assert not failures, "\n".join(failures)
+
+
+INFO = r"QNCCL INFO comm (?:0x)?[0-9a-fA-F]+ rank (\d+)"
+
+
+def test_info_lines(preloaded):
+    """QNCCL_DEBUG=INFO: each rank prints its communicator's configuration and
+    the NCCL it forwards to, one line per (datatype, op, decision) kind seen,
+    and its statistics at ncclCommDestroy."""
+    output = preloaded.output
+    configs = re.findall(
+        rf"{INFO}/{NRANKS}: bits=4 bucket=64 rounding=stochastic algo=auto min_bytes={MIN_BYTES} "
+        rf"seed={SEED} warmup=0 enable=1 nccl=(\S+)$", output, re.M)
+    assert sorted(int(rank) for rank, _ in configs) == list(range(NRANKS)), output[-4000:]
+    assert {Path(path).resolve() for _, path in configs} == {HOST_NCCL.resolve()}
+
+    expected = set()  # (dtype, op, "compressed" or "passed through", algo or None)
+    for call in preloaded.calls:
+        if eligible(call):
+            expected.add((call.dtype, call.op, "compressed",
+                          auto_algo(call.count, call.dtype, NRANKS)))
+        else:
+            expected.add((call.dtype, call.op, "passed through", None))
+    lines = re.findall(rf"{INFO}: ncclAllReduce (\w+) (\w+): (compressed|passed through) "
+                       rf"\(([^)]*)\)$", output, re.M)
+    for rank in range(NRANKS):
+        mine = [line[1:] for line in lines if int(line[0]) == rank]
+        assert len(mine) == len(set(mine)), f"rank {rank} repeats a kind: {mine}"
+        kinds = {(dtype, op, decision) for dtype, op, decision, _ in mine}
+        assert kinds == {kind[:3] for kind in expected}, f"rank {rank}: {mine}"
+        for dtype, op, decision, detail in mine:
+            if decision == "compressed":
+                assert (dtype, op, decision, detail) in expected, f"rank {rank}: {mine}"
+
+
+def expected_stats(calls, rank):
+    compressed = [call for call in calls if eligible(call)]
+    return (len(compressed), len(calls) - len(compressed),
+            sum(call.nbytes for call in compressed),
+            sum(sent_bytes(call.count, call.dtype, NRANKS, rank, "auto", CONFIG["bits"],
+                           CONFIG["bucket_size"]) for call in compressed))
+
+
+def stats_lines(output):
+    return {int(rank): tuple(map(int, counters)) for rank, *counters in re.findall(
+        rf"{INFO}: compressed=(\d+) passed_through=(\d+) bytes_in=(\d+) bytes_on_wire=(\d+)$",
+        output, re.M)}
+
+
+def test_statistics_at_destroy(preloaded):
+    """The INFO line at ncclCommDestroy counts the compressed and passed-through
+    calls, the compressed calls' input bytes and the bytes this rank sent for
+    them (docs/allreduce.md); at 4 bits those are under a fifth of what NCCL's
+    ring would send uncompressed (2(N-1)/N of the input)."""
+    stats = stats_lines(preloaded.output)
+    assert sorted(stats) == list(range(NRANKS)), preloaded.output[-4000:]
+    for rank, (compressed, passed, bytes_in, on_wire) in stats.items():
+        assert (compressed, passed, bytes_in, on_wire) == expected_stats(preloaded.calls, rank)
+        assert compressed > 0
+        assert on_wire < 2 * (NRANKS - 1) / NRANKS * bytes_in / 5
+
+
+def test_disable_passes_everything_through(program, plain, tmp_path):
+    """`qnccl run --disable`: libqnccl.so is loaded but every call is NCCL's."""
+    result = run_program(program, tmp_path, ["--disable", "--debug", "INFO"])
+    for before, call in zip(plain.calls, load_run(tmp_path)):
+        for rank in range(NRANKS):
+            assert same_bytes(call.outputs[rank], before.outputs[rank]), (call.name, rank)
+    assert stats_lines(result.stdout) == {
+        rank: (0, len(plain.calls), 0, 0) for rank in range(NRANKS)}, result.stdout[-4000:]
+
+
+@pytest.mark.parametrize("variable, value, message", [
+    ("QNCCL_ERROR_FEEDBACK", "1", "not supported yet"),
+    ("QNCCL_BUCKET_SIZE", "0", ">= ?1"),
+])
+def test_bad_setting_fails_communicator_creation(program, tmp_path, variable, value, message):
+    """An unmodified program with a bad QNCCL_* value fails at ncclCommInitRank
+    with ncclInvalidArgument (4) and a WARN naming the variable: it never runs
+    with a setting it did not ask for."""
+    result = run_program(program, tmp_path, [], nprocs=2, env={variable: value}, check=False)
+    assert result.returncode != 0, result.stdout[-4000:]
+    assert re.search(rf"^QNCCL WARN .*{variable}.*{message}", result.stdout, re.M), \
+        result.stdout[-4000:]
+    assert re.search(r"ncclCommInitRank\(.*failed: .*\(4\)", result.stdout), result.stdout[-4000:]
+
+
+# ---- the exported entry points from Python ------------------------------------------
+
+def test_quantized_ops_warmup_split_and_statistics(interposer):
+    """mpi_programs/interposer_check.py on 4 ranks: quantized ops with every
+    algorithm (also with QNCCL_ENABLE=0 and below the minimum size), op
+    destroy then reuse, warm-up calls, per-communicator call numbers and
+    statistics, ncclCommSplit reading the environment, bad settings at
+    ncclCommInitRank/ncclCommInitRankConfig/ncclCommSplit, a one-rank
+    communicator."""
+    result = mpi.run_python(NRANKS, CHECK_PROGRAM, timeout=120)
+    summary = [line for line in result.stdout.splitlines() if line.startswith("SUMMARY")]
+    assert summary and summary[-1].endswith(" 0 failures"), result.stdout[-6000:]
+
+
+# ---- configuration from the environment ---------------------------------------------
+
+def env_config(capi):
+    """describe_env_config of qncclConfigFromEnv for this process's environment,
+    or raises QncclError."""
+    from qnccl import _lib
+    ffi, lib = capi
+    config = ffi.new("qncclEnvConfig_t*")
+    _lib.check(lib.qncclConfigFromEnv(config))
+    return cli.describe_env_config(config)
+
+
+DEFAULTS = ("bits=4 bucket=128 rounding=stochastic algo=auto min_bytes=65536 seed=0 warmup=0 "
+            "enable=1 error_feedback=0 debug=WARN")
+
+
+def test_default_configuration(capi):
+    assert env_config(capi) == DEFAULTS
+
+
+@pytest.mark.parametrize("variable, value, shown", [
+    ("QNCCL_ENABLE", "0", "enable=0"),
+    ("QNCCL_BITS", "1", "bits=1"),
+    ("QNCCL_BITS", "8", "bits=8"),
+    ("QNCCL_BUCKET_SIZE", "1", "bucket=1"),
+    ("QNCCL_BUCKET_SIZE", "4096", "bucket=4096"),
+    ("QNCCL_ROUNDING", "nearest", "rounding=nearest"),
+    ("QNCCL_ALGO", "sra", "algo=sra"),
+    ("QNCCL_ALGO", "tree", "algo=tree"),
+    ("QNCCL_MIN_BYTES", "0", "min_bytes=0"),
+    ("QNCCL_MIN_BYTES", "12345", "min_bytes=12345"),
+    ("QNCCL_MIN_BYTES", "2K", "min_bytes=2048"),
+    ("QNCCL_MIN_BYTES", "3M", f"min_bytes={3 << 20}"),
+    ("QNCCL_MIN_BYTES", "1G", f"min_bytes={1 << 30}"),
+    ("QNCCL_SEED", str(2**64 - 1), f"seed={2**64 - 1}"),
+    ("QNCCL_WARMUP_CALLS", "7", "warmup=7"),
+    ("QNCCL_ERROR_FEEDBACK", "0", "error_feedback=0"),
+    ("QNCCL_DEBUG", "TRACE", "debug=TRACE"),
+])
+def test_configuration_values(capi, monkeypatch, variable, value, shown):
+    monkeypatch.setenv(variable, value)
+    key = shown.split("=")[0]
+    assert env_config(capi) == re.sub(rf"\b{key}=\S+", shown, DEFAULTS)
+
+
+# What each variable's message must say is allowed.
+ALLOWED = {
+    "QNCCL_ENABLE": r"\b0\b.*\b1\b",
+    "QNCCL_BITS": r"1 ?\.\. ?8",
+    "QNCCL_BUCKET_SIZE": r">= ?1",
+    "QNCCL_ROUNDING": r"stochastic.*nearest|nearest.*stochastic",
+    "QNCCL_ALGO": r"auto.*ring.*tree.*sra",
+    "QNCCL_MIN_BYTES": r">= ?0.*K.*M.*G",
+    "QNCCL_SEED": r"64-bit|2\^64",
+    "QNCCL_ERROR_FEEDBACK": r"\b0\b",
+    "QNCCL_WARMUP_CALLS": r">= ?0",
+    "QNCCL_DEBUG": r"WARN.*INFO.*TRACE",
+}
+
+
+@pytest.mark.parametrize("variable, value", [
+    ("QNCCL_ENABLE", "2"), ("QNCCL_ENABLE", "yes"),
+    ("QNCCL_BITS", "0"), ("QNCCL_BITS", "9"), ("QNCCL_BITS", "four"), ("QNCCL_BITS", "4.5"),
+    ("QNCCL_BITS", "-1"),
+    ("QNCCL_BUCKET_SIZE", "0"), ("QNCCL_BUCKET_SIZE", "-5"), ("QNCCL_BUCKET_SIZE", "12abc"),
+    ("QNCCL_ROUNDING", "round"),
+    ("QNCCL_ALGO", "butterfly"),
+    ("QNCCL_MIN_BYTES", "-1"), ("QNCCL_MIN_BYTES", "10X"), ("QNCCL_MIN_BYTES", "1.5M"),
+    ("QNCCL_MIN_BYTES", "99999999999G"),
+    ("QNCCL_SEED", "-1"), ("QNCCL_SEED", str(2**64)), ("QNCCL_SEED", "abc"),
+    ("QNCCL_ERROR_FEEDBACK", "2"),
+    ("QNCCL_WARMUP_CALLS", "-1"), ("QNCCL_WARMUP_CALLS", "many"),
+    ("QNCCL_DEBUG", "VERBOSE"),
+])
+def test_bad_configuration_names_the_variable(capi, monkeypatch, variable, value):
+    from qnccl import QncclError
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(QncclError) as error:
+        env_config(capi)
+    assert error.value.code == 4  # ncclInvalidArgument
+    assert variable in error.value.message and re.search(ALLOWED[variable], error.value.message), \
+        error.value.message
+
+
+def test_error_feedback_is_not_supported_yet(capi, monkeypatch):
+    from qnccl import QncclError
+    monkeypatch.setenv("QNCCL_ERROR_FEEDBACK", "1")
+    with pytest.raises(QncclError, match="QNCCL_ERROR_FEEDBACK.*not supported yet"):
+        env_config(capi)
+
+
+# ---- qnccl run ---------------------------------------------------------------------------
+
+def parse_run(*argv):
+    return cli.build_parser().parse_args(["run", *argv])
+
+
+def test_run_flags_set_the_variables():
+    """Each flag sets its variable (overriding the environment), values in the
+    library's syntax; variables without a flag pass through untouched."""
+    args = parse_run("--bits", "3", "--bucket-size", "256", "--rounding", "nearest", "--algo",
+                     "tree", "--min-bytes", "2K", "--seed", str(2**64 - 1), "--warmup-calls",
+                     "5", "--debug", "info", "--nccl-lib", str(HOST_NCCL), "--disable",
+                     "--", "prog", "--bits", "7")
+    env = cli.run_environment(args, {"QNCCL_BITS": "2", "QNCCL_ERROR_FEEDBACK": "0",
+                                     "HOME": "/home/x"}, LIBQNCCL)
+    assert args.cmd == ["--", "prog", "--bits", "7"]
+    assert {k: v for k, v in env.items() if k.startswith("QNCCL_")} == {
+        "QNCCL_BITS": "3", "QNCCL_BUCKET_SIZE": "256", "QNCCL_ROUNDING": "nearest",
+        "QNCCL_ALGO": "tree", "QNCCL_MIN_BYTES": "2048", "QNCCL_SEED": str(2**64 - 1),
+        "QNCCL_WARMUP_CALLS": "5", "QNCCL_DEBUG": "INFO",
+        "QNCCL_NCCL_LIB": str(HOST_NCCL.resolve()), "QNCCL_ENABLE": "0",
+        "QNCCL_ERROR_FEEDBACK": "0"}
+    assert env["HOME"] == "/home/x" and env["LD_PRELOAD"] == str(LIBQNCCL)
+    untouched = cli.run_environment(parse_run("--", "prog"), {"QNCCL_BITS": "2"}, LIBQNCCL)
+    assert untouched == {"QNCCL_BITS": "2", "LD_PRELOAD": str(LIBQNCCL)}
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--bits", "0"], r"--bits: must be an integer in 1\.\.8"),
+    (["--bits", "9"], r"--bits: must be an integer in 1\.\.8"),
+    (["--bits", "x"], r"--bits: must be an integer in 1\.\.8"),
+    (["--bucket-size", "0"], r"--bucket-size: must be an integer >= 1"),
+    (["--rounding", "up"], r"--rounding: invalid choice: 'up' \(choose from '?stochastic'?, "
+                           r"'?nearest'?\)"),
+    (["--algo", "butterfly"], r"--algo: invalid choice: 'butterfly' \(choose from '?auto'?, "
+                              r"'?ring'?, '?tree'?, '?sra'?\)"),
+    (["--min-bytes", "-1"], r"--min-bytes: must be an integer >= 0 with an optional K, M or G"),
+    (["--min-bytes", "5X"], r"--min-bytes: must be an integer >= 0 with an optional K, M or G"),
+    (["--seed", "-1"], r"--seed: must be an integer in 0\.\.18446744073709551615"),
+    (["--seed", str(2**64)], r"--seed: must be an integer in 0\.\.18446744073709551615"),
+    (["--warmup-calls", "-1"], r"--warmup-calls: must be an integer >= 0"),
+    (["--debug", "loud"], r"--debug: invalid choice: 'LOUD' \(choose from '?WARN'?, '?INFO'?, "
+                          r"'?TRACE'?\)"),
+    (["--nccl-lib", "/nonexistent/libnccl.so.2"], r"--nccl-lib: no such file"),
+    ([], r"missing CMD"),
+    (["--bits", "4"], r"missing CMD"),
+    (["--bits", "4", "--"], r"missing CMD"),
+])
+def test_run_rejects_bad_flags(capsys, argv, message):
+    """Exit 2 and a message naming the flag and the allowed values; nothing runs."""
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["run", *argv, *(["--", "true"] if "missing" not in message else [])])
+    assert exit_.value.code == 2
+    assert re.search(message, capsys.readouterr().err)
+
+
+SHOW_PRELOAD = [sys.executable, "-c", "import os; print(os.environ['LD_PRELOAD'], os.getpid())"]
+
+
+@pytest.mark.parametrize("existing, expected", [
+    (None, "{lib}"),
+    ("libm.so.6", "{lib}:libm.so.6"),
+    ("libm.so.6 {lib}", "{lib}:libm.so.6"),  # ld.so also splits on spaces; no duplicate
+])
+def test_run_prepends_to_ld_preload(monkeypatch, existing, expected):
+    """`qnccl run` puts libqnccl.so first in LD_PRELOAD, keeping what was there,
+    and becomes the command (os.exec: same process id)."""
+    lib = cli.libqnccl_path()
+    if existing is None:
+        monkeypatch.delenv("LD_PRELOAD", raising=False)
+    else:
+        monkeypatch.setenv("LD_PRELOAD", existing.format(lib=lib))
+    proc = subprocess.Popen([*QNCCL, "run", "--", *SHOW_PRELOAD], stdout=subprocess.PIPE,
+                            text=True)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0
+    assert out.split() == [expected.format(lib=lib), str(proc.pid)]
+
+
+@pytest.mark.parametrize("code, expected", [
+    ("import sys; sys.exit(7)", 7),
+    ("import os, signal; os.kill(os.getpid(), signal.SIGTERM)", -signal.SIGTERM),
+])
+def test_run_passes_exit_status_and_signals_through(code, expected):
+    result = subprocess.run([*QNCCL, "run", "--", sys.executable, "-c", code], timeout=60)
+    assert result.returncode == expected
+
+
+def test_run_command_not_found():
+    result = subprocess.run([*QNCCL, "run", "--bits", "2", "--", "/nonexistent/program"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 127
+    assert "qnccl run: cannot run '/nonexistent/program'" in result.stderr
+
+
+# ---- qnccl info ---------------------------------------------------------------------------
+
+def info(env):
+    return subprocess.run([*QNCCL, "info"], capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ, **env))
+
+
+def test_info_shows_the_effective_configuration_and_nccl():
+    result = info({"QNCCL_BITS": "2", "QNCCL_MIN_BYTES": "1M", "QNCCL_NCCL_LIB": str(HOST_NCCL)})
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = dict(re.findall(r"^(\S+(?: \S+)?) {2,}(.*)$", result.stdout, re.M))
+    assert rows["configuration"] == DEFAULTS.replace("bits=4", "bits=2").replace(
+        "min_bytes=65536", f"min_bytes={1 << 20}")
+    assert {"QNCCL_BITS=2", "QNCCL_MIN_BYTES=1M", f"QNCCL_NCCL_LIB={HOST_NCCL}"} <= set(
+        rows["environment"].split())
+    assert rows["NCCL"] == f"{HOST_NCCL} (QNCCL_NCCL_LIB)"
+    assert "GPU" in rows
+
+
+def test_info_fails_on_a_bad_setting():
+    result = info({"QNCCL_ALGO": "butterfly"})
+    assert result.returncode == 1
+    assert re.search(r"^configuration +invalid: .*QNCCL_ALGO.*auto.*ring.*tree.*sra",
+                     result.stdout, re.M), result.stdout
+
+
+def test_info_finds_nccl_like_dlopen(monkeypatch, tmp_path):
+    """Which libnccl.so.2 libqnccl.so would load: QNCCL_NCCL_LIB, else
+    LD_LIBRARY_PATH, else ld.so's cache and the default directories."""
+    monkeypatch.setattr(cli, "_loaded_path", lambda name: None)  # none loaded in this process
+    monkeypatch.setenv("LD_LIBRARY_PATH", f"{tmp_path}:{HOST_NCCL.parent}")
+    monkeypatch.delenv("QNCCL_NCCL_LIB", raising=False)
+    assert cli.nccl_library() == (str(HOST_NCCL.parent / "libnccl.so.2"), "LD_LIBRARY_PATH")
+    monkeypatch.setenv("QNCCL_NCCL_LIB", str(tmp_path / "libnccl.so.2"))
+    assert cli.nccl_library() == (str(tmp_path / "libnccl.so.2"),
+                                  "QNCCL_NCCL_LIB: no such file")
+
+
+def test_info_gpu_driver_row():
+    """The GPU row comes from the driver API and needs no GPU."""
+    devices = cuda_device_count()
+    row = cli.cuda_driver()
+    assert row.startswith(f"{devices} device(s)") if devices else row.startswith(
+        ("no CUDA driver", "CUDA driver present, no usable device"))
