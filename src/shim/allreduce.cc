@@ -54,7 +54,8 @@ Decision decide(CommState& st, size_t count, ncclDataType_t type, ncclRedOp_t op
   return d;
 }
 
-/* One report per kind of call (type, op, decision) and communicator. */
+/* One report per kind of call (type, op, decision) and communicator; at
+ * QNCCL_DEBUG=TRACE one per call, with its size. */
 void report_kind(ncclComm_t comm, CommState& st, ncclDataType_t type, ncclRedOp_t op,
                  const Decision& d, size_t count, const NcclApi& nccl) {
   if (st.config.debug < qncclDebugInfo) return;
@@ -70,7 +71,10 @@ void report_kind(ncclComm_t comm, CommState& st, ncclDataType_t type, ncclRedOp_
     snprintf(kind, sizeof kind, "%s %s: passed through (%s)", short_type_name(type), op_name(op),
              d.why);
   }
-  if (st.logged.insert(kind).second) info(comm, st, ": ncclAllReduce %s", kind);
+  if (st.config.debug >= qncclDebugTrace)
+    info(comm, st, ": ncclAllReduce %zu values %s", count, kind);
+  else if (st.logged.insert(kind).second)
+    info(comm, st, ": ncclAllReduce %s", kind);
 }
 
 struct Deferred {
