@@ -5,7 +5,9 @@ conversions (numpy's own float16, and bfloat16 as the top half of float32
 bits), so a conversion bug in the emulator cannot hide in the data.
 """
 import ctypes
+import subprocess
 import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -39,6 +41,29 @@ def pytest_collection_modifyitems(config, items):
         skip = pytest.mark.skip(reason="needs a CUDA device")
         for item in gpu_items:
             item.add_marker(skip)
+
+
+GPU_BINARY_SKIPPED = 77  # exit status of the tests/gpu binaries without a CUDA device
+GPU_BINARY_TIMEOUT_S = 540  # below pytest-timeout's 600 s, so a hang reports its output
+
+
+def run_gpu_binary(binary, *args, env=None):
+    """Runs a tests/gpu binary (built by `make` when nvcc is found): skips when
+    it is not built or finds no device, fails on a timeout; returns the
+    CompletedProcess of a run that did its checks (any exit status)."""
+    binary = Path(binary)
+    if not binary.exists():
+        pytest.skip(f"{binary} is not built: the library was built without CUDA (no nvcc)")
+    try:
+        run = subprocess.run([str(binary), *map(str, args)], capture_output=True, text=True,
+                             timeout=GPU_BINARY_TIMEOUT_S, env=env)
+    except subprocess.TimeoutExpired as err:
+        output = (err.stdout or b"").decode(errors="replace")
+        pytest.fail(f"{binary.name} ran past {GPU_BINARY_TIMEOUT_S} s; its output so far:\n"
+                    f"{output}")
+    if run.returncode == GPU_BINARY_SKIPPED:
+        pytest.skip(f"{binary.name}: {(run.stdout + run.stderr).strip()}")
+    return run
 
 
 @pytest.fixture

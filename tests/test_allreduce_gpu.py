@@ -7,17 +7,16 @@ capture passes through (warning once) or is quantized after one eager call.
 With two devices, two ranks agree and match the emulator bit for bit."""
 import ctypes.util
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from conftest import run_gpu_binary
+
 REPO = Path(__file__).resolve().parents[1]
 BINARY = REPO / "build" / "bin" / "allreduce_gpu_test"
-SKIPPED = 77  # the binary's exit status without a CUDA device or NVIDIA's NCCL
-TIMEOUT_S = 540
 CAPTURE_WARNING = "during CUDA graph capture"
 
 
@@ -61,23 +60,14 @@ def check_with_emulator(folder):
 
 @pytest.mark.gpu
 def test_device_allreduce_matches_host_and_emulator(tmp_path):
-    if not BINARY.exists():
-        pytest.skip(f"{BINARY} is not built: the library was built without CUDA (no nvcc)")
     nccl = nvidia_nccl()
     if nccl is None:
         pytest.skip("NVIDIA's libnccl.so.2 is not available: install the nvidia-nccl-cu13 wheel "
                     "or set QNCCL_NCCL_LIB to its path")
     env = {k: v for k, v in os.environ.items() if not k.startswith("QNCCL_")}
     env.update(QNCCL_NCCL_LIB=nccl, QNCCL_MIN_BYTES="0")
-    try:
-        run = subprocess.run([str(BINARY), str(tmp_path)], capture_output=True, text=True,
-                             timeout=TIMEOUT_S, env=env)
-    except subprocess.TimeoutExpired as err:
-        output = (err.stdout or b"").decode(errors="replace")
-        pytest.fail(f"{BINARY.name} ran past {TIMEOUT_S} s; its output so far:\n{output}")
+    run = run_gpu_binary(BINARY, tmp_path, env=env)
     output = run.stdout + run.stderr
-    if run.returncode == SKIPPED:
-        pytest.skip(f"{BINARY.name}: {output.strip()}")
     assert run.returncode == 0, f"{BINARY.name} exited with {run.returncode}:\n{output}"
     assert run.stderr.count(CAPTURE_WARNING) == 1, \
         f"want one capture pass-through warning:\n{run.stderr}"
