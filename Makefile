@@ -111,7 +111,7 @@ $(BUILD)/bin/codec_bench: perf/codec_bench.cc $(LIB) $(HEADERS) $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CXX) $(filter-out -fvisibility=hidden,$(CXXFLAGS)) $< -o $@ -L$(BUILD)/lib -lqnccl -Wl,-rpath,'$$ORIGIN/../lib'
 
-$(BUILD)/bin/%_gpu_test: tests/gpu/%_gpu_test.cc $(LIB) $(HEADERS) $(FLAGS_STAMP)
+$(BUILD)/bin/%_gpu_test: tests/gpu/%_gpu_test.cc $(LIB) $(HEADERS) tests/gpu/gpu_test.h $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CXX) $(filter-out -fvisibility=hidden,$(CXXFLAGS)) $< -o $@ -L$(BUILD)/lib -lqnccl \
 	  -L$(CUDA_HOME)/lib64 -lcudart_static -lrt -lpthread -ldl -Wl,-rpath,'$$ORIGIN/../lib'

@@ -32,34 +32,14 @@
 #include <vector>
 
 #include "codec/dtype.h"
+#include "gpu_test.h"
 #include "qnccl.h"
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using namespace gpu_test;
 using Bytes = std::vector<uint8_t>;
 
-constexpr size_t kGuard = 64;       // bytes checked untouched past every device output
-constexpr uint8_t kGarbage = 0xa5;  // device outputs start as this
-
-bool cuda_ok(cudaError_t err, const std::string& what) {
-  if (err == cudaSuccess) return true;
-  printf("FAIL: %s: %s\n", what.c_str(), cudaGetErrorString(err));
-  return false;
-}
-
-bool nccl_ok(ncclResult_t res, const std::string& what) {
-  if (res == ncclSuccess) return true;
-  printf("FAIL: %s: result %d: %s\n", what.c_str(), (int)res, qncclGetLastError());
-  return false;
-}
-
-uint64_t next_random(uint64_t& state) {
-  uint64_t z = (state += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
 
 size_t type_size(ncclDataType_t type) { return type == ncclFloat32 ? 4 : 2; }
 
@@ -235,23 +215,6 @@ bool check_mixed_buffers(Twin& twin, cudaStream_t stream) {
          qncclGetLastError());
   return false;
 }
-
-/* Part 3: a stream held shut by a host function until open() (or 20 s). */
-class StreamGate {
- public:
-  explicit StreamGate(cudaStream_t stream) {
-    cuda_ok(cudaLaunchHostFunc(stream, &StreamGate::hold, this), "cudaLaunchHostFunc");
-  }
-  void open() { open_ = true; }
-
- private:
-  static void hold(void* self) {
-    const auto until = Clock::now() + std::chrono::seconds(20);
-    while (!static_cast<StreamGate*>(self)->open_ && Clock::now() < until)
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  std::atomic<bool> open_{false};
-};
 
 bool check_no_sync(Twin& twin, cudaStream_t stream) {
   Case c;

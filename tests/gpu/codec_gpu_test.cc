@@ -21,45 +21,24 @@
 #include <vector>
 
 #include "codec/dtype.h"
+#include "gpu_test.h"
 #include "qnccl.h"
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using namespace gpu_test;
 using qnccl::BF16;
 using qnccl::F16;
 using qnccl::F32;
 
-constexpr size_t kGuard = 64;        // bytes checked untouched past every device output
-constexpr uint8_t kGarbage = 0xa5;   // device outputs start as this
 constexpr size_t kTypedOffset = 1;   // elements: a typed pointer not 16-byte aligned
 constexpr size_t kWireOffset = 3;    // bytes: a compressed buffer not 8-byte aligned
-
-/* Each check prints its first failure and returns false. */
-bool cuda_ok(cudaError_t err, const char* what) {
-  if (err == cudaSuccess) return true;
-  printf("FAIL: %s: %s\n", what, cudaGetErrorString(err));
-  return false;
-}
-
-bool nccl_ok(ncclResult_t res, const std::string& what) {
-  if (res == ncclSuccess) return true;
-  printf("FAIL: %s: result %d: %s\n", what.c_str(), (int)res, qncclGetLastError());
-  return false;
-}
 
 /* Deterministic inputs in segments of random length, each of one kind:
  * ordinary values at some scale, constants, values near +-3e38 (overflowing
  * max - min), float32 and float16 subnormals, signed zeros, tiny mixed with
  * huge; with `nonfinite`, also segments sprinkled with NaN, +-Inf and NaN
  * payloads. */
-uint64_t next_random(uint64_t& state) {
-  uint64_t z = (state += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
 std::vector<float> make_values(size_t n, uint64_t seed, bool nonfinite) {
   std::vector<float> v(n);
   uint64_t s = seed;
@@ -210,24 +189,6 @@ bool check_config(const Input& in, size_t count, const qncclCodecConfig_t& cfg, 
   }
   return true;
 }
-
-/* A stream held shut by a host function until open() (or 20 s): device calls
- * enqueued behind it that wait for their stream return only after that. */
-class StreamGate {
- public:
-  explicit StreamGate(cudaStream_t stream) {
-    cuda_ok(cudaLaunchHostFunc(stream, &StreamGate::hold, this), "cudaLaunchHostFunc");
-  }
-  void open() { open_ = true; }
-
- private:
-  static void hold(void* self) {
-    const auto until = Clock::now() + std::chrono::seconds(20);
-    while (!static_cast<StreamGate*>(self)->open_ && Clock::now() < until)
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  std::atomic<bool> open_{false};
-};
 
 /* The device calls return while their stream is still held shut, and compute
  * the right bytes once it opens. */
