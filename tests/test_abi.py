@@ -163,3 +163,48 @@ def test_mismatch_is_caught(ab, kind):
     result = run_compare(compile_facts("OURS", [mutated], ab["tmp"], mutated / "ours.o"), ab)
     assert result.returncode == 1, result.stdout
     assert f"MISMATCH {fact}\n" in result.stdout, result.stdout
+
+
+# The explicit-use mode of DESIGN.md with NVIDIA's header: <nccl.h> first, then
+# qnccl.h, whose nccl_abi.h then declares nothing NVIDIA's header has.
+EXPLICIT_USE_SOURCE = r"""
+#include <nccl.h>
+#include "qnccl.h"
+
+#include <string.h>
+
+ncclResult_t quantized_sum(float* buf, size_t count, ncclComm_t comm, cudaStream_t stream,
+                           double* bound) {
+  qncclQuantizedOpConfig_t config;
+  memset(&config, 0, sizeof config);
+  config.allreduce.codec.bits = 4;
+  config.allreduce.codec.bucketSize = 128;
+  config.allreduce.codec.rounding = qncclRoundNearest;
+  config.allreduce.algo = qncclAlgoAuto;
+  config.reduction = ncclSum;
+  int nranks = 0;
+  ncclResult_t res = ncclCommCount(comm, &nranks);
+  if (res != ncclSuccess) return res;
+  res = qncclAllReduceErrorBound(count, ncclFloat32, ncclSum, &config.allreduce, nranks, 1.0,
+                                 bound);
+  if (res != ncclSuccess) return res;
+  ncclRedOp_t op;
+  res = qncclRedOpCreateQuantized(&op, &config, comm);
+  if (res != ncclSuccess) return res;
+  res = ncclAllReduce(buf, buf, count, ncclFloat32, op, comm, stream);
+  ncclRedOpDestroy(op, comm);
+  return res;
+}
+"""
+
+
+@pytest.mark.parametrize("language", ["c", "c++"])
+def test_qnccl_h_compiles_after_nvidia_nccl_h(tmp_path, language):
+    compiler = CXX if language == "c++" else os.environ.get("CC", "gcc")
+    if not shutil.which(compiler):
+        pytest.skip(f"no {language} compiler {compiler!r}")
+    source = tmp_path / ("explicit.cc" if language == "c++" else "explicit.c")
+    source.write_text(EXPLICIT_USE_SOURCE)
+    build([compiler, "-Wall", "-Wextra", "-Werror", f"-I{reference_include()}",
+           f"-I{cuda_include()}", f"-I{OURS_INCLUDE}", "-c", str(source), "-o",
+           str(tmp_path / "explicit.o")])

@@ -133,9 +133,8 @@ size_t segment_values(const qncclAllReduceConfig_t& config) {
   return want < bucket ? bucket : want / bucket * bucket;
 }
 
-ncclResult_t check_allreduce(const char* fn, const void* sendbuff, void* recvbuff, size_t count,
-                             ncclDataType_t type, ncclRedOp_t op,
-                             const qncclAllReduceConfig_t* config, ncclComm_t comm) {
+ncclResult_t check_allreduce_config(const char* fn, size_t count, ncclDataType_t type,
+                                    ncclRedOp_t op, const qncclAllReduceConfig_t* config) {
   if (config == nullptr)
     return set_error(ncclInvalidArgument, "%s: config is NULL; pass a qncclAllReduceConfig_t", fn);
   QNCCL_CHECK(check_codec_config(fn, &config->codec));
@@ -145,9 +144,16 @@ ncclResult_t check_allreduce(const char* fn, const void* sendbuff, void* recvbuf
     return set_error(ncclInvalidArgument,
                      "%s: op = %d is not a quantized reduction; allowed: ncclSum (0), ncclAvg (4)",
                      fn, (int)op);
-  if (comm == nullptr) return set_error(ncclInvalidArgument, "%s: comm is NULL", fn);
   if (count > SIZE_MAX / 16)
     return set_error(ncclInvalidArgument, "%s: count = %zu is too large", fn, count);
+  return ncclSuccess;
+}
+
+ncclResult_t check_allreduce(const char* fn, const void* sendbuff, void* recvbuff, size_t count,
+                             ncclDataType_t type, ncclRedOp_t op,
+                             const qncclAllReduceConfig_t* config, ncclComm_t comm) {
+  QNCCL_CHECK(check_allreduce_config(fn, count, type, op, config));
+  if (comm == nullptr) return set_error(ncclInvalidArgument, "%s: comm is NULL", fn);
   if (count > 0 && (sendbuff == nullptr || recvbuff == nullptr))
     return set_error(ncclInvalidArgument, "%s: %s is NULL with count = %zu; pass a buffer", fn,
                      sendbuff == nullptr ? "sendbuff" : "recvbuff", count);

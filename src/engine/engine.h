@@ -163,8 +163,14 @@ qncclAlgo_t resolve_algo(qncclAlgo_t algo, size_t count, ncclDataType_t type, in
 
 struct CommState;
 
-/* The checks of a quantized allreduce's arguments; `fn` names the caller in
+/* The checks of a quantized allreduce's arguments that need no communicator
+ * or buffers (config, datatype, op, count); `fn` names the caller in
  * messages. */
+ncclResult_t check_allreduce_config(const char* fn, size_t count, ncclDataType_t type,
+                                    ncclRedOp_t op, const qncclAllReduceConfig_t* config);
+
+/* All the checks of a quantized allreduce's arguments: the above, then the
+ * communicator and the buffers. */
 ncclResult_t check_allreduce(const char* fn, const void* sendbuff, void* recvbuff, size_t count,
                              ncclDataType_t type, ncclRedOp_t op,
                              const qncclAllReduceConfig_t* config, ncclComm_t comm);

@@ -9,6 +9,13 @@
  * wheel and compares every value, size, offset and signature.
  *
  * Reference release: NCCL 2.32 (ncclConfig_t as of its v23100 layout).
+ *
+ * A program may include NVIDIA's <nccl.h> first and then qnccl.h (which
+ * includes this header): NVIDIA's declarations of the same ABI then stand
+ * for ours, and everything below its include guard NCCL_H_ is left out,
+ * cudaStream_t too (nccl.h has the CUDA runtime's). Only the QNCCL_* macros,
+ * which nccl.h lacks, are defined either way. Included the other way round,
+ * the two headers clash.
  */
 #ifndef QNCCL_NCCL_ABI_H_
 #define QNCCL_NCCL_ABI_H_
@@ -19,17 +26,20 @@
 #include <stdint.h>
 #endif
 
-#ifdef __cplusplus
-extern "C" {
-#endif
-
-/* The CUDA runtime's stream handle; identical to its own typedef. */
-typedef struct CUstream_st* cudaStream_t;
-
 #define QNCCL_ABI_NCCL_MAJOR 2
 #define QNCCL_ABI_NCCL_MINOR 32
 /* NCCL's version code: major*10000 + minor*100 + patch (2.9 and later). */
 #define QNCCL_NCCL_VERSION_CODE(major, minor, patch) ((major) * 10000 + (minor) * 100 + (patch))
+
+#ifndef NCCL_H_ /* NVIDIA's nccl.h was not included first */
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The CUDA runtime's stream handle; identical to its own typedef (C11 and
+ * C++ accept the repetition when cuda_runtime.h comes too). */
+typedef struct CUstream_st* cudaStream_t;
 
 typedef struct ncclComm* ncclComm_t;
 
@@ -169,5 +179,7 @@ ncclResult_t ncclGroupEnd(void);
 #ifdef __cplusplus
 }
 #endif
+
+#endif /* NCCL_H_ */
 
 #endif /* QNCCL_NCCL_ABI_H_ */

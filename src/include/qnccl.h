@@ -9,6 +9,11 @@
  * qncclGetLastError() returns a message that names the offending argument or
  * setting and the values allowed (thread-local, valid until the next failing
  * QNCCL call on the same thread).
+ *
+ * With NVIDIA's header: include <nccl.h> before qnccl.h. nccl_abi.h then
+ * declares nothing of NCCL's own and NVIDIA's declarations serve both (they
+ * are the same ABI, tests/test_abi.py checks it); included the other way
+ * round, the two headers' declarations clash.
  */
 #ifndef QNCCL_H_
 #define QNCCL_H_
@@ -124,6 +129,21 @@ ncclResult_t qncclAutoAlgo(size_t count, ncclDataType_t datatype, int nranks, qn
 ncclResult_t qncclAllReduceWorkspaceSize(size_t count, ncclDataType_t datatype,
                                          const qncclAllReduceConfig_t* config, int nranks,
                                          size_t* bytes);
+
+/* An upper bound on |result[i] - exact[i]| for every element i of a
+ * qncclAllReduce (or of an ncclAllReduce with a quantized op, or interposed)
+ * of `count` values of `datatype` with `op` (ncclSum or ncclAvg) over
+ * `nranks` ranks and `config` (qncclAlgoAuto resolved as the call would),
+ * when every rank's inputs are finite and lie in [-inputAbsMax, inputAbsMax];
+ * exact[i] is the sum (or average) of the inputs in exact arithmetic. Covers
+ * the quantizations and every float32 rounding on the way, the final
+ * rounding to float16/bfloat16 included, for both rounding modes
+ * (docs/allreduce.md, "Error bound"). It depends on count only through the
+ * algorithm auto picks. *bound is +infinity when a partial sum or the result
+ * could overflow its type (the call may then return infinities or NaNs). */
+ncclResult_t qncclAllReduceErrorBound(size_t count, ncclDataType_t datatype, ncclRedOp_t op,
+                                      const qncclAllReduceConfig_t* config, int nranks,
+                                      double inputAbsMax, double* bound);
 
 /* ---- Quantized reduction ops ---------------------------------------------- */
 

@@ -1,0 +1,132 @@
+/* qncclAllReduceErrorBound: an a priori bound on how far a quantized
+ * allreduce's result can lie from the exact sum, from nothing but the
+ * configuration and a bound A on the inputs' magnitude. docs/allreduce.md,
+ * "Error bound", derives every term; the names below follow it. */
+#include <float.h>
+#include <math.h>
+
+#include "codec/codec.h"
+#include "common/error.h"
+#include "engine/engine.h"
+
+namespace qnccl {
+namespace {
+
+constexpr double kUnit = 0x1p-24;  // u: float32 unit roundoff
+// One quantization's float32 slack, relative to the magnitude bound of what
+// it quantizes (encode, decode and step arithmetic of docs/wire-format.md):
+// below 15.1u, 11.1u unless 1/step is subnormal.
+constexpr double kCodecSlack = 16 * kUnit;
+// One quantization's absolute slack: the 2^-126 floor of the step, and
+// subnormal roundings of the codec's products.
+constexpr double kCodecTiny = 0x1p-125;
+// The avg division's absolute slack (its quotient may be subnormal).
+constexpr double kDivideTiny = 0x1p-150;
+// The bound is evaluated in double: some 50 roundings, each below 2^-53,
+// all of positive terms, stay far inside this relative margin.
+constexpr double kDoubleMargin = 1 + 0x1p-40;
+// Smallest magnitude that float16 / bfloat16 round to infinity (max + half an ulp).
+constexpr double kFloat16Overflow = 65520.0;
+constexpr double kBfloat16Overflow = 0x1.ffp127;
+
+/* Where the inputs of one result value meet quantizations and additions,
+ * each counted with the number of ranks' inputs its partial sum covers
+ * (its "coverage"), over everything before the owner's final quantization. */
+struct Coverage {
+  double quantized;      // sum of the coverages of the quantized partial sums
+  double quantizations;  // how many there are
+  double added;          // sum of the coverages of the float32 additions' results
+};
+
+/* Partial sums covering 1, 2, .., N-1 ranks, each quantized once; the
+ * additions produce coverages 2..N. */
+Coverage ring_coverage(double n) { return {n * (n - 1) / 2, n - 1, n * (n + 1) / 2 - 1}; }
+
+/* N-1 single-rank inputs quantized; the owner's additions produce 2..N. */
+Coverage sra_coverage(double n) { return {n - 1, n - 1, n * (n + 1) / 2 - 1}; }
+
+/* Every non-root rank quantizes its subtree's sum. The subtree sizes of the
+ * non-root ranks add up to the sum of all depths, floor(log2(r + 1)) for rank
+ * r, summed here a level at a time. A rank's additions (one per child)
+ * cover at most its subtree, so they add up to at most twice the sum of all
+ * subtree sizes, depths + N. */
+Coverage tree_coverage(int nranks) {
+  double depths = 0;
+  for (long long level = 1, first = 2; first <= nranks; level++, first *= 2) {
+    const long long last = first * 2 - 1 < nranks ? first * 2 - 1 : nranks;  // r + 1 in [first, last]
+    depths += (double)level * (double)(last - first + 1);
+  }
+  return {depths, (double)nranks - 1, 2 * (depths + nranks)};
+}
+
+Coverage coverage_of(qncclAlgo_t algo, int nranks) {
+  switch (algo) {
+    case qncclAlgoTree: return tree_coverage(nranks);
+    case qncclAlgoSra: return sra_coverage(nranks);
+    default: return ring_coverage(nranks);
+  }
+}
+
+/* One quantization of values bounded by M errs by at most
+ * alpha * M + kCodecTiny: rho * step + slack, with step <= 2M/L (1+u)^2. */
+double quantization_alpha(const qncclCodecConfig_t& codec) {
+  const double levels = (double)((1u << codec.bits) - 1u);
+  const double rho = codec.rounding == qncclRoundNearest ? 0.5 : 1.0;
+  return rho * 2 / levels * (1 + kUnit) * (1 + kUnit) + kCodecSlack;
+}
+
+/* Rounding of the decoded float32 result into the output type, for results
+ * of magnitude at most m; infinity when the store could overflow. */
+double store_error(ncclDataType_t type, double m) {
+  if (type == ncclFloat16) return m < kFloat16Overflow ? 0x1p-11 * m + 0x1p-25 : HUGE_VAL;
+  if (type == ncclBfloat16) return m < kBfloat16Overflow ? 0x1p-8 * m + 0x1p-134 : HUGE_VAL;
+  return 0;
+}
+
+double error_bound(qncclAlgo_t algo, ncclDataType_t type, bool average,
+                   const qncclCodecConfig_t& codec, int nranks, double a) {
+  const double n = nranks;
+  // A partial sum covering k ranks is at most k A G in magnitude (decoding
+  // never leaves a bucket's [min, max]; each addition rounds up by <= 1+u).
+  const double g = pow(1 + kUnit, n - 1);
+  const double full = n * a * g;
+  if (!(full <= FLT_MAX)) return HUGE_VAL;  // a partial sum could overflow float32
+  const double alpha = quantization_alpha(codec);
+  const Coverage c = coverage_of(algo, nranks);
+  double before = alpha * a * g * c.quantized + c.quantizations * kCodecTiny +
+                  kUnit * a * g * c.added;
+  double result_max = full;
+  if (average) {
+    before = before / n + kUnit * a * g + kDivideTiny;
+    result_max = a * g * (1 + kUnit) + kDivideTiny;
+  }
+  const double bound = before + alpha * result_max + kCodecTiny + store_error(type, result_max);
+  return bound * kDoubleMargin;
+}
+
+ncclResult_t check_bound_args(const char* fn, int nranks, double inputAbsMax, double* bound) {
+  if (nranks < 1) return set_error(ncclInvalidArgument, "%s: nranks = %d; allowed: >= 1", fn, nranks);
+  if (!(inputAbsMax >= 0 && inputAbsMax <= DBL_MAX))  // also NaN
+    return set_error(ncclInvalidArgument,
+                     "%s: inputAbsMax = %g; allowed: finite and >= 0 (the largest |input|)", fn,
+                     inputAbsMax);
+  if (bound == nullptr) return set_error(ncclInvalidArgument, "%s: bound is NULL; pass a double*", fn);
+  return ncclSuccess;
+}
+
+}  // namespace
+}  // namespace qnccl
+
+using namespace qnccl;
+
+QNCCL_EXPORT ncclResult_t qncclAllReduceErrorBound(size_t count, ncclDataType_t datatype,
+                                                   ncclRedOp_t op,
+                                                   const qncclAllReduceConfig_t* config,
+                                                   int nranks, double inputAbsMax, double* bound) {
+  const char* fn = "qncclAllReduceErrorBound";
+  QNCCL_CHECK(check_allreduce_config(fn, count, datatype, op, config));
+  QNCCL_CHECK(check_bound_args(fn, nranks, inputAbsMax, bound));
+  const qncclAlgo_t algo = resolve_algo(config->algo, count, datatype, nranks);
+  *bound = error_bound(algo, datatype, op == ncclAvg, config->codec, nranks, inputAbsMax);
+  return ncclSuccess;
+}
