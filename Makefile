@@ -61,7 +61,16 @@ HOST_CODEC_OBJS := $(HOST_ISAS:%=$(BUILD)/obj/src/codec/codec_host_%.o)
 LIB_OBJS := $(LIB_SRCS:%.cc=$(BUILD)/obj/%.o) $(HOST_CODEC_OBJS) $(CU_OBJS)
 LIB      := $(BUILD)/lib/libqnccl.so
 CDEF     := $(BUILD)/include/qnccl_cdef.h
-PERF_BINS := $(BUILD)/bin/codec_bench
+# nccl-tests style perf binaries (docs/perf.md): one rank per process under mpirun.
+PERF_DRIVER := perf/perf.cc perf/perf.h
+COLL_PERF_BINS := $(BUILD)/bin/all_reduce_perf $(BUILD)/bin/mpi_all_reduce_perf
+PERF_BINS := $(BUILD)/bin/codec_bench $(COLL_PERF_BINS)
+# The nccl.h they compile against: QNCCL's declaration of the ABI by default;
+# NCCL_INCLUDE=<dir of NVIDIA's nccl.h> builds against NVIDIA's header instead.
+NCCL_INCLUDE ?= $(BUILD)/include/nccl
+# (MPI's deprecated C++ bindings are left out: they do not build with -Werror.)
+PERF_CXXFLAGS = $(filter-out -fvisibility=hidden,$(CXXFLAGS)) -Iperf -I$(NCCL_INCLUDE) \
+                -DOMPI_SKIP_MPICXX -DMPICH_SKIP_MPICXX
 GPU_TESTS := $(if $(strip $(NVCC)),$(BUILD)/bin/codec_gpu_test $(BUILD)/bin/allreduce_gpu_test)
 
 .PHONY: all setup test bench clean
@@ -110,6 +119,26 @@ $(CDEF): src/include/qnccl.h src/include/nccl_abi.h
 $(BUILD)/bin/codec_bench: perf/codec_bench.cc $(LIB) $(HEADERS) $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CXX) $(filter-out -fvisibility=hidden,$(CXXFLAGS)) $< -o $@ -L$(BUILD)/lib -lqnccl -Wl,-rpath,'$$ORIGIN/../lib'
+
+$(BUILD)/include/nccl/nccl.h:
+	@mkdir -p $(dir $@)
+	printf '/* The NCCL API as QNCCL declares it (src/include/nccl_abi.h). */\n#include "nccl_abi.h"\n' > $@
+
+# Built with CUDA when nvcc is found: buffers then live on the GPU when one is
+# visible (--memory), and the same binary runs over NVIDIA's NCCL. They link
+# the host backend; LD_LIBRARY_PATH picks another libnccl.so.2 at run time.
+PERF_CUDA_FLAGS := $(if $(strip $(NVCC)),-DQNCCL_PERF_CUDA)
+PERF_CUDA_LIBS := $(if $(strip $(NVCC)),-L$(CUDA_HOME)/lib64 -lcudart_static -lrt -lpthread)
+$(BUILD)/bin/all_reduce_perf: perf/all_reduce_perf.cc $(PERF_DRIVER) $(HOST_LIB) $(HEADERS) \
+                              $(NCCL_INCLUDE)/nccl.h $(FLAGS_STAMP)
+	@mkdir -p $(dir $@)
+	$(MPICXX) $(PERF_CXXFLAGS) $(PERF_CUDA_FLAGS) $< perf/perf.cc -o $@ -L$(BUILD)/host -lnccl \
+	  $(PERF_CUDA_LIBS) -ldl -Wl,-rpath,'$$ORIGIN/../host'
+
+$(BUILD)/bin/mpi_all_reduce_perf: perf/mpi_all_reduce_perf.cc $(PERF_DRIVER) $(HEADERS) \
+                                  $(NCCL_INCLUDE)/nccl.h $(FLAGS_STAMP)
+	@mkdir -p $(dir $@)
+	$(MPICXX) $(PERF_CXXFLAGS) $< perf/perf.cc -o $@
 
 $(BUILD)/bin/%_gpu_test: tests/gpu/%_gpu_test.cc $(LIB) $(HEADERS) tests/gpu/gpu_test.h $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)

@@ -1,0 +1,79 @@
+/*
+ * The driver of QNCCL's nccl-tests style perf binaries (docs/perf.md).
+ *
+ * A perf binary is a Backend, which only runs one collective of one library,
+ * plus perf::run, which owns everything else: the nccl-tests options, the
+ * size sweep, buffers, timing, the result check, the table and the JSON.
+ * One rank per process, launched by mpirun; MPI is the bootstrap.
+ */
+#ifndef QNCCL_PERF_PERF_H_
+#define QNCCL_PERF_PERF_H_
+
+#include <nccl.h>
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <string>
+
+namespace perf {
+
+struct DataType {
+  const char* name;  // nccl-tests' name: "float", "half", ...
+  ncclDataType_t nccl;
+  size_t size;
+  bool is_float;
+  bool is_signed;
+};
+
+struct ReduceOp {
+  const char* name;  // "sum", "prod", "max", "min", "avg"
+  ncclRedOp_t nccl;
+};
+
+// Where the buffers live: device memory only in builds with CUDA.
+enum class Memory { Host, Device };
+
+// QNCCL's counters for this communicator (qncclStats_t), when it is loaded.
+struct WireStats {
+  uint64_t calls_compressed = 0;
+  uint64_t bytes_in = 0;
+  uint64_t bytes_on_wire = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const char* tool() const = 0;     // program name: "all_reduce_perf"
+  virtual const char* library() const = 0;  // JSON "backend": "nccl", "mpi"
+  // Empty when this backend can run the combination, else why not.
+  virtual std::string unsupported(const DataType& type, const ReduceOp& op, Memory memory) const = 0;
+  // After MPI_Init: create the communicator. Prints its own error.
+  virtual bool init(int rank, int nranks, int local_rank, Memory memory) = 0;
+  // Header lines (without '#') describing the library and its configuration.
+  virtual std::string describe() const = 0;
+  // JSON value of the "qnccl" key: QNCCL's configuration, or "null".
+  virtual std::string quantization_json() const { return "null"; }
+  virtual bool allreduce(const void* send, void* recv, size_t count, const DataType& type,
+                         const ReduceOp& op) = 0;
+  // Until every call made so far has completed.
+  virtual bool wait() = 0;
+  // QNCCL's counters; false when QNCCL is not in the process.
+  virtual bool wire_stats(WireStats* /*stats*/) const { return false; }
+  // QNCCL's a-priori bound on |result - exact| of a compressed call, and the
+  // algorithm it runs; false when QNCCL is not in the process.
+  virtual bool quantization_bound(size_t /*count*/, const DataType& /*type*/,
+                                  const ReduceOp& /*op*/, double /*input_abs_max*/,
+                                  double* /*bound*/, std::string* /*algo*/) const {
+    return false;
+  }
+  virtual void finalize() = 0;
+};
+
+// main() of a perf binary: 0 on success, 1 when a check failed or a call
+// returned an error, 2 for bad options.
+int run(int argc, char** argv, Backend& backend);
+
+}  // namespace perf
+
+#endif
