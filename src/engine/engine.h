@@ -80,6 +80,12 @@ class Segment {
   /* Transport primitive: one group of sends and receives (zero-length ones
    * are skipped on both sides alike). */
   ncclResult_t exchange(const Transfer* sends, int nsends, const Transfer* recvs, int nrecvs) const;
+  /* Transport primitive: an all-to-all, to_peer[k] sent to rank k and
+   * from_peer[k] received from it (entries for this rank are ignored), as
+   * nranks - 1 groups of shifted pairwise exchanges: in round i every rank
+   * sends to rank + i and receives from rank - i, so no rank ever receives
+   * from two peers at once (docs/allreduce.md, "Transport"). */
+  ncclResult_t all_to_all(const Transfer* to_peer, const Transfer* from_peer) const;
 
   mutable ncclResult_t status = ncclSuccess;
 

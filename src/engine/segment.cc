@@ -123,4 +123,13 @@ ncclResult_t Segment::exchange(const Transfer* sends, int nsends, const Transfer
   return ncclSuccess;
 }
 
+ncclResult_t Segment::all_to_all(const Transfer* to_peer, const Transfer* from_peer) const {
+  for (int i = 1; i < nranks; i++) {
+    const Transfer& send = to_peer[(rank + i) % nranks];
+    const Transfer& recv = from_peer[(rank - i + nranks) % nranks];
+    QNCCL_CHECK(exchange(&send, 1, &recv, 1));
+  }
+  return status;
+}
+
 }  // namespace qnccl

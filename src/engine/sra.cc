@@ -1,6 +1,7 @@
 /* Quantized SRA allreduce (docs/allreduce.md, "SRA"): every rank sends each
- * chunk straight to its owner (all-to-all), the owner adds them and encodes
- * the result once, and every owner sends its bytes to all (all-to-all).
+ * chunk straight to its owner (all-to-all), the owner adds them, in rank
+ * order once all have arrived, and encodes the result once, and every owner
+ * sends its bytes to all (all-to-all).
  * Two quantizations on every value's path, whatever the rank count. */
 #include "engine/engine.h"
 
@@ -17,19 +18,17 @@ ncclResult_t sra(Segment& s, Workspace& w) {
   // Slot k holds what goes to rank k; slot n + k what comes from rank k.
   auto to = [&](int k) { return w.slot((size_t)k, slot); };
   auto from = [&](int k) { return w.slot((size_t)(n + k), slot); };
-  std::vector<Transfer> sends, recvs;
-  sends.reserve(n);
-  recvs.reserve(n);
+  std::vector<Transfer> sends(n), recvs(n);  // indexed by peer
 
   // Scatter-reduce: chunk k of this rank's values goes to rank k.
   for (int k = 0; k < n; k++) {
     if (k == r) continue;
     const Range c = s.chunk(k);
     s.encode_input(c, (uint64_t)k, to(k));
-    sends.push_back({to(k), s.wire_bytes(c.size()), k});
-    recvs.push_back({from(k), s.wire_bytes(own.size()), k});
+    sends[k] = {to(k), s.wire_bytes(c.size()), k};
+    recvs[k] = {from(k), s.wire_bytes(own.size()), k};
   }
-  QNCCL_CHECK(s.exchange(sends.data(), (int)sends.size(), recvs.data(), (int)recvs.size()));
+  QNCCL_CHECK(s.all_to_all(sends.data(), recvs.data()));
   float* acc = w.acc.data();
   s.widen_input(own, acc);
   for (int j = 0; j < n; j++)
@@ -39,14 +38,12 @@ ncclResult_t sra(Segment& s, Workspace& w) {
   s.finish(acc, own.size());
   s.encode_acc(acc, own.size(), (uint64_t)n, to(r));
   s.decode_output(to(r), own);
-  sends.clear();
-  recvs.clear();
   for (int k = 0; k < n; k++) {
     if (k == r) continue;
-    sends.push_back({to(r), s.wire_bytes(own.size()), k});
-    recvs.push_back({from(k), s.wire_bytes(s.chunk(k).size()), k});
+    sends[k] = {to(r), s.wire_bytes(own.size()), k};
+    recvs[k] = {from(k), s.wire_bytes(s.chunk(k).size()), k};
   }
-  QNCCL_CHECK(s.exchange(sends.data(), (int)sends.size(), recvs.data(), (int)recvs.size()));
+  QNCCL_CHECK(s.all_to_all(sends.data(), recvs.data()));
   for (int k = 0; k < n; k++)
     if (k != r) s.decode_output(from(k), s.chunk(k));
   return ncclSuccess;
