@@ -3,7 +3,9 @@
     qnccl run [options] -- CMD ...   run CMD with libqnccl.so preloaded and QNCCL_* set
     qnccl info                       what is installed and built, and what a job would use:
                                      configuration, GPU driver, the NCCL library
-    qnccl bench                      host codec throughput (build/bin/codec_bench), beside memcpy
+    qnccl bench                      quantized vs uncompressed allreduce on a rate-limited link
+                                     (make bench; qnccl/bench.py, docs/perf.md)
+    qnccl codec-bench                host codec throughput (build/bin/codec_bench), beside memcpy
 """
 import argparse
 import ctypes
@@ -327,12 +329,43 @@ def cmd_info(_args):
     return 0 if ok else 1
 
 
-# ---- qnccl bench ----------------------------------------------------------------------------
+# ---- qnccl bench, qnccl codec-bench ---------------------------------------------------------
+
+def _size_range(text):
+    """argparse type: MIN:MAX byte sizes (K, M, G suffixes), 0 < MIN <= MAX."""
+    low, sep, high = text.partition(":")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"expected MIN:MAX, e.g. 1M:64M, got {text!r}")
+    low, high = _byte_size(low), _byte_size(high)
+    if not 0 < low <= high:
+        raise argparse.ArgumentTypeError(f"{text!r}: need 0 < MIN <= MAX")
+    return low, high
+
+
+def _name_list(allowed):
+    """argparse type: a comma list of names out of `allowed`."""
+    def parse(text):
+        names = [name.strip() for name in text.split(",") if name.strip()]
+        unknown = [name for name in names if name not in allowed]
+        if unknown or not names:
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: each must be one of {', '.join(allowed)}")
+        return names
+    return parse
+
 
 def cmd_bench(args):
+    from . import bench
+
+    if args.quick:
+        args.sizes, args.bits, args.buckets, args.iters = (1 << 20, 4 << 20), [4], [128], 1
+    return bench.main(args)
+
+
+def cmd_codec_bench(args):
     exe = BUILD / "bin" / "codec_bench"
     if not exe.is_file():
-        print(f"qnccl bench: {exe} is missing: run `make` in {REPO}", file=sys.stderr)
+        print(f"qnccl codec-bench: {exe} is missing: run `make` in {REPO}", file=sys.stderr)
         return 1
     args.json.parent.mkdir(parents=True, exist_ok=True)
     cmd = [str(exe), "-b", ",".join(map(str, args.bits)), "-B", ",".join(map(str, args.bucket)),
@@ -373,19 +406,56 @@ def build_parser():
     info.set_defaults(func=cmd_info)
 
     bench = commands.add_parser(
-        "bench", help="host codec throughput beside memcpy (median of repetitions)",
+        "bench", help="quantized vs uncompressed allreduce on a rate-limited link (make bench)",
+        description="Runs build/bin/all_reduce_perf with --ranks MPI ranks inside perf/netlab "
+                    "(a network namespace whose loopback tc limits to --rate, MPI over TCP): "
+                    "uncompressed, then through QNCCL for every bits x bucket x algorithm, "
+                    "beside MPI_Allreduce and torch.distributed (gloo) when torch is installed. "
+                    "Prints one table (busbw, speedup over uncompressed at each size, bytes on "
+                    "the wire per input byte, error), writes OUT/report.json and OUT/busbw.png. "
+                    "Exits 1 when a run fails or a result misses its error bound.")
+    bench.add_argument("--ranks", type=_int_in(2, 64), default=4, metavar="N",
+                       help="MPI ranks (default 4)")
+    bench.add_argument("--rate", default="1gbit",
+                       help="link rate for tc, e.g. 100mbit, 1gbit, 10gbit (default 1gbit)")
+    bench.add_argument("--sizes", type=_size_range, default=(1 << 20, 64 << 20), metavar="MIN:MAX",
+                       help="message sizes, doubling (default 1M:64M)")
+    bench.add_argument("--bits", type=_int_list(1, 8), default=[8, 4, 2],
+                       help="bits per value, comma list (default 8,4,2)")
+    bench.add_argument("--buckets", type=_int_list(1), default=[128, 1024],
+                       help="bucket sizes, comma list (default 128,1024)")
+    bench.add_argument("--algos", type=_name_list(("ring", "tree", "sra")),
+                       default=["ring", "tree", "sra"], help="comma list (default ring,tree,sra)")
+    bench.add_argument("--rounding", choices=("stochastic", "nearest"), default="stochastic",
+                       help="default stochastic (QNCCL's default)")
+    bench.add_argument("--baselines", type=_name_list(("mpi", "torch")), default=["mpi", "torch"],
+                       help="besides uncompressed all_reduce_perf: mpi, torch (default both)")
+    bench.add_argument("--iters", type=_int_in(1), default=3, metavar="N",
+                       help="timed calls per size; busbw from their median (default 3)")
+    bench.add_argument("--warmup", type=_int_in(0), default=1, metavar="N",
+                       help="warm-up calls (default 1)")
+    bench.add_argument("--timeout", type=_int_in(10), default=900, metavar="S",
+                       help="seconds one configuration may take (default 900)")
+    bench.add_argument("--out", type=Path, default=BUILD / "bench",
+                       help="output folder (default build/bench)")
+    bench.add_argument("--quick", action="store_true",
+                       help="a short run: 1M..4M, 4 bits, bucket 128, one call per size")
+    bench.set_defaults(func=cmd_bench)
+
+    codec_bench = commands.add_parser(
+        "codec-bench", help="host codec throughput beside memcpy (median of repetitions)",
         description="Runs build/bin/codec_bench over every bits x bucket combination: "
                     "quantize (nearest, stochastic) and dequantize-accumulate, in GB/s of "
                     "float32 input and as a fraction of memcpy.")
-    bench.add_argument("--bits", type=_int_list(1, 8), default=[8, 4, 2],
-                       help="bits per value, comma list (default 8,4,2)")
-    bench.add_argument("--bucket", type=_int_list(1), default=[128, 1024],
-                       help="bucket sizes, comma list (default 128,1024)")
-    bench.add_argument("--bytes", default="64M", help="float32 input size (default 64M)")
-    bench.add_argument("--reps", type=int, default=7, help="timed repetitions (default 7)")
-    bench.add_argument("--json", type=Path, default=BUILD / "bench" / "codec.json",
-                       help="where to write the results (default build/bench/codec.json)")
-    bench.set_defaults(func=cmd_bench)
+    codec_bench.add_argument("--bits", type=_int_list(1, 8), default=[8, 4, 2],
+                             help="bits per value, comma list (default 8,4,2)")
+    codec_bench.add_argument("--bucket", type=_int_list(1), default=[128, 1024],
+                             help="bucket sizes, comma list (default 128,1024)")
+    codec_bench.add_argument("--bytes", default="64M", help="float32 input size (default 64M)")
+    codec_bench.add_argument("--reps", type=int, default=7, help="timed repetitions (default 7)")
+    codec_bench.add_argument("--json", type=Path, default=BUILD / "bench" / "codec.json",
+                             help="where to write the results (default build/bench/codec.json)")
+    codec_bench.set_defaults(func=cmd_codec_bench)
     return parser
 
 

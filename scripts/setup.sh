@@ -2,7 +2,7 @@
 # make setup: install what building and testing QNCCL need, idempotently.
 #
 #   system packages   g++, make, OpenMPI, iproute2, python3 venv (apt, only when missing)
-#   .venv             pinned Python tools + `pip install -e .` of qnccl
+#   .venv             pinned Python tools (torch included) + `pip install -e .` of qnccl
 #   .venv/nccl-reference/include/nccl.h
 #                     NVIDIA's header, which tests/test_abi.py checks src/include/nccl_abi.h
 #                     against (optional: without network the test is skipped)
@@ -32,6 +32,7 @@ PY_PKGS=(
   hypothesis==6.170.15
   matplotlib==3.11.2
   ml-dtypes==0.6.0  # bfloat16 numpy arrays: qnccl.codec accepts them (tests/test_codec.py)
+  torch==2.13.0     # the gloo baseline of make bench, the DDP hook and its tests
 )
 NCCL_VERSION=2.32.3  # the release src/include/nccl_abi.h follows
 NCCL_WHEEL=nvidia-nccl-cu13==$NCCL_VERSION

@@ -1,0 +1,322 @@
+"""`qnccl bench` (`make bench`): quantized and uncompressed allreduce side by side
+on a bandwidth-limited link (docs/perf.md).
+
+Every configuration is one MPI job of build/bin/all_reduce_perf (or of a
+baseline: mpi_all_reduce_perf, perf/torch_all_reduce_perf.py) inside
+perf/netlab, a network namespace whose loopback `tc` limits to --rate, with
+MPI over TCP. The jobs write nccl-tests style JSON; this module runs them one
+after another, shows progress, and puts their numbers into one comparison
+table, build/bench/report.json and a plot of busbw against size.
+"""
+import dataclasses
+import datetime
+import json
+import os
+import platform
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+BUILD = REPO / "build"
+NETLAB = REPO / "perf" / "netlab"
+TORCH_PERF = REPO / "perf" / "torch_all_reduce_perf.py"
+TORCH_MISSING = 3  # exit status of torch_all_reduce_perf.py without torch
+GIB = 1 << 30
+
+# Open MPI as root, more ranks than cores, no busy waiting (2-core machines).
+MPI_ENV = {
+    "OMPI_ALLOW_RUN_AS_ROOT": "1",
+    "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+    "OMPI_MCA_rmaps_base_oversubscribe": "1",
+    "OMPI_MCA_mpi_yield_when_idle": "1",
+}
+
+
+@dataclasses.dataclass
+class Config:
+    """One line of the comparison: what runs, and how it is called."""
+    name: str
+    kind: str  # "nccl" (uncompressed all_reduce_perf), "qnccl", "mpi", "torch-gloo"
+    bits: int = None
+    bucket_size: int = None
+    algo: str = None
+
+    @property
+    def slug(self):
+        return re.sub(r"[^a-z0-9]+", "-", self.name.lower()).strip("-")
+
+    def argv(self, args):
+        """The rank command (what mpirun starts) for this configuration."""
+        perf_args = ["-b", str(args.sizes[0]), "-e", str(args.sizes[1]), "-f", "2",
+                     "-n", str(args.iters), "-w", str(args.warmup), "-z", "1", "-c", "1",
+                     "-d", "float", "-o", "sum"]
+        if self.kind == "mpi":
+            return [str(BUILD / "bin" / "mpi_all_reduce_perf"), *perf_args]
+        if self.kind == "torch-gloo":
+            return [sys.executable, str(TORCH_PERF), *perf_args]
+        perf = [str(BUILD / "bin" / "all_reduce_perf"), *perf_args]
+        if self.kind == "nccl":
+            return perf
+        return [sys.executable, "-m", "qnccl", "run", "--bits", str(self.bits),
+                "--bucket-size", str(self.bucket_size), "--algo", self.algo,
+                "--rounding", args.rounding, "--", *perf]
+
+
+def configurations(args):
+    configs = [Config("uncompressed (NCCL API)", "nccl")]
+    if "mpi" in args.baselines:
+        configs.append(Config("MPI_Allreduce", "mpi"))
+    if "torch" in args.baselines:
+        configs.append(Config("torch gloo", "torch-gloo"))
+    configs += [Config(f"qnccl {bits}b B{bucket} {algo}", "qnccl", bits, bucket, algo)
+                for bits in args.bits for bucket in args.buckets for algo in args.algos]
+    return configs
+
+
+# ---- running -------------------------------------------------------------------------
+
+def mib(size):
+    return f"{size >> 20} MiB" if size >= 1 << 20 and size % (1 << 20) == 0 else f"{size >> 10} KiB"
+
+
+def probe_link(rate):
+    """What perf/netlab gives the jobs here: (rate or "unthrottled", its message)."""
+    probe = subprocess.run([str(NETLAB), "--rate", rate, "--", "sh", "-c",
+                            'echo "$QNCCL_NETLAB_RATE"'],
+                           capture_output=True, text=True, timeout=60)
+    if probe.returncode != 0:
+        raise RuntimeError(f"perf/netlab failed (exit {probe.returncode}): {probe.stderr.strip()}")
+    return probe.stdout.strip() or "unthrottled", probe.stderr.strip()
+
+
+def job_environment():
+    """The jobs' environment: MPI settings, the host backend as libnccl.so.2, and
+    no QNCCL_* from the caller (each configuration sets its own)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QNCCL_")}
+    env.update(MPI_ENV)
+    env["LD_LIBRARY_PATH"] = ":".join(filter(None, [str(BUILD / "host"),
+                                                    env.get("LD_LIBRARY_PATH")]))
+    env["MASTER_PORT"] = "29500"  # torch.distributed's rendezvous, inside the fresh namespace
+    return env
+
+
+def run_config(config, args, out_dir, log):
+    """Runs one configuration; returns its record for the report."""
+    json_path = out_dir / "runs" / f"{config.slug}.json"
+    log_path = out_dir / "logs" / f"{config.slug}.log"
+    json_path.unlink(missing_ok=True)
+    mpirun = shutil.which("mpirun") or "mpirun"
+    cmd = [str(NETLAB), "--rate", args.rate, "--", mpirun, "-np", str(args.ranks),
+           *config.argv(args), "-J", str(json_path)]
+    record = {**dataclasses.asdict(config), "command": cmd, "status": "ok", "message": None}
+    start = time.monotonic()
+    with open(log_path, "w") as log_file:
+        proc = subprocess.Popen(cmd, env=job_environment(), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        try:
+            for line in proc.stdout:
+                log_file.write(line)
+                row = re.match(r"^\s+(\d+)\s+\d+\s+\S+\s+\S+\s+-?\d+\s+(\S+)\s+\S+\s+(\S+)\s+(\S+)",
+                               line)
+                if row:
+                    log(f"      {mib(int(row.group(1))):>7}  {float(row.group(2)) / 1e3:9.1f} ms"
+                        f"  error {row.group(4)}")
+            status = proc.wait(timeout=args.timeout)
+        except (subprocess.TimeoutExpired, KeyboardInterrupt) as e:
+            os.killpg(proc.pid, 15)  # netlab cleans its namespace up on SIGTERM
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, 9)
+            if isinstance(e, KeyboardInterrupt):
+                raise
+            status = None
+    record["wall_s"] = round(time.monotonic() - start, 2)
+    record["log"] = str(log_path)
+    if status == TORCH_MISSING and config.kind == "torch-gloo":
+        record.update(status="skipped", message="torch is not installed "
+                      f"({sys.executable} -m pip install torch)")
+    elif status != 0 or not json_path.is_file():
+        tail = log_path.read_text().strip().splitlines()[-3:]
+        record.update(status="failed", message=(
+            f"timed out after {args.timeout} s" if status is None else f"exit {status}") +
+            (": " + " | ".join(tail) if tail else ""))
+    if json_path.is_file():
+        record["perf"] = json.loads(json_path.read_text())
+    return record
+
+
+# ---- results ---------------------------------------------------------------------------
+
+def busbw_by_size(record):
+    """{size: busbw GB/s} of the out-of-place rows, from the median call time."""
+    result = {}
+    for row in record.get("perf", {}).get("rows", []):
+        if row["placement"] != "out-of-place":
+            continue
+        nranks = record["perf"]["nranks"]
+        seconds = (row.get("time_us_median") or row["time_us"]) / 1e6
+        factor = 2 * (nranks - 1) / nranks
+        result[row["size"]] = row["size"] / 1e9 / seconds * factor if seconds > 0 else 0.0
+    return result
+
+
+def summarize(records):
+    """Adds busbw, speedup over the uncompressed run, wire ratio and error to
+    every record; returns the sizes."""
+    base = busbw_by_size(records[0]) if records[0]["status"] == "ok" else {}
+    sizes = sorted({size for r in records for size in busbw_by_size(r)})
+    for record in records:
+        busbw = busbw_by_size(record)
+        rows = [row for row in record.get("perf", {}).get("rows", [])
+                if row["placement"] == "out-of-place"]
+        record["busbw_gbps"] = {str(s): v for s, v in busbw.items()}
+        record["speedup"] = {str(s): v / base[s] for s, v in busbw.items() if base.get(s)}
+        wire = [row["wire_bytes_per_input_byte"] for row in rows]
+        errors = [row["error"] for row in rows if row.get("error") is not None]
+        record["wire_bytes_per_input_byte"] = max(wire) if wire else None
+        record["max_error"] = max(errors) if errors else None
+        record["check_ok"] = all(row.get("ok") is not False for row in rows) if rows else None
+    return sizes
+
+
+def format_table(records, sizes, header):
+    """One line per configuration: wire ratio, error, then busbw and speedup
+    over the uncompressed run at every size."""
+    width = max(len(r["name"]) for r in records)
+    lines = [header, "",
+             f"{'':<{width}}  {'wire':>5}  {'error':>7}" + "".join(f"  {mib(s):>15}" for s in sizes),
+             f"{'configuration':<{width}}  {'(B/B)':>5}  {'':>7}" +
+             "".join(f"  {'GB/s':>7} {'speedup':>7}" for _ in sizes)]
+    for r in records:
+        if not r["busbw_gbps"]:
+            lines.append(f"{r['name']:<{width}}  {r['status']}: {r['message']}")
+            continue
+        wire = r["wire_bytes_per_input_byte"]
+        error = r["max_error"]
+        line = (f"{r['name']:<{width}}  {f'{wire:5.3f}' if wire is not None else '-':>5}"
+                f"  {f'{error:.1e}' if error is not None else '-':>7}")
+        for s in sizes:
+            busbw, speedup = r["busbw_gbps"].get(str(s)), r["speedup"].get(str(s))
+            line += f"  {f'{busbw:.4f}' if busbw is not None else '-':>7}"
+            line += f" {f'{speedup:.2f}x' if speedup else '-':>7}"
+        if r["status"] != "ok":
+            line += f"  <- {r['status']}: {r['message']}"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def plot(records, sizes, title, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(11, 6.5))
+    colors = {8: "tab:blue", 4: "tab:green", 2: "tab:red"}
+    styles = {"ring": "-", "tree": ":", "sra": "--"}
+    for r in records:
+        busbw = [r["busbw_gbps"].get(str(s)) for s in sizes]
+        points = [(s, b) for s, b in zip(sizes, busbw) if b is not None]
+        if not points:
+            continue
+        xs, ys = zip(*points)
+        if r["kind"] == "qnccl":
+            ax.plot(xs, ys, styles.get(r["algo"], "-"), color=colors.get(r["bits"], "tab:purple"),
+                    marker="o" if r["bucket_size"] == 128 else "s", markersize=4, label=r["name"])
+        else:
+            ax.plot(xs, ys, "-", color={"nccl": "black", "mpi": "gray"}.get(r["kind"], "tab:brown"),
+                    linewidth=2.5, label=r["name"])
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sizes, [mib(s) for s in sizes])
+    ax.set_xlabel("message size (float32)")
+    ax.set_ylabel("busbw (GB/s)")
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, ncol=2, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ---- the command ------------------------------------------------------------------------
+
+def missing_parts(args):
+    needed = [BUILD / "bin" / "all_reduce_perf", BUILD / "lib" / "libqnccl.so",
+              BUILD / "host" / "libnccl.so.2", NETLAB]
+    if "mpi" in args.baselines:
+        needed.append(BUILD / "bin" / "mpi_all_reduce_perf")
+    return [str(p) for p in needed if not p.exists()]
+
+
+def main(args):
+    missing = missing_parts(args)
+    if missing:
+        print(f"qnccl bench: missing {', '.join(missing)}: run `make` in {REPO}", file=sys.stderr)
+        return 1
+    if shutil.which("mpirun") is None:
+        print("qnccl bench: mpirun not found: run `make setup` (installs Open MPI)", file=sys.stderr)
+        return 1
+    out_dir = args.out
+    for sub in ("runs", "logs"):
+        (out_dir / sub).mkdir(parents=True, exist_ok=True)
+
+    def log(message):
+        print(message, flush=True)
+
+    try:
+        link, lab_message = probe_link(args.rate)
+    except (RuntimeError, subprocess.TimeoutExpired) as e:
+        print(f"qnccl bench: {e}", file=sys.stderr)
+        return 2
+    link_words = (f"loopback limited to {link} by tc (perf/netlab)" if link != "unthrottled"
+                  else "unthrottled loopback (perf/netlab could not make a namespace)")
+    if link == "unthrottled":
+        log(f"qnccl bench: {lab_message}")
+    configs = configurations(args)
+    log(f"qnccl bench: {len(configs)} configurations, {args.ranks} ranks, "
+        f"{mib(args.sizes[0])}..{mib(args.sizes[1])}, {link_words}")
+    started = time.monotonic()
+    records = []
+    for i, config in enumerate(configs, 1):
+        elapsed = time.monotonic() - started
+        eta = f", about {elapsed / (i - 1) * (len(configs) - i + 1) / 60:.1f} min left" if i > 1 else ""
+        log(f"[{i:2d}/{len(configs)}] {config.name}{eta}")
+        record = run_config(config, args, out_dir, log)
+        records.append(record)
+        if record["status"] != "ok":
+            log(f"      {record['status']}: {record['message']}")
+
+    sizes = summarize(records)
+    title = (f"allreduce of float32 (sum), {args.ranks} ranks, {link_words}, {args.rounding} "
+             f"rounding; busbw from the median of {args.iters} calls (speedup over "
+             f"uncompressed all_reduce_perf at the same size)")
+    table = format_table(records, sizes, title)
+    print("\n" + table + "\n")
+    report = {
+        "benchmark": "qnccl bench",
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "host": {"name": socket.gethostname(), "cpus": os.cpu_count(),
+                 "platform": platform.platform()},
+        "link": {"rate": link, "tool": "perf/netlab", "requested": args.rate},
+        "nranks": args.ranks, "sizes": sizes, "datatype": "float", "op": "sum",
+        "rounding": args.rounding, "iters": args.iters, "warmup": args.warmup,
+        "command": " ".join(sys.argv), "wall_s": round(time.monotonic() - started, 1),
+        "configurations": records, "table": table,
+    }
+    report_path = out_dir / "report.json"
+    report_path.write_text(json.dumps(report, indent=1) + "\n")
+    plot_path = out_dir / "busbw.png"
+    plot(records, sizes, f"allreduce busbw, {args.ranks} ranks, {link_words}", plot_path)
+    print(f"report: {report_path}\nplot:   {plot_path}\n"
+          f"done in {report['wall_s'] / 60:.1f} min")
+    failed = [r["name"] for r in records if r["status"] == "failed" or r.get("check_ok") is False]
+    if failed:
+        print(f"qnccl bench: failed: {', '.join(failed)} (logs in {out_dir / 'logs'})",
+              file=sys.stderr)
+        return 1
+    return 0

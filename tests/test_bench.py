@@ -1,0 +1,117 @@
+"""`qnccl bench` (qnccl/bench.py, `make bench`): a small sweep run for real,
+MPI jobs inside perf/netlab, and the table, report.json and plot checked
+against what the jobs measured and against docs/allreduce.md's byte counts.
+Bad options fail before any job starts."""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from conftest import sent_bytes
+from mpi import REPO
+
+QNCCL = [sys.executable, "-m", "qnccl"]
+
+
+def run_bench(args, timeout=300):
+    """`qnccl bench ARGS` in its own process group, killed whole past `timeout`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QNCCL_")}
+    proc = subprocess.Popen([*QNCCL, "bench", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True,
+                            cwd=REPO)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGTERM)  # netlab deletes its namespace on SIGTERM
+        out, _ = proc.communicate()
+        pytest.fail(f"qnccl bench {' '.join(args)} ran past {timeout} s and was killed:\n{out}")
+    return proc.returncode, out
+
+
+@pytest.fixture(scope="module")
+def small_bench(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    args = ["--sizes", "256K:512K", "--bits", "4", "--buckets", "128,1024", "--algos", "sra,ring",
+            "--baselines", "mpi", "--iters", "2", "--rate", "10gbit", "--out", str(out)]
+    status, output = run_bench(args)
+    assert status == 0, output
+    return out, output, json.loads((out / "report.json").read_text())
+
+
+def test_every_configuration_ran(small_bench):
+    out, output, report = small_bench
+    names = [c["name"] for c in report["configurations"]]
+    assert names == ["uncompressed (NCCL API)", "MPI_Allreduce", "qnccl 4b B128 sra",
+                     "qnccl 4b B128 ring", "qnccl 4b B1024 sra", "qnccl 4b B1024 ring"]
+    assert report["nranks"] == 4 and report["sizes"] == [256 << 10, 512 << 10]
+    for config in report["configurations"]:
+        assert config["status"] == "ok" and config["check_ok"], config
+        assert (out / "logs" / f"{re.sub(r'[^a-z0-9]+', '-', config['name'].lower()).strip('-')}.log").is_file()
+        rows = config["perf"]["rows"]
+        assert {r["size"] for r in rows} == {256 << 10, 512 << 10}
+        assert all(r["ok"] and r["agree"] for r in rows)
+        assert all(r["compressed"] == (config["kind"] == "qnccl") for r in rows)
+        if config["kind"] == "qnccl":
+            assert config["perf"]["qnccl"]["bits"] == config["bits"]
+            assert config["perf"]["qnccl"]["bucket_size"] == config["bucket_size"]
+            assert {r["algo"] for r in rows} == {config["algo"]}
+    # Progress: a line per configuration, then per size as the job prints it.
+    assert re.search(r"^\[ 1/6\] uncompressed", output, re.M)
+    assert re.search(r"^\[ 6/6\] qnccl 4b B1024 ring", output, re.M)
+    assert len(re.findall(r"^\s+512 KiB\s+\S+ ms\s+error", output, re.M)) == 6
+
+
+def test_table_matches_the_jobs(small_bench):
+    _, output, report = small_bench
+    assert report["table"] in output
+    lines = {line.split("  ")[0].strip(): line for line in report["table"].splitlines()}
+    base = report["configurations"][0]
+    for config in report["configurations"]:
+        fields = lines[config["name"]][len(config["name"]):].split()
+        wire, error, cells = float(fields[0]), float(fields[1]), fields[2:]
+        oop = [r for r in config["perf"]["rows"] if r["placement"] == "out-of-place"]
+        assert error == pytest.approx(max(r["error"] for r in oop), rel=0.06)
+        for i, size in enumerate(report["sizes"]):
+            row = next(r for r in oop if r["size"] == size)
+            busbw = size / 1e9 / (row["time_us_median"] / 1e6) * 1.5  # 2(n-1)/n, n = 4
+            base_row = next(r for r in base["perf"]["rows"]
+                            if r["size"] == size and r["placement"] == "out-of-place")
+            speedup = busbw / (size / 1e9 / (base_row["time_us_median"] / 1e6) * 1.5)
+            assert float(cells[2 * i]) == pytest.approx(busbw, abs=6e-5, rel=1e-3)
+            assert float(cells[2 * i + 1].rstrip("x")) == pytest.approx(speedup, abs=0.006)
+        if config["kind"] == "qnccl":  # the bytes docs/allreduce.md says each rank sends
+            expected = max(sum(sent_bytes(size // 4, "float32", 4, rank, config["algo"], 4,
+                                          config["bucket_size"]) for rank in range(4)) / 4 / size
+                           for size in report["sizes"])
+            assert wire == pytest.approx(expected, abs=6e-4)
+        else:
+            assert wire == 1.5
+
+
+def test_report_and_plot(small_bench):
+    out, output, report = small_bench
+    assert report["link"]["requested"] == "10gbit"
+    assert report["link"]["rate"] in ("10gbit", "unthrottled")
+    png = (out / "busbw.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    assert f"report: {out / 'report.json'}" in output and f"plot:   {out / 'busbw.png'}" in output
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--sizes", "2M:1M"], "need 0 < MIN <= MAX"),
+    (["--sizes", "1M"], "expected MIN:MAX"),
+    (["--bits", "9"], "each value must be 1..8"),
+    (["--algos", "ring,star"], "each must be one of ring, tree, sra"),
+    (["--baselines", "nccl"], "each must be one of mpi, torch"),
+    (["--ranks", "1"], "must be an integer in 2..64"),
+    (["--rate", "fast"], "--rate 'fast' is not a rate"),
+])
+def test_bad_options(args, message, tmp_path):
+    status, output = run_bench([*args, "--out", str(tmp_path)], timeout=60)
+    assert status == 2, output
+    assert message in output
+    assert not (tmp_path / "report.json").exists()
