@@ -3,7 +3,7 @@
 #   make setup    install what building and testing need (idempotent)
 #   make test     setup + build + the test suite
 #   make bench    setup + build + the benchmark
-# Knobs: CXX, NVCC (empty: no CUDA), CUDA_HOME, NVCC_GENCODE, BUILD, PYTHON.
+# Knobs: CXX, NVCC (empty: no CUDA), CUDA_HOME, NVCC_GENCODE, NCCL_INCLUDE, BUILD, PYTHON, JOBS.
 
 BUILD   ?= build
 CXX     ?= g++
@@ -148,12 +148,14 @@ $(BUILD)/bin/%_gpu_test: tests/gpu/%_gpu_test.cc $(LIB) $(HEADERS) tests/gpu/gpu
 setup:
 	@bash scripts/setup.sh
 
+# Both build on every core first (the CUDA and per-ISA objects are slow alone).
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 test: setup
-	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory -j$(JOBS) all
 	$(PYTHON) -m pytest tests
 
 bench: setup
-	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory -j$(JOBS) all
 	$(PYTHON) -m qnccl bench
 
 clean:

@@ -64,6 +64,8 @@ struct Options {
   std::string json_path;
   Memory memory = Memory::Host;
   std::string memory_arg = "auto";
+  std::vector<bool> placements = {false, true};  // in place?
+  std::string placement_arg = "both";
 };
 
 struct BadOption : std::runtime_error {
@@ -170,6 +172,7 @@ void usage(const char* tool, FILE* out) {
           "  -J, --json FILE          also write every row as JSON\n"
           "      --memory auto|host|device  buffers in host or GPU memory (default auto: device\n"
           "                           when built with CUDA and a GPU is visible)\n"
+          "      --placement both|out-of-place|in-place  which to measure (default both)\n"
           "  -g, --ngpus 1, -t, --nthreads 1  accepted for compatibility (one GPU per rank)\n"
           "  -h, --help\n"
           "Exit status: 0 ok, 1 a check failed or a call returned an error, 2 bad options.\n",
@@ -186,7 +189,8 @@ bool parse_options(int argc, char** argv, const char* tool, Options* opt) {
       {"check", required_argument, nullptr, 'c'},     {"blocking", required_argument, nullptr, 'z'},
       {"average", required_argument, nullptr, 'a'},   {"json", required_argument, nullptr, 'J'},
       {"ngpus", required_argument, nullptr, 'g'},     {"nthreads", required_argument, nullptr, 't'},
-      {"memory", required_argument, nullptr, 'M'},    {"help", no_argument, nullptr, 'h'},
+      {"memory", required_argument, nullptr, 'M'},    {"placement", required_argument, nullptr, 'P'},
+      {"help", no_argument, nullptr, 'h'},
       {nullptr, 0, nullptr, 0}};
   opterr = 0;
   bool factor_given = false;
@@ -216,6 +220,16 @@ bool parse_options(int argc, char** argv, const char* tool, Options* opt) {
       case 'g': parse_int("-g/--ngpus (one GPU per rank: start more ranks)", optarg, 1, 1); break;
       case 't': parse_int("-t/--nthreads (one thread per rank: start more ranks)", optarg, 1, 1); break;
       case 'M': opt->memory_arg = optarg; break;
+      case 'P':
+        opt->placement_arg = optarg;
+        if (opt->placement_arg == "both") {
+          opt->placements = {false, true};
+        } else if (opt->placement_arg == "out-of-place" || opt->placement_arg == "in-place") {
+          opt->placements = {opt->placement_arg == "in-place"};
+        } else {
+          bad("--placement: expected both, out-of-place or in-place, got '" + opt->placement_arg + "'");
+        }
+        break;
       case 'h': usage(tool, stdout); return false;
       case ':': bad(std::string("option ") + argv[optind - 1] + " needs a value (see -h)");
       default:
@@ -425,7 +439,7 @@ uint64_t hash_bytes(const void* data, size_t bytes) {
 // ---- one measurement ---------------------------------------------------------------
 
 struct Result;
-void print_row(const Result& out_of_place, const Result& in_place);
+void print_row(const Result* out_of_place, const Result* in_place);
 
 struct Result {
   size_t size = 0, count = 0;
@@ -616,7 +630,8 @@ bool Runner::run(std::vector<Result>* results) {
       }
       if (!wait()) return false;
       for (size_t size : sizes) {
-        for (bool in_place : {false, true}) {
+        const Result* placed[2] = {nullptr, nullptr};  // out of place, in place
+        for (bool in_place : opt_.placements) {
           Result row;
           row.count = size / type->size;
           row.size = row.count * type->size;
@@ -627,7 +642,10 @@ bool Runner::run(std::vector<Result>* results) {
           if (!measure(&row, send, recv, tag)) return false;
           results->push_back(row);
         }
-        if (rank_ == 0) print_row(results->end()[-2], results->end()[-1]);
+        for (size_t i = results->size() - opt_.placements.size(); i < results->size(); i++) {
+          placed[(*results)[i].in_place] = &(*results)[i];
+        }
+        if (rank_ == 0) print_row(placed[0], placed[1]);
       }
     }
   }
@@ -663,14 +681,21 @@ void print_table_header() {
 
 // The row of nccl-tests (fields 0..12 in its order, the error in place of
 // #wrong) plus whether ranks agree and the bytes each rank sent per input byte.
-void print_row(const Result& oop, const Result& ip) {
-  printf("%12zu  %12zu  %8s  %6s  %6d", oop.size, oop.count, oop.type->name, oop.op->name, -1);
-  for (const Result* r : {&oop, &ip}) {
+// A placement left out by --placement (null) prints N/A in its fields.
+void print_row(const Result* oop, const Result* ip) {
+  const Result& any = oop ? *oop : *ip;
+  printf("%12zu  %12zu  %8s  %6s  %6d", any.size, any.count, any.type->name, any.op->name, -1);
+  bool agree = true;
+  for (const Result* r : {oop, ip}) {
+    if (!r) {
+      printf("  %7s  %6s  %6s  %7s", "N/A", "N/A", "N/A", "N/A");
+      continue;
+    }
     printf("  %7s  %6.2f  %6.2f  %7s", time_str(r->time_us).c_str(), r->algbw, r->busbw,
            error_str(*r).c_str());
+    agree = agree && r->agree;
   }
-  const char* agree = !oop.checked ? "N/A" : oop.agree && ip.agree ? "yes" : "NO";
-  printf("  %5s  %5.3f\n", agree, oop.wire_per_byte);
+  printf("  %5s  %5.3f\n", !any.checked ? "N/A" : agree ? "yes" : "NO", any.wire_per_byte);
   fflush(stdout);
 }
 
@@ -702,11 +727,13 @@ bool write_json(FILE* f, const Backend& backend, const Options& opt, int nranks,
   fprintf(f,
           " \"options\": {\"minbytes\": %zu, \"maxbytes\": %zu, \"stepfactor\": %s, "
           "\"stepbytes\": %zu, \"iters\": %d, \"warmup_iters\": %d, \"check\": %d, "
-          "\"blocking\": %d, \"average\": %d, \"datatype\": %s, \"op\": %s, \"memory\": %s},\n",
+          "\"blocking\": %d, \"average\": %d, \"datatype\": %s, \"op\": %s, \"memory\": %s, "
+          "\"placement\": %s},\n",
           opt.min_bytes, opt.max_bytes, json_number(opt.step_factor).c_str(), opt.step_bytes,
           opt.iters, opt.warmup_iters, opt.check, opt.blocking, opt.average,
           json_string(opt.type_arg).c_str(), json_string(opt.op_arg).c_str(),
-          opt.memory == Memory::Device ? "\"device\"" : "\"host\"");
+          opt.memory == Memory::Device ? "\"device\"" : "\"host\"",
+          json_string(opt.placement_arg).c_str());
   fprintf(f, " \"rows\": [");
   for (size_t i = 0; i < rows.size(); i++) {
     const Result& r = rows[i];

@@ -52,6 +52,8 @@ TYPES = {
 }
 TYPE_ALIASES = {"float32": "float", "float16": "half", "float64": "double"}
 OPS = ("sum", "prod", "min", "max", "avg")
+PLACEMENT_NAMES = ("out-of-place", "in-place")
+PLACEMENTS = {"both": (0, 1), "out-of-place": (0,), "in-place": (1,)}
 # Unit roundoff (half an ulp of 1) of the float types, and their smallest subnormal.
 UNIT_ROUNDOFF = {"float": 2.0**-24, "half": 2.0**-11, "bfloat16": 2.0**-8, "double": 2.0**-53}
 SMALLEST = {"float": 2.0**-149, "half": 2.0**-24, "bfloat16": 2.0**-133, "double": 2.0**-1074}
@@ -168,6 +170,8 @@ def build_parser():
                    help="gloo calls always block; 1: the JSON also has the median call time")
     p.add_argument("-J", "--output_file", metavar="FILE", default=None,
                    help="also write the results as JSON to FILE (rank 0)")
+    p.add_argument("--placement", choices=tuple(PLACEMENTS), default="both",
+                   help="which to measure (default both)")
     p.add_argument("--port", type=port_number, default=None,
                    help="rendezvous port when MASTER_PORT is not set (not under torchrun)")
     return p
@@ -530,49 +534,57 @@ def benchmark(torch, np, dist, args, rank, nranks):
         # over (values grow for sum/prod, as in nccl-tests); it starts from the reduced inputs.
         fill_input(torch, np, send, tname, op, rank)
         recv.copy_(send)
-        t_oop, median_oop = timed(lambda: out_of_place(send, recv))
-        t_ip, median_ip = timed(lambda: reduce_in_place(recv))
-        times = gather([t_oop, t_ip, median_oop, median_ip])
-        secs = [combine(times[:, k].tolist()) for k in range(2)]
-        medians = [combine(times[:, k].tolist()) for k in (2, 3)]
+        placements = PLACEMENTS[args.placement]  # 0 out of place, 1 in place
+        calls = {0: lambda: out_of_place(send, recv), 1: lambda: reduce_in_place(recv)}
+        times = gather([t for k in placements for t in timed(calls[k])])  # mean, median each
+        secs = {k: combine(times[:, 2 * i].tolist()) for i, k in enumerate(placements)}
+        medians = {k: combine(times[:, 2 * i + 1].tolist()) for i, k in enumerate(placements)}
 
-        errors, bounds, agrees = [None, None], [None, None], [None, None]
+        errors, bounds, agrees = {}, {}, {}
         if check:
             recv.copy_(send)
-            out_of_place(send, recv)   # out-of-place result in recv
-            reduce_in_place(send)      # in-place result in send (its input is still there)
+            if 0 in placements:
+                out_of_place(send, recv)  # out-of-place result in recv
+            if 1 in placements:
+                reduce_in_place(send)     # in-place result in send (its input is still there)
+            outputs = [recv if k == 0 else send for k in placements]
             # Each rank checks its 1/N slice against the exact result; the hashes prove that
             # every rank holds the same bytes, so together the slices cover every output.
             lo, hi = count * rank // nranks, count * (rank + 1) // nranks
-            diffs, exact_max, abs_sum_max = check_slice(torch, np, (recv, send), tname, op,
+            diffs, exact_max, abs_sum_max = check_slice(torch, np, outputs, tname, op,
                                                         nranks, lo, hi)
             digests = [int.from_bytes(hashlib.blake2b(t.view(torch.uint8).numpy(),
                                                       digest_size=8).digest(), "little", signed=True)
-                       for t in (recv, send)]
+                       for t in outputs]
             stats = gather(diffs + [exact_max, abs_sum_max])
             hashes = gather(digests, torch.int64)
-            exact_max, abs_sum_max = stats[:, 2].max().item(), stats[:, 3].max().item()
+            m = len(placements)
+            exact_max, abs_sum_max = stats[:, m].max().item(), stats[:, m + 1].max().item()
             denom = exact_max if exact_max > 0 else 1.0
             bound = error_bound(tname, op, nranks, exact_max, abs_sum_max)
-            # torch's max propagates NaN: a NaN anywhere in an output fails its row.
-            errors = [stats[:, k].max().item() / denom for k in range(2)]
-            bounds = [bound, bound]
-            agrees = [bool((hashes[:, k] == hashes[0, k]).all()) for k in range(2)]
-            for k, placement in enumerate(("out-of-place", "in-place")):
+            for i, k in enumerate(placements):
+                # torch's max propagates NaN: a NaN anywhere in an output fails its row.
+                errors[k] = stats[:, i].max().item() / denom
+                bounds[k] = bound
+                agrees[k] = bool((hashes[:, i] == hashes[0, i]).all())
                 problems = []
                 if not errors[k] <= bound:
                     problems.append(f"error {errors[k]:.1e} of max |exact| is over the bound "
                                     f"{bound:.1e}")
                 if not agrees[k]:
-                    odd = [r for r in range(nranks) if hashes[r, k] != hashes[0, k]]
+                    odd = [r for r in range(nranks) if hashes[r, i] != hashes[0, i]]
                     problems.append(f"ranks disagree: the output of rank(s) "
                                     f"{', '.join(map(str, odd))} differs from rank 0's")
                 if problems:
-                    failures.append(f"{nbytes} B {tname} {op} {placement}: " + "; ".join(problems))
+                    failures.append(f"{nbytes} B {tname} {op} {PLACEMENT_NAMES[k]}: " +
+                                    "; ".join(problems))
         del send, recv
 
         line = "%12d  %12d  %8s  %6s  %6d" % (nbytes, count, tname, op, -1)
-        for k, placement in enumerate(("out-of-place", "in-place")):
+        for k, placement in enumerate(PLACEMENT_NAMES):
+            if k not in placements:  # left out by --placement
+                line += "  %7s  %6s  %6s  %7s" % ("N/A", "N/A", "N/A", "N/A")
+                continue
             us = secs[k] * 1e6
             algbw = nbytes / secs[k] / 1e9 if secs[k] > 0 else 0.0
             busbw = algbw * factor
@@ -584,9 +596,9 @@ def benchmark(torch, np, dist, args, rank, nranks):
                          "time_us_median": medians[k] * 1e6 if args.blocking else None,
                          "algbw_gbps": algbw,
                          "busbw_gbps": busbw, "error": finite_or_none(errors[k]) if check else None,
-                         "bound": bounds[k], "agree": agrees[k], "ok": ok, "compressed": False,
-                         "algo": None, "wire_bytes_per_input_byte": factor})
-        agree_str = ("yes" if all(agrees) else "NO") if check else "N/A"
+                         "bound": bounds.get(k), "agree": agrees.get(k), "ok": ok,
+                         "compressed": False, "algo": None, "wire_bytes_per_input_byte": factor})
+        agree_str = ("yes" if all(agrees.values()) else "NO") if check else "N/A"
         line += "  %5s  %5.3f" % (agree_str, factor)
         if rank == 0:
             print(line, flush=True)
@@ -614,7 +626,7 @@ def benchmark(torch, np, dist, args, rank, nranks):
                             "iters": args.iters, "warmup_iters": args.warmup_iters,
                             "check": args.check, "blocking": args.blocking,
                             "average": args.average, "datatype": tname, "op": op,
-                            "memory": "host"},
+                            "memory": "host", "placement": args.placement},
                 "rows": rows, "avg_busbw_gbps": avg_busbw, "check": status,
             }
             with open(args.output_file, "w") as f:

@@ -54,7 +54,7 @@ class Config:
         """The rank command (what mpirun starts) for this configuration."""
         perf_args = ["-b", str(args.sizes[0]), "-e", str(args.sizes[1]), "-f", "2",
                      "-n", str(args.iters), "-w", str(args.warmup), "-z", "1", "-c", "1",
-                     "-d", "float", "-o", "sum"]
+                     "-d", "float", "-o", "sum", "--placement", "out-of-place"]
         if self.kind == "mpi":
             return [str(BUILD / "bin" / "mpi_all_reduce_perf"), *perf_args]
         if self.kind == "torch-gloo":
@@ -245,6 +245,19 @@ def plot(records, sizes, title, path):
 
 # ---- the command ------------------------------------------------------------------------
 
+def time_left(done, todo):
+    """', about N min left' from the runs so far: quantized runs and uncompressed
+    baselines take very different times, so each kind is estimated from its own."""
+    estimate = 0.0
+    for quantized in (False, True):
+        walls = [r["wall_s"] for r in done if (r["kind"] == "qnccl") == quantized]
+        pending = sum((c.kind == "qnccl") == quantized for c in todo)
+        if pending and not walls:
+            return ""
+        estimate += sum(walls) / len(walls) * pending if pending else 0.0
+    return f", about {estimate / 60:.1f} min left" if estimate else ""
+
+
 def missing_parts(args):
     needed = [BUILD / "bin" / "all_reduce_perf", BUILD / "lib" / "libqnccl.so",
               BUILD / "host" / "libnccl.so.2", NETLAB]
@@ -283,9 +296,7 @@ def main(args):
     started = time.monotonic()
     records = []
     for i, config in enumerate(configs, 1):
-        elapsed = time.monotonic() - started
-        eta = f", about {elapsed / (i - 1) * (len(configs) - i + 1) / 60:.1f} min left" if i > 1 else ""
-        log(f"[{i:2d}/{len(configs)}] {config.name}{eta}")
+        log(f"[{i:2d}/{len(configs)}] {config.name}{time_left(records, configs[i - 1:])}")
         record = run_config(config, args, out_dir, log)
         records.append(record)
         if record["status"] != "ok":

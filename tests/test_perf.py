@@ -177,6 +177,16 @@ def test_all_types_and_ops(tmp_path):
             assert r["error"] == 0, r
 
 
+@pytest.mark.parametrize("placement", ["out-of-place", "in-place"])
+def test_one_placement(placement, tmp_path):
+    result, data = run_perf(2, [*SMALL_SWEEP, "--placement", placement], tmp_path)
+    _, rows = table(result.stdout)
+    skipped = range(9, 13) if placement == "out-of-place" else range(5, 9)
+    assert all(f[i] == "N/A" for f in rows for i in skipped) and all(f[13] == "yes" for f in rows)
+    assert [r["placement"] for r in data["rows"]] == [placement] * len(rows)
+    assert data["options"]["placement"] == placement and summary(result.stdout, "Check") == "OK"
+
+
 def test_check_off(tmp_path):
     result, data = run_perf(2, [*SMALL_SWEEP, "-c", "0"], tmp_path)
     _, rows = table(result.stdout)
@@ -270,6 +280,7 @@ def test_mpi_baseline(tmp_path):
     (["-g", "2"], "-g/--ngpus (one GPU per rank: start more ranks): expected an integer in 1..1"),
     (["--memory", "disk"], "--memory: expected auto, host or device"),
     (["--memory", "device"], "--memory device: "),
+    (["--placement", "inside"], "--placement: expected both, out-of-place or in-place"),
     (["-Q"], "unknown option -Q"),
     (["-n"], "option -n needs a value"),
     (["extra"], "unexpected argument 'extra'"),

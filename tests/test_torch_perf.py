@@ -80,7 +80,7 @@ def test_table_and_json(tmp_path, nranks, op):
     assert report["options"] == {"minbytes": 65536, "maxbytes": 1 << 20, "stepfactor": 4,
                                  "stepbytes": 1 << 20, "iters": 2, "warmup_iters": 1, "check": 1,
                                  "blocking": 0, "average": 1, "datatype": "float", "op": op,
-                                 "memory": "host"}
+                                 "memory": "host", "placement": "both"}
     assert len(report["rows"]) == 2 * len(rows)
     busbws = []
     for i, r in enumerate(rows):
@@ -216,3 +216,16 @@ def test_check_off(tmp_path):
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["check"] == "off"
     assert all(row[k] is None for row in report["rows"] for k in ("error", "bound", "agree", "ok"))
+
+
+@pytest.mark.parametrize("placement", ["out-of-place", "in-place"])
+def test_one_placement(tmp_path, placement):
+    result = run_perf(2, [*SWEEP, "-z", "1", "--placement", placement, "-J", tmp_path / "r.json"])
+    rows, summary = parse(result.stdout)
+    skipped = range(9, 13) if placement == "out-of-place" else range(5, 9)
+    assert rows and all(r[i] == "N/A" for r in rows for i in skipped)
+    assert all(r[13] == "yes" for r in rows) and summary["Check"] == "OK"
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert [r["placement"] for r in report["rows"]] == [placement] * len(rows)
+    assert all(r["time_us_median"] > 0 and r["ok"] for r in report["rows"])
+    assert report["options"]["placement"] == placement
