@@ -232,6 +232,7 @@ def plot(records, sizes, title, path):
             ax.plot(xs, ys, "-", color={"nccl": "black", "mpi": "gray"}.get(r["kind"], "tab:brown"),
                     linewidth=2.5, label=r["name"])
     ax.set_xscale("log", base=2)
+    ax.set_yscale("log")  # speedups read as vertical distances; baselines stay visible
     ax.set_xticks(sizes, [mib(s) for s in sizes])
     ax.set_xlabel("message size (float32)")
     ax.set_ylabel("busbw (GB/s)")
