@@ -276,7 +276,7 @@ std::vector<size_t> sweep(const Options& opt) {
 
 class Buffer {
  public:
-  Buffer(size_t bytes, Memory memory) : bytes_(bytes), memory_(memory) {
+  Buffer(size_t bytes, Memory memory) : memory_(memory) {
 #ifdef QNCCL_PERF_CUDA
     if (memory == Memory::Device) {
       if (cudaMalloc(&data_, std::max<size_t>(bytes, 1)) != cudaSuccess) throw std::bad_alloc();
@@ -320,7 +320,6 @@ class Buffer {
 #endif
     memcpy(dst, src, bytes);
   }
-  size_t bytes_;
   Memory memory_;
   void* data_ = nullptr;
 };
@@ -397,12 +396,15 @@ double wrap(const DataType& type, uint64_t bits) {
 }
 
 // The exact result of element i: floats in double (exact for sums of these
-// inputs), integers with the type's wrap-around and integer division.
-double exact_value(const DataType& type, const ReduceOp& op, uint64_t tag, int nranks, size_t i) {
+// inputs), integers with the type's wrap-around and integer division. Also
+// raises *input_abs_max to the largest |input| of the element.
+double exact_value(const DataType& type, const ReduceOp& op, uint64_t tag, int nranks, size_t i,
+                   double* input_abs_max) {
   double lo = INFINITY, hi = -INFINITY, sum = 0, prod = 1;
   uint64_t isum = 0, iprod = 1;
   for (int r = 0; r < nranks; r++) {
     double v = input_value(type, op, tag, r, i);
+    *input_abs_max = std::max(*input_abs_max, std::fabs(v));
     lo = std::min(lo, v);
     hi = std::max(hi, v);
     sum += v;
@@ -573,13 +575,10 @@ bool Runner::check(Result* row, Buffer& send, Buffer& recv, uint64_t tag) {
   size_t lo = count * rank_ / nranks_, hi = count * (rank_ + 1) / nranks_;
   double local[3] = {0, 0, 0};  // max |out - exact|, max |exact|, max |input|
   for (size_t i = lo; i < hi; i++) {
-    double exact = exact_value(type, op, tag, nranks_, i);
+    double exact = exact_value(type, op, tag, nranks_, i, &local[2]);
     double err = std::fabs(load(type, host_out_.data(), i) - exact);
     local[0] = std::isnan(err) ? INFINITY : std::max(local[0], err);
     local[1] = std::max(local[1], std::fabs(exact));
-    for (int r = 0; r < nranks_; r++) {
-      local[2] = std::max(local[2], std::fabs(input_value(type, op, tag, r, i)));
-    }
   }
   double global[3];
   MPI_Allreduce(local, global, 3, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
