@@ -1,0 +1,326 @@
+"""A DistributedDataParallel communication hook that quantizes gradients with qnccl's codec.
+
+    import qnccl.torch
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    state = qnccl.torch.QuantizedHookState(model, bits=4, bucket_size=128)
+    ddp.register_comm_hook(state, qnccl.torch.sra_hook)
+
+Each gradient bucket is split per parameter: 1-D parameters and parameters with fewer than
+`min_numel` elements are averaged exactly (one plain all_reduce per bucket); the others are
+grouped by their (bits, bucket_size) and each group is averaged with the SRA algorithm of
+docs/allreduce.md, the quantized bytes travelling as uint8 tensors through
+torch.distributed.all_to_all_single (gloo on CPU, NCCL on GPU). See docs/torch-hook.md.
+"""
+from __future__ import annotations
+
+try:
+    import torch
+    import torch.distributed as dist
+except ImportError as exc:  # torch stays optional for the rest of qnccl
+    raise ImportError("qnccl.torch needs PyTorch with torch.distributed: "
+                      "pip install torch (CPU wheels: --index-url "
+                      "https://download.pytorch.org/whl/cpu)") from exc
+
+import operator
+
+import numpy as np
+
+from . import codec as _codec
+from .emulate.allreduce import chunks as _chunks, segments as _segments, stream_id as _stream_id
+
+__all__ = ["QuantizedHookState", "sra_hook"]
+
+ROUNDINGS = ("stochastic", "nearest")
+_F32 = np.float32
+
+
+def _int_arg(name, value, low, high=None):
+    try:
+        value = operator.index(value)
+    except TypeError:
+        raise ValueError(f"{name} must be an integer, got {value!r}") from None
+    if value < low or (high is not None and value > high):
+        allowed = f"{low}..{high}" if high is not None else f">= {low}"
+        raise ValueError(f"{name} must be in {allowed}, got {value}")
+    return value
+
+
+def _setting(name, value):
+    """(bits, bucket_size) checked, or None (exact)."""
+    if value is None:
+        return None
+    try:
+        bits, bucket_size = value
+    except (TypeError, ValueError):
+        raise ValueError(f"per_layer[{name!r}] must be (bits, bucket_size) or None, "
+                         f"got {value!r}") from None
+    return (_int_arg(f"per_layer[{name!r}] bits", bits, 1, 8),
+            _int_arg(f"per_layer[{name!r}] bucket_size", bucket_size, 1))
+
+
+class QuantizedHookState:
+    """State of sra_hook: configuration, random-stream call counter, residuals, byte counts.
+
+    model           the module whose parameters DDP reduces (the DDP wrapper is accepted too);
+                    it gives the parameter names per_layer refers to
+    process_group   the group DDP uses (None: the default group, looked up at the first call)
+    bits            1..8, bucket_size >= 1: the default codec configuration
+    rounding        "stochastic" or "nearest"
+    min_numel       parameters with fewer elements (and every 1-D parameter) are exact
+    per_layer       None, a dict {parameter name or module prefix: (bits, bucket_size) or None}
+                    (longest prefix on module boundaries wins; None: exact), or a callable
+                    (name, parameter) -> (bits, bucket_size) or None, consulted for the
+                    parameters that are not exact by the rule above
+    error_feedback  keep per-rank float32 residuals of what the quantizations dropped
+    warmup_steps    the first K calls of each bucket index are exact (plain allreduce mean)
+    seed            the codec seed of stochastic rounding
+    """
+
+    def __init__(self, model, process_group=None, bits=4, bucket_size=128,
+                 rounding="stochastic", min_numel=1024, per_layer=None, error_feedback=False,
+                 warmup_steps=0, seed=0):
+        if not isinstance(model, torch.nn.Module):
+            raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+            model = model.module
+        self.bits = _int_arg("bits", bits, 1, 8)
+        self.bucket_size = _int_arg("bucket_size", bucket_size, 1)
+        if rounding not in ROUNDINGS:
+            raise ValueError(f"rounding must be 'stochastic' or 'nearest', got {rounding!r}")
+        self.rounding = rounding
+        self.min_numel = _int_arg("min_numel", min_numel, 0)
+        self.warmup_steps = _int_arg("warmup_steps", warmup_steps, 0)
+        self.seed = _int_arg("seed", seed, 0, 2**64 - 1)
+        if not isinstance(error_feedback, bool):
+            raise ValueError(f"error_feedback must be True or False, got {error_feedback!r}")
+        self.error_feedback = error_feedback
+        if per_layer is not None and not callable(per_layer) and not isinstance(per_layer, dict):
+            raise ValueError("per_layer must be None, a dict {name or module prefix: "
+                             f"(bits, bucket_size) or None}} or a callable, got {per_layer!r}")
+        if isinstance(per_layer, dict):
+            per_layer = {str(k): _setting(k, v) for k, v in per_layer.items()}
+        self.per_layer = per_layer
+        self.process_group = process_group
+        self._names = {id(p): n for n, p in model.named_parameters()}
+        self._settings = {}  # id(param) -> (bits, bucket_size) or None
+        self.calls = 0  # quantized SRA calls so far: the `call` of the random streams
+        self.bucket_calls = {}  # bucket index -> hook calls so far (warm-up)
+        self.residuals = {}  # parameter name -> float32 numpy residual (error feedback)
+        self.input_bytes = 0  # gradient bytes handed to the hook
+        self.quantized_input_bytes = 0  # of those, the bytes that took the quantized path
+        self.quantized_bytes_sent = 0  # wire bytes this rank sent to other ranks (both phases)
+        self.exact_bytes = 0  # bytes given to plain all_reduce (exact parts, warm-up)
+        self.world_size = None  # set at the first call
+
+    # ---- configuration ------------------------------------------------------------------
+    def name_of(self, param):
+        try:
+            return self._names[id(param)]
+        except KeyError:
+            raise ValueError("a bucket holds a parameter that is not in the model given to "
+                             "QuantizedHookState") from None
+
+    def setting(self, param):
+        """(bits, bucket_size) of the parameter's quantization, or None when it is exact."""
+        key = id(param)
+        if key not in self._settings:
+            self._settings[key] = self._decide(self.name_of(param), param)
+        return self._settings[key]
+
+    def _decide(self, name, param):
+        if param.dim() <= 1 or param.numel() < self.min_numel:
+            return None
+        if callable(self.per_layer):
+            return _setting(name, self.per_layer(name, param))
+        if self.per_layer:
+            best = None
+            for prefix in self.per_layer:
+                if name == prefix or name.startswith(prefix + ".") or prefix == "":
+                    if best is None or len(prefix) > len(best):
+                        best = prefix
+            if best is not None:
+                return self.per_layer[best]
+        return (self.bits, self.bucket_size)
+
+    def bucket_plan(self, params):
+        """(exact parameter indices, [((bits, bucket_size), [indices])]) for a bucket's
+        parameter list: quantized groups in order of first appearance, each one SRA call
+        (consecutive `call` numbers)."""
+        exact, groups = [], {}
+        for i, p in enumerate(params):
+            s = self.setting(p)
+            if s is None:
+                exact.append(i)
+            else:
+                groups.setdefault(s, []).append(i)
+        return exact, list(groups.items())
+
+    def reset(self):
+        """Clears the error-feedback residuals."""
+        self.residuals.clear()
+
+    def report(self):
+        """Byte counts so far. input_per_sent: gradient bytes of the quantized path per byte
+        this rank sent for it; compression: what an uncompressed SRA (reduce-scatter +
+        allgather, 2*(N-1)/N of its input per rank) would have sent per byte sent."""
+        q = self.quantized_bytes_sent
+        n = self.world_size or 1
+        plain = 2 * (n - 1) / n * self.quantized_input_bytes
+        return {"input_bytes": self.input_bytes,
+                "quantized_input_bytes": self.quantized_input_bytes,
+                "quantized_bytes_sent": q, "exact_bytes": self.exact_bytes,
+                "calls": self.calls,
+                "input_per_sent": self.quantized_input_bytes / q if q else float("nan"),
+                "compression": plain / q if q else float("nan")}
+
+    def _group(self):
+        return self.process_group if self.process_group is not None else dist.group.WORLD
+
+
+def _quantized(data, count, bits, bucket_size):
+    return _codec.QuantizedArray(data=data, count=count, shape=(count,), dtype="float32",
+                                 bits=bits, bucket_size=bucket_size, rounding="nearest",
+                                 seed=0, stream=0)
+
+
+def _sra(state, group, z, bits, bucket_size, residual, device):
+    """The SRA average of the float32 vector z over the group (docs/allreduce.md), returns the
+    float32 result; fills `residual` (when not None) with what this rank's quantizations
+    dropped: z - D(Q(z)) on the chunks it sent, N * (acc/N - D(q_r)) on its own chunk."""
+    n, r = dist.get_world_size(group), dist.get_rank(group)
+    call = state.calls
+    state.calls += 1
+    out = np.empty_like(z)
+    for g, (start, stop) in enumerate(_segments(z.size, 0, bucket_size)):
+        bounds = _chunks(stop - start, n, bucket_size)
+        sizes = [_codec.compressed_size(hi - lo, bits, bucket_size) if hi > lo else 0
+                 for lo, hi in bounds]
+
+        def q(values, step):
+            return _codec.quantize(values, bits, bucket_size, state.rounding, state.seed,
+                                   _stream_id(call, g, r, step))
+
+        # scatter-reduce: chunk k quantized for its owner k
+        sends, in_split = [], []
+        for k, (lo, hi) in enumerate(bounds):
+            if k == r or hi == lo:
+                in_split.append(0)
+                continue
+            values = z[start + lo:start + hi]
+            qk = q(values, k)
+            if residual is not None:
+                residual[start + lo:start + hi] = values - _codec.dequantize(qk)
+            sends.append(qk.data)
+            in_split.append(sizes[k])
+        out_split = [0 if j == r else sizes[r] for j in range(n)]
+        received = _exchange(group, sends, in_split, out_split, device)
+        state.quantized_bytes_sent += sum(in_split)
+
+        lo, hi = bounds[r]
+        mine = None
+        if hi > lo:
+            acc = z[start + lo:start + hi].copy()
+            offset = 0
+            for j in range(n):
+                if j != r:
+                    _codec.dequantize_accumulate(
+                        _quantized(received[offset:offset + sizes[r]], hi - lo, bits,
+                                   bucket_size), acc)
+                    offset += sizes[r]
+            with np.errstate(invalid="ignore", over="ignore"):
+                acc /= _F32(n)
+            mine = q(acc, n)
+            result = _codec.dequantize(mine)
+            out[start + lo:start + hi] = result
+            if residual is not None:
+                with np.errstate(invalid="ignore", over="ignore"):
+                    residual[start + lo:start + hi] = (acc - result) * _F32(n)
+
+        # allgather: the owner's bytes to every other rank
+        in_split = [0 if (k == r or hi == lo) else sizes[r] for k in range(n)]
+        sends = [mine.data] * (n - 1) if hi > lo else []
+        out_split = [0 if k == r else sizes[k] for k in range(n)]
+        received = _exchange(group, sends, in_split, out_split, device)
+        state.quantized_bytes_sent += sum(in_split)
+        offset = 0
+        for k, (klo, khi) in enumerate(bounds):
+            if k == r or khi == klo:
+                continue
+            out[start + klo:start + khi] = _codec.dequantize(
+                _quantized(received[offset:offset + sizes[k]], khi - klo, bits, bucket_size))
+            offset += sizes[k]
+    return out
+
+
+def _exchange(group, sends, in_split, out_split, device):
+    """all_to_all_single of uint8 bytes with uneven splits; returns the received numpy bytes."""
+    send = torch.from_numpy(np.concatenate(sends) if sends else np.empty(0, np.uint8))
+    send = send.to(device)
+    recv = torch.empty(sum(out_split), dtype=torch.uint8, device=device)
+    dist.all_to_all_single(recv, send, out_split, in_split, group=group)
+    return recv.cpu().numpy()
+
+
+
+def _done(tensor):
+    fut = torch.futures.Future()
+    fut.set_result(tensor)
+    return fut
+
+
+def _exact_mean(group, tensor):
+    dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group)
+    tensor.div_(dist.get_world_size(group))
+    return tensor
+
+
+def sra_hook(state: QuantizedHookState, bucket):
+    """DDP communication hook: the bucket's gradients averaged over the process group (exact
+    for small and 1-D parameters and during warm-up, SRA-quantized for the rest)."""
+    group = state._group()
+    buffer = bucket.buffer()
+    index = bucket.index()
+    state.world_size = dist.get_world_size(group)
+    state.input_bytes += buffer.numel() * buffer.element_size()
+    seen = state.bucket_calls.get(index, 0)
+    state.bucket_calls[index] = seen + 1
+    if seen < state.warmup_steps or dist.get_world_size(group) == 1:
+        state.exact_bytes += buffer.numel() * buffer.element_size()
+        return _done(_exact_mean(group, buffer))
+
+    params, grads = bucket.parameters(), bucket.gradients()
+    exact, groups = state.bucket_plan(params)
+    if exact:
+        flat = torch.cat([grads[i].reshape(-1) for i in exact])
+        state.exact_bytes += flat.numel() * flat.element_size()
+        _exact_mean(group, flat)
+        offset = 0
+        for i in exact:
+            m = grads[i].numel()
+            grads[i].copy_(flat[offset:offset + m].view_as(grads[i]))
+            offset += m
+    for (bits, bucket_size), members in groups:
+        names = [state.name_of(params[i]) for i in members]
+        z = torch.cat([grads[i].reshape(-1) for i in members]).to("cpu", torch.float32)
+        z = z.numpy().copy()
+        state.quantized_input_bytes += sum(grads[i].numel() * grads[i].element_size()
+                                           for i in members)
+        residual = None
+        if state.error_feedback:
+            offset = 0
+            for i, name in zip(members, names):
+                m = grads[i].numel()
+                old = state.residuals.get(name)
+                if old is not None and old.size == m:
+                    z[offset:offset + m] += old
+                offset += m
+            residual = np.zeros_like(z)
+        out = _sra(state, group, z, bits, bucket_size, residual, buffer.device)
+        offset = 0
+        for i, name in zip(members, names):
+            m = grads[i].numel()
+            grads[i].copy_(torch.from_numpy(out[offset:offset + m]).view_as(grads[i]))
+            if residual is not None:
+                state.residuals[name] = residual[offset:offset + m].copy()
+            offset += m
+    return _done(buffer)

@@ -1,0 +1,202 @@
+"""qnccl.torch: the DDP communication hook, run as 4 real gloo processes under mpirun.
+
+One job (tests/torch_programs/ddp_train.py) trains a small model for a few steps under several
+hook configurations and records, per rank and step, the gradients the hook received, the
+averaged gradients, a parameter hash and the residuals; the checks here are in numpy against
+qnccl.emulate (the independent numpy reference of the SRA algorithm)."""
+import json
+import pickle
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from mpi import REPO, run_python
+
+torch = pytest.importorskip("torch")
+import qnccl.torch as qtorch  # noqa: E402
+from qnccl.emulate.allreduce import allreduce as emulate_allreduce  # noqa: E402
+
+N = 4
+EXACT = ("fc1.bias", "ln.weight", "ln.bias", "fc2.bias", "head.weight", "head.bias")
+QUANTIZED = ("fc1.weight", "fc2.weight")
+CONFIGS = [
+    {"hook": "qnccl", "args": {"bits": 4, "bucket_size": 64, "rounding": "stochastic",
+                               "per_layer": {"fc1": [2, 64], "fc2": [8, 128]},
+                               "warmup_steps": 2, "seed": 7}},
+    {"hook": "qnccl", "args": {"bits": 4, "bucket_size": 128, "rounding": "nearest",
+                               "error_feedback": True}},
+    {"hook": "qnccl", "args": {"bits": 4, "bucket_size": 128, "rounding": "stochastic",
+                               "error_feedback": True, "seed": 3}},
+    {"hook": "qnccl", "args": {"bits": 3, "bucket_size": 32, "rounding": "nearest"}},
+    {"hook": "default"},
+]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def records(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ddp")
+    run_python(N, REPO / "tests" / "torch_programs" / "ddp_train.py", out, json.dumps(CONFIGS),
+               timeout=150, env={"MASTER_PORT": str(free_port())})
+    ranks = []
+    for r in range(N):
+        with open(out / f"rank{r}.pkl", "rb") as f:
+            ranks.append(pickle.load(f))
+    return ranks  # ranks[rank][config]["steps"][step]
+
+
+def steps_of(records, c):
+    return list(zip(*[records[r][c]["steps"] for r in range(N)]))  # [step][rank]
+
+
+def f64_mean(step, name):
+    return np.mean([np.float64(0) + call_local(step[r], name) for r in range(N)], axis=0)
+
+
+def call_local(entry, name):
+    for call in entry["calls"]:
+        if name in call["local"]:
+            return call["local"][name]
+    raise KeyError(name)
+
+
+@pytest.mark.parametrize("c", range(len(CONFIGS)))
+def test_replicas_stay_identical(records, c):
+    for t, step in enumerate(steps_of(records, c)):
+        assert len({e["hash"] for e in step}) == 1, f"config {c} step {t}: replicas differ"
+        for name in step[0]["grads"]:
+            for r in range(1, N):
+                assert np.array_equal(step[r]["grads"][name].view(np.uint32),
+                                      step[0]["grads"][name].view(np.uint32))
+
+
+@pytest.mark.parametrize("c", range(4))
+def test_small_and_1d_parameters_are_exact(records, c):
+    warmup = CONFIGS[c]["args"].get("warmup_steps", 0)
+    for t, step in enumerate(steps_of(records, c)):
+        e = step[0]
+        names = EXACT + (QUANTIZED if t < warmup else ())
+        for name in names:
+            mean = f64_mean(step, name)
+            got = e["grads"][name].astype(np.float64)
+            # float32 sum of N values then / N: at most N ulps of the sum of magnitudes
+            mag = np.mean([np.abs(call_local(step[r], name)) for r in range(N)], axis=0)
+            assert np.all(np.abs(got - mean) <= N * 2.0**-24 * mag + 2.0**-140), (c, t, name)
+        if t < warmup:
+            continue
+        for call in e["calls"]:  # bit for bit what a plain all_reduce of them gives
+            if call["exact"]:
+                got = np.concatenate([e["grads"][n] for n in call["exact"]])
+                assert np.array_equal(got, call["exact_ref"]), (c, t, call["exact"])
+            assert not set(call["exact"]) & set(QUANTIZED)
+        for name in QUANTIZED:  # the others were quantized: they differ from the exact mean
+            assert not np.allclose(e["grads"][name], f64_mean(step, name), rtol=1e-5, atol=0)
+
+
+@pytest.mark.parametrize("c", range(4))
+def test_quantized_part_matches_emulator(records, c):
+    args = CONFIGS[c]["args"]
+    warmup = args.get("warmup_steps", 0)
+    calls_seen = 0
+    prev = [{} for _ in range(N)]
+    for t, step in enumerate(steps_of(records, c)):
+        e = step[0]
+        if t < warmup:
+            assert e["report"]["calls"] == 0
+        for i, call in enumerate(e["calls"]):
+            for r in range(N):
+                assert step[r]["calls"][i]["call"] == call["call"]
+            for g, ((bits, bucket_size), names) in enumerate(call["groups"] if t >= warmup else []):
+                inputs = []
+                for r in range(N):
+                    parts = []
+                    for n in names:
+                        v = step[r]["calls"][i]["local"][n]
+                        if n in prev[r]:
+                            v = v + prev[r][n]
+                        parts.append(v)
+                    inputs.append(np.concatenate(parts))
+                want, bound = emulate_allreduce(
+                    inputs, "sra", bits, bucket_size, args["rounding"], args.get("seed", 0),
+                    op="avg", call=call["call"] + g, return_bounds=True)
+                got = np.concatenate([e["grads"][n] for n in names])
+                assert np.array_equal(got.view(np.uint32), want[0].view(np.uint32)), \
+                    (c, t, names)
+                exact = np.mean([x.astype(np.float64) for x in inputs], axis=0)
+                assert np.all(np.abs(got - exact) <= bound), (c, t, names)
+                calls_seen += 1
+        prev = [dict(step[r]["residuals"]) for r in range(N)]
+    assert calls_seen > 0
+
+
+@pytest.mark.parametrize("c", [1, 2])
+def test_error_feedback_identity(records, c):
+    """z_t = g_t + E_{t-1}; the result is mean(z_t) - sum_r E_t,r / N (the send residuals
+    z - D(Q(z)) and the owner's N * (acc/N - D(q))), so summed over steps
+    sum_t result_t = sum_t mean(g_t) - sum_r E_T,r / N, up to float32 rounding."""
+    steps = steps_of(records, c)
+    for name in QUANTIZED:
+        got = sum(s[0]["grads"][name].astype(np.float64) for s in steps)
+        exact = sum(f64_mean(s, name) for s in steps)
+        final = sum(steps[-1][r]["residuals"][name].astype(np.float64) for r in range(N)) / N
+        scale = max(np.abs(f64_mean(s, name)).max() for s in steps)
+        err = np.abs(got - (exact - final))
+        assert err.max() <= 64 * len(steps) * 2.0**-24 * scale, (name, err.max(), scale)
+        assert np.abs(final).max() > 1000 * err.max()  # the residuals are not trivially zero
+
+
+def test_per_layer_bits_and_loss(records):
+    step = steps_of(records, 0)[-1]
+    err = {n: np.abs(step[0]["grads"][n] - f64_mean(step, n)).max() / np.abs(f64_mean(step, n)).max()
+           for n in QUANTIZED}
+    assert err["fc2.weight"] * 10 < err["fc1.weight"], err  # 8 bits vs 2 bits
+    exact_loss = np.mean([e["loss"] for e in steps_of(records, 4)[-1]])
+    for c in range(4):
+        loss = np.mean([e["loss"] for e in steps_of(records, c)[-1]])
+        assert abs(loss - exact_loss) < 0.1 * exact_loss, (c, loss, exact_loss)
+        report = records[0][c]["steps"][-1]["report"]
+        assert report["input_per_sent"] > 1.5 and report["compression"] > 5, report
+
+
+@pytest.mark.parametrize("kwargs, word", [
+    ({"bits": 0}, "bits"), ({"bits": 9}, "bits"), ({"bucket_size": 0}, "bucket_size"),
+    ({"rounding": "up"}, "rounding"), ({"min_numel": -1}, "min_numel"),
+    ({"warmup_steps": -2}, "warmup_steps"), ({"seed": -1}, "seed"),
+    ({"error_feedback": "yes"}, "error_feedback"), ({"per_layer": 3}, "per_layer"),
+    ({"per_layer": {"fc1": (4,)}}, "per_layer"), ({"per_layer": {"fc1": (2, 0)}}, "bucket_size"),
+])
+def test_bad_arguments(kwargs, word):
+    with pytest.raises(ValueError, match=word):
+        qtorch.QuantizedHookState(torch.nn.Linear(4, 4), **kwargs)
+
+
+def test_per_layer_prefixes_and_callable():
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 64),
+                                torch.nn.Linear(64, 64))
+    state = qtorch.QuantizedHookState(model, per_layer={"0": (8, 32), "0.weight": (2, 16),
+                                                         "1": None}, min_numel=100)
+    p = dict(model.named_parameters())
+    assert state.setting(p["0.weight"]) == (2, 16)
+    assert state.setting(p["1.weight"]) is None
+    assert state.setting(p["2.weight"]) == (4, 128)
+    assert state.setting(p["2.bias"]) is None
+    state = qtorch.QuantizedHookState(model, per_layer=lambda n, q: (3, 64) if n < "1" else None)
+    assert state.setting(p["0.weight"]) == (3, 64) and state.setting(p["1.weight"]) is None
+
+
+def test_import_without_torch():
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "import qnccl, qnccl.codec, qnccl.emulate, qnccl.cli\n"
+            "try:\n    import qnccl.torch\nexcept ImportError as e:\n    print('HINT', e)\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "HINT" in out.stdout and "pip install torch" in out.stdout

@@ -1,0 +1,106 @@
+#!/usr/bin/env python3
+"""Trains a small model with DDP (gloo, CPU) under several qnccl.torch hook configurations and
+writes, per rank, everything tests/test_torch_hook.py checks: per step the local gradients the
+hook received, the averaged gradients DDP produced, a hash of the parameters after the step,
+the loss, the error-feedback residuals, the SRA call numbers and the exact part reduced with
+a plain all_reduce for comparison.
+
+    MASTER_PORT=P mpirun -np 4 python tests/torch_programs/ddp_train.py OUTDIR CONFIGS_JSON
+"""
+import hashlib
+import json
+import os
+import pickle
+import sys
+from datetime import timedelta
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+import qnccl.torch  # noqa: E402
+
+STEPS = 6
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(32, 64)   # 2048 weights: quantized
+        self.ln = torch.nn.LayerNorm(64)     # 1-D: exact
+        self.fc2 = torch.nn.Linear(64, 32)   # 2048 weights: quantized
+        self.head = torch.nn.Linear(32, 4)   # 128 weights < min_numel: exact
+
+    def forward(self, x):
+        return self.head(torch.relu(self.fc2(torch.relu(self.ln(self.fc1(x))))))
+
+
+def run(config, rank, size):
+    torch.manual_seed(1234)
+    model = Net()
+    ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.01)
+    names = {id(p): n for n, p in model.named_parameters()}
+    record = {"config": config, "steps": []}
+    state = None
+    if config["hook"] == "qnccl":
+        state = qnccl.torch.QuantizedHookState(model, **config["args"])
+        calls = []
+
+        def hook(st, bucket):
+            params, grads = bucket.parameters(), bucket.gradients()
+            exact, groups = st.bucket_plan(params)
+            exact_ref = None
+            if exact and st.bucket_calls.get(bucket.index(), 0) >= st.warmup_steps:
+                flat = torch.cat([grads[i].reshape(-1) for i in exact]).clone()
+                dist.all_reduce(flat)
+                exact_ref = (flat / size).numpy()
+            calls.append({"call": st.calls, "local": {names[id(p)]: g.detach().reshape(-1).numpy().copy()
+                                                       for p, g in zip(params, grads)},
+                          "exact": [names[id(params[i])] for i in exact], "exact_ref": exact_ref,
+                          "groups": [(s, [names[id(params[i])] for i in m]) for s, m in groups]})
+            return qnccl.torch.sra_hook(st, bucket)
+
+        ddp.register_comm_hook(state, hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    gen = torch.Generator().manual_seed(100 + rank)
+    for step in range(STEPS):
+        if state is not None:
+            calls = []
+        x = torch.randn(16, 32, generator=gen)
+        y = torch.randn(16, 4, generator=gen)
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(ddp(x), y)
+        loss.backward()
+        grads = {n: p.grad.detach().reshape(-1).numpy().copy() for n, p in model.named_parameters()}
+        opt.step()
+        digest = hashlib.sha256()
+        for _, p in sorted(model.named_parameters()):
+            digest.update(p.detach().numpy().tobytes())
+        entry = {"loss": float(loss.detach()), "grads": grads, "hash": digest.hexdigest()}
+        if state is not None:
+            entry["calls"] = calls
+            entry["residuals"] = {k: v.copy() for k, v in state.residuals.items()}
+            entry["report"] = state.report()
+        record["steps"].append(entry)
+    return record
+
+
+def main():
+    outdir, configs = sys.argv[1], json.loads(sys.argv[2])
+    rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
+    size = int(os.environ["OMPI_COMM_WORLD_SIZE"])
+    store = dist.TCPStore("127.0.0.1", int(os.environ["MASTER_PORT"]), size, rank == 0,
+                          timeout=timedelta(seconds=60))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=size,
+                            timeout=timedelta(seconds=60))
+    torch.set_num_threads(1)
+    records = [run(c, rank, size) for c in configs]
+    with open(os.path.join(outdir, f"rank{rank}.pkl"), "wb") as f:
+        pickle.dump(records, f)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
