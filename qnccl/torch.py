@@ -249,6 +249,8 @@ def _sra(state, group, z, bits, bucket_size, residual, device):
             out[start + klo:start + khi] = _codec.dequantize(
                 _quantized(received[offset:offset + sizes[k]], khi - klo, bits, bucket_size))
             offset += sizes[k]
+    if residual is not None:  # docs/allreduce.md: a non-finite bucket leaves no residual, so
+        residual[~np.isfinite(residual)] = 0  # a step AMP skips cannot poison the next ones
     return out
 
 

@@ -6,8 +6,11 @@ qnccl.emulate.allreduce is docs/allreduce.md on N virtual ranks: the bytes
 qncclAllReduce produces on N real ranks, and the error each algorithm implies.
 (The package attribute `allreduce` is that module's function; import its other
 helpers with `from qnccl.emulate.allreduce import chunks, segments, ...`.)
+qnccl.emulate.training.EmulatedAllReduce is a communicator of N virtual ranks in a
+training loop: call counter, warm-up calls and error feedback's residuals per buffer.
 """
 from .allreduce import allreduce, auto_algo, stream_id
+from .training import EmulatedAllReduce
 from .codec import (
     WIRE_VERSION,
     bucket_params,
@@ -21,6 +24,7 @@ from .codec import (
 )
 
 __all__ = [
+    "EmulatedAllReduce",
     "WIRE_VERSION",
     "allreduce",
     "auto_algo",

@@ -2,6 +2,7 @@
 
     outs = allreduce([x0, x1, x2, x3], algo="sra", bits=4)        # one array per rank
     outs, bound = allreduce(xs, rounding="nearest", return_bounds=True)
+    outs = allreduce(xs, residuals=es)   # error feedback: es (N float32 arrays) rewritten
 
 Every virtual rank does what the engine (src/engine/) does on a real one:
 the same segments and chunks, the same quantizations with the same random
@@ -90,8 +91,7 @@ def stream_id(call, segment, rank, step):
                                ("rank", rank, 2**32), ("step", step, 2**32)):
         if not 0 <= operator.index(value) < limit:
             raise ValueError(f"{name} must be in [0, {limit}), got {value}")
-    inner = mix64(mix64(np.uint64(call)) ^ np.uint64(segment))
-    return int(mix64(inner ^ np.uint64(rank << 32 | step)))
+    return int(_streams(call, segment, rank, step))
 
 
 def auto_algo(count, dtype, nranks):
@@ -314,10 +314,24 @@ def _inputs(inputs, dtype):
     return x, name, first.dtype, first.shape
 
 
+def _residual_views(residuals, nranks, count):
+    """Flat writable float32 views of the N residual arrays (ValueError if they do not fit)."""
+    views = []
+    if len(residuals) != nranks:
+        raise ValueError(f"residuals must hold one array per rank ({nranks}), got {len(residuals)}")
+    for r, e in enumerate(residuals):
+        if (not isinstance(e, np.ndarray) or e.dtype != F32 or e.size != count
+                or not e.flags.c_contiguous or not e.flags.writeable):
+            raise ValueError(f"residuals[{r}] must be a C-contiguous writable float32 array of "
+                             f"{count} values")
+        views.append(e.reshape(-1))
+    return views
+
+
 def allreduce(inputs: Sequence[np.ndarray], algo: str = "auto", bits: int = 4,
               bucket_size: int = 128, rounding: str = "stochastic", seed: int = 0,
               op: str = "sum", call: int = 0, segment_values: int = 0, dtype=None,
-              return_bounds: bool = False):
+              return_bounds: bool = False, residuals=None):
     """What qncclAllReduce returns on every rank of an N-rank communicator.
 
     inputs          one array per rank (a list, or an N x ... array), all of one
@@ -330,6 +344,10 @@ def allreduce(inputs: Sequence[np.ndarray], algo: str = "auto", bits: int = 4,
     call            the communicator's count of earlier quantized allreduce
                     calls (the `call` of the random streams)
     segment_values  qncclAllReduceConfig_t.segmentValues (0: 2^22)
+    residuals       None (no error feedback), or error feedback's residuals e_r: one
+                    float32 array of the inputs' size per rank (zeros before the first
+                    call on a buffer), read and then rewritten in place by the call
+                    (docs/allreduce.md, Error feedback). Not with return_bounds.
 
     Returns the list of the N ranks' outputs (each of the inputs' shape and
     dtype; identical, as every rank decodes the same bytes), and with
@@ -347,6 +365,16 @@ def allreduce(inputs: Sequence[np.ndarray], algo: str = "auto", bits: int = 4,
         raise ValueError(f"algo must be one of auto, {', '.join(ALGOS)}, got {algo!r}")
     cfg = _Config(nranks, bits, bucket_size, rounding, operator.index(seed),
                   operator.index(call), op == "avg", return_bounds)
+    if residuals is not None:
+        if return_bounds:
+            raise ValueError("return_bounds is not available with residuals")
+        flat = _residual_views(residuals, nranks, count)
+        e = np.stack(flat) if nranks else np.empty((0, count), F32)
+        y = _allreduce_fast(x, algo, cfg, segment_values, e)
+        for r in range(nranks):
+            flat[r][:] = e[r]
+        out = codec.from_float32(y, name).view(out_dtype).reshape(shape)
+        return [out.copy() for _ in range(nranks)]
 
     out = np.empty(count, codec.storage_dtype(name))
     bound = np.zeros(count) if return_bounds else None
@@ -366,3 +394,190 @@ def allreduce(inputs: Sequence[np.ndarray], algo: str = "auto", bits: int = 4,
     with np.errstate(invalid="ignore"):
         finite = np.isfinite(codec.to_float32(out.reshape(-1), name)) & np.isfinite(bound)
     return outputs, np.where(finite, bound, np.inf).reshape(shape)
+
+
+# ---- error feedback: the vectorized path (docs/allreduce.md, Error feedback) -------------
+# The same segments, chunks, streams, quantizations and float32 additions as above, computed
+# for all virtual ranks at once: a quantization is D(Q(v)) evaluated straight from the
+# formulas of codec.quantize and codec.decode (the wire bytes are a lossless packing of the
+# metadata and codes, so the decoded values are the same bits). Chunks start on bucket
+# boundaries, so quantizing a whole row of a segment bucket by bucket, with each chunk's own
+# stream and positions counted from the chunk's start, is quantizing chunk by chunk.
+
+_ROW_BLOCK_VALUES = 1 << 18  # values per block in _qd (cache-sized temporaries)
+
+
+def _streams(call, segment, ranks, steps):
+    """stream_id for arrays of ranks and steps (uint64), unchecked."""
+    inner = mix64(mix64(np.uint64(call)) ^ np.uint64(segment))
+    word = (np.asarray(ranks, np.uint64) << np.uint64(32)) | np.asarray(steps, np.uint64)
+    return mix64(inner ^ word)
+
+
+def _qd(v, ranks, steps, edges, cfg, segment):
+    """D(Q(v)) of the float32 rows v (R x m, one segment), where row i's chunk c = values
+    [edges[c], edges[c+1]) is quantized by rank ranks[i, c] with step steps[i, c]
+    (ranks[i, c] = -1: not a quantization, the values there are not used)."""
+    rows, m = v.shape
+    out = np.empty_like(v)
+    if m == 0 or rows == 0:
+        return out
+    bsz = cfg.bucket_size
+    edges = np.asarray(edges, np.int64)
+    position = np.arange(m, dtype=np.int64)
+    cid = np.searchsorted(edges, position, side="right") - 1  # chunk of each position
+    index = (position - edges[cid]).astype(np.uint32)  # position within its chunk
+    keys = None
+    if cfg.rounding == "stochastic":
+        streams = _streams(cfg.call, segment, np.maximum(ranks, 0), steps)
+        keys = codec.rng_key(cfg.seed, streams)  # R x C
+    # blocks of whole buckets, about _ROW_BLOCK_VALUES values each (cache-sized temporaries)
+    cols = min(m, max(bsz, _ROW_BLOCK_VALUES // bsz * bsz))
+    block = max(1, _ROW_BLOCK_VALUES // cols)
+    for r0 in range(0, rows, block):
+        for c0 in range(0, m, cols):
+            c1 = min(c0 + cols, m)
+            k = None if keys is None else keys[r0:r0 + block][:, cid[c0:c1]]
+            out[r0:r0 + block, c0:c1] = _qd_block(v[r0:r0 + block, c0:c1], k, index[c0:c1], cfg)
+    return out
+
+
+def _qd_block(x, keys, index, cfg):
+    """D(Q(x)) of rows x (buckets from column 0); keys: rng_uniform's key of each value."""
+    bsz, bits = cfg.bucket_size, cfg.bits
+    nr, m = x.shape
+    nb = -(-m // bsz)
+    pad = nb * bsz - m
+    if pad:  # pad the last bucket with its last value: min and max unchanged
+        x = np.concatenate([x, np.repeat(x[:, -1:], pad, axis=1)], axis=1)
+    x = x.reshape(nr, nb, bsz)
+    with np.errstate(invalid="ignore"):
+        nonfinite = ~np.isfinite(x).all(axis=2)
+        lo = np.where(nonfinite, codec._NAN32, x.min(axis=2) + F32(0.0))[:, :, None]
+        hi = np.where(nonfinite, codec._NAN32, x.max(axis=2) + F32(0.0))[:, :, None]
+    p = codec.bucket_params(lo, hi, bits)  # (nr, nb, 1): broadcast over each bucket
+    u = None
+    if keys is not None:
+        u = codec.uniform_from_key(keys, index[None, :])  # index < 2^32
+        if pad:
+            u = np.concatenate([u, np.zeros((nr, pad), F32)], axis=1)
+        u = u.reshape(nr, nb, bsz)
+    y = codec.decode_values(codec.encode_values(x, p, u), p, lo, hi)
+    return y.reshape(nr, nb * bsz)[:, :m]
+
+
+def _dropped(v, y, scale=None):
+    """The residual of one quantization: v - D(Q(v)) in float32, times float32(N) for the
+    owner's avg result; 0 where that is not finite (a bucket holding NaN/Inf decodes to NaN)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        e = v - y
+        if scale is not None:
+            e *= scale
+    e[~np.isfinite(e)] = 0
+    return e
+
+
+def _result(cfg, acc, ranks, steps, edges, segment, e, owner_of):
+    """The owners' final quantization of the full sums acc (1 x m): avg, Q, residual."""
+    scale = None
+    if cfg.average:
+        with np.errstate(invalid="ignore", over="ignore"):
+            acc = acc / F32(cfg.nranks)
+        scale = F32(cfg.nranks)
+    y = _qd(acc, ranks, steps, edges, cfg, segment)
+    if e is not None:
+        cols = np.arange(acc.shape[1])
+        e[owner_of, cols] = _dropped(acc[0], y[0], scale)
+    return y[0]
+
+
+def _fast_ring(cfg, z, g, e):
+    n, m = z.shape
+    bounds = chunks(m, n, cfg.bucket_size)
+    edges = [lo for lo, _ in bounds] + [m]
+    k = np.arange(n)
+    partial = np.empty((1, m), F32)
+    for c, (lo, hi) in enumerate(bounds):  # chunk c starts at rank c
+        partial[0, lo:hi] = z[c, lo:hi]
+    for s in range(n - 1):
+        ranks = ((k + s) % n)[None, :]
+        y = _qd(partial, ranks, np.full((1, n), s), edges, cfg, g)
+        if e is not None:
+            dropped = _dropped(partial[0], y[0])
+        with np.errstate(invalid="ignore", over="ignore"):
+            for c, (lo, hi) in enumerate(bounds):
+                if e is not None:
+                    e[(c + s) % n, lo:hi] = dropped[lo:hi]
+                np.add(z[(c + s + 1) % n, lo:hi], y[0, lo:hi], out=partial[0, lo:hi])
+    cid = np.searchsorted(np.asarray(edges), np.arange(m), side="right") - 1
+    ranks = ((k + n - 1) % n)[None, :]
+    return _result(cfg, partial, ranks, np.full((1, n), n - 1), edges, g, e, (cid + n - 1) % n)
+
+
+def _fast_tree(cfg, z, g, e):
+    n, m = z.shape
+    edges = [0, m]
+    decoded = [None] * n  # D(message) each non-root rank sends to its parent
+    depth = n.bit_length() - 1
+    for level in range(depth, 0, -1):  # deepest level first; the root below
+        first, last = (1 << level) - 1, min((1 << (level + 1)) - 1, n)
+        acc = z[first:last].copy()
+        with np.errstate(invalid="ignore", over="ignore"):
+            for i, r in enumerate(range(first, last)):
+                for child in (2 * r + 1, 2 * r + 2):
+                    if child < n:
+                        acc[i] += decoded[child]
+                        decoded[child] = None
+        ranks = np.arange(first, last)[:, None]
+        y = _qd(acc, ranks, np.zeros_like(ranks), edges, cfg, g)
+        if e is not None:
+            e[first:last] = _dropped(acc, y)
+        for i, r in enumerate(range(first, last)):
+            decoded[r] = y[i]
+    acc = z[0:1].copy()
+    with np.errstate(invalid="ignore", over="ignore"):
+        for child in (1, 2):
+            if child < n:
+                acc[0] += decoded[child]
+    return _result(cfg, acc, np.zeros((1, 1), np.int64), np.ones((1, 1), np.int64), edges, g,
+                   e, np.zeros(m, np.int64))
+
+
+def _fast_sra(cfg, z, g, e):
+    n, m = z.shape
+    edges = [lo for lo, _ in chunks(m, n, cfg.bucket_size)] + [m]
+    j = np.arange(n)[:, None]
+    k = np.arange(n)[None, :]
+    ranks = np.where(j == k, -1, np.broadcast_to(j, (n, n)))  # own chunk: not sent
+    y = _qd(z, ranks, np.broadcast_to(k, (n, n)), edges, cfg, g)
+    cid = np.searchsorted(np.asarray(edges), np.arange(m), side="right") - 1
+    cols = np.arange(m)
+    if e is not None:
+        e[:] = _dropped(z, y)  # the own chunks are rewritten by _result below
+    acc = z[cid, cols].copy()  # owner k's values of chunk k
+    with np.errstate(invalid="ignore", over="ignore"):
+        for r in range(n):  # acc_k = acc_k + D(q_r) in increasing r, r != k
+            np.add(acc, y[r], out=acc, where=cid != r)
+    del y
+    return _result(cfg, acc[None, :], np.arange(n)[None, :], np.full((1, n), n), edges, g, e,
+                   cid)
+
+
+_FAST = {"ring": _fast_ring, "tree": _fast_tree, "sra": _fast_sra}
+
+
+def _allreduce_fast(x, algo, cfg, segment_values, residuals=None):
+    """The float32 result (n values) of the call on the widened inputs x (N x n) for every
+    rank, computed for all virtual ranks at once; with residuals (N x n float32, updated in
+    place) the call runs with error feedback (docs/allreduce.md, Error feedback)."""
+    nranks, count = x.shape
+    if residuals is not None:
+        with np.errstate(invalid="ignore", over="ignore"):
+            x = x + residuals  # z_r = widen(x_r) + e_r
+    out = np.empty(count, F32)
+    for g, (start, stop) in enumerate(segments(count, segment_values, cfg.bucket_size)):
+        e = None if residuals is None else np.empty((nranks, stop - start), F32)
+        out[start:stop] = _FAST[algo](cfg, np.ascontiguousarray(x[:, start:stop]), g, e)
+        if e is not None:
+            residuals[:, start:stop] = e
+    return out

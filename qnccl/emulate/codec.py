@@ -210,14 +210,14 @@ def _uint64(name, value):
     return np.uint64(value)
 
 
-def rng_uniform(seed, stream, index):
-    """u of the values at `index` (their positions in the quantize call), float32 in [0, 1):
+def rng_key(seed, stream):
+    """key = mix64(seed ^ mix64(stream)) of rng_uniform (arrays of streams: arrays of keys)."""
+    return _mix64(np.uint64(seed) ^ _mix64(np.asarray(stream, np.uint64)))
 
-        key = mix64(seed ^ mix64(stream));  k0 = key mod 2^32;  k1 = key >> 32
-        h   = hash32(hash32((i mod 2^32) ^ k0) + (k1 ^ (i >> 32)))
-        u   = (h >> 8) * 2^-24
-    """
-    key = _mix64(_uint64("seed", seed) ^ _mix64(_uint64("stream", stream)))
+
+def uniform_from_key(key, index):
+    """rng_uniform from its key; key and index broadcast against each other."""
+    key = np.asarray(key, np.uint64)
     k0 = (key & np.uint64(0xFFFFFFFF)).astype(np.uint32)
     k1 = (key >> np.uint64(32)).astype(np.uint32)
     i = np.asarray(index, np.uint64)
@@ -226,6 +226,16 @@ def rng_uniform(seed, stream, index):
     with np.errstate(over="ignore"):
         h = _hash32(_hash32(i_lo ^ k0) + (k1 ^ i_hi))
     return (h >> np.uint32(8)).astype(F32) * _TWO_POW_MINUS_24
+
+
+def rng_uniform(seed, stream, index):
+    """u of the values at `index` (their positions in the quantize call), float32 in [0, 1):
+
+        key = mix64(seed ^ mix64(stream));  k0 = key mod 2^32;  k1 = key >> 32
+        h   = hash32(hash32((i mod 2^32) ^ k0) + (k1 ^ (i >> 32)))
+        u   = (h >> 8) * 2^-24
+    """
+    return uniform_from_key(rng_key(_uint64("seed", seed), _uint64("stream", stream)), index)
 
 
 # ---- the code bit stream (docs/wire-format.md, Layout: Codes) -----------------
@@ -280,6 +290,42 @@ def bucket_params(lo, hi, bits):
             "step": step, "inv": inv, "top": top}
 
 
+def encode_values(x, p, u=None):
+    """The codes (float32, 0..L) of the float32 values x, p holding their buckets'
+    bucket_params broadcast to x's shape; u: their rng_uniform (stochastic rounding),
+    None for nearest. A non-finite bucket's codes are the caller's to zero.
+
+        t = (sigma * x - a) * inv, 0 when not > 0
+        q = rint(t) (nearest) or floor(t) + (u < t - floor(t)) (stochastic), clamped to [0, L]
+    """
+    with np.errstate(invalid="ignore"):
+        t = (p["sigma"] * x - p["a"]) * p["inv"]
+        t = np.where(t > 0, t, F32(0.0))
+        if u is None:
+            q = np.rint(t)
+        else:
+            f = np.floor(t)
+            q = f + np.where(u < t - f, F32(1.0), F32(0.0))
+        q = np.where(q < 0, F32(0.0), q)
+        return np.where(q > p["top"], p["top"], q)
+
+
+def decode_values(q, p, lo, hi):
+    """The float32 values of codes q, p, lo (min) and hi (max) of their buckets broadcast to
+    q's shape: (a + q * step) * (1 / sigma) clamped to [min, max]; NaN in a non-finite bucket
+    (min is NaN)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        y = (p["a"] + q.astype(F32) * p["step"]) * p["inv_sigma"]
+        y = np.where(y < lo, lo, y)
+        y = np.where(y > hi, hi, y)
+        return np.where(lo != lo, _NAN32, y)
+
+
+def per_value(p, index):
+    """bucket_params p picked (or broadcast) per value: p[name][index] for each array entry."""
+    return {name: (v[index] if np.ndim(v) else v) for name, v in p.items()}
+
+
 def _bucket_of_each_value(count, bucket_size):
     return np.arange(count) // bucket_size
 
@@ -320,19 +366,9 @@ def quantize(array, bits, bucket_size, rounding, seed=0, stream=0, dtype=None):
     nb = starts.size
     out[: nb * META_BYTES] = np.stack([lo, hi], axis=1).astype("<f4").view(np.uint8).reshape(-1)
 
-    p = bucket_params(lo, hi, bits)
     k = _bucket_of_each_value(count, bucket_size)
-    with np.errstate(invalid="ignore"):
-        t = (p["sigma"][k] * x - p["a"][k]) * p["inv"][k]
-        t = np.where(t > 0, t, F32(0.0))
-        if rounding == "nearest":
-            q = np.rint(t)
-        else:
-            u = rng_uniform(seed, stream, np.arange(count, dtype=np.uint64))
-            f = np.floor(t)
-            q = f + np.where(u < t - f, F32(1.0), F32(0.0))
-        q = np.where(q < 0, F32(0.0), q)
-        q = np.where(q > p["top"], p["top"], q)
+    u = None if rounding == "nearest" else rng_uniform(seed, stream, np.arange(count, dtype=np.uint64))
+    q = encode_values(x, per_value(bucket_params(lo, hi, bits), k), u)
     codes = np.where(nonfinite[k], F32(0.0), q).astype(np.uint8)
     out[nb * META_BYTES:] = pack_codes(codes, bits)
     return out
@@ -349,13 +385,8 @@ def decode(buf, count, bits, bucket_size):
     meta = read_meta(buf, count, bucket_size)
     codes = unpack_codes(buf[len(meta) * META_BYTES:], count, bits)
     lo, hi = meta[:, 0], meta[:, 1]
-    p = bucket_params(lo, hi, bits)
     k = _bucket_of_each_value(count, bucket_size)
-    with np.errstate(invalid="ignore", over="ignore"):
-        y = (p["a"][k] + codes.astype(F32) * p["step"][k]) * p["inv_sigma"][k]
-        y = np.where(y < lo[k], lo[k], y)
-        y = np.where(y > hi[k], hi[k], y)
-        return np.where((lo != lo)[k], _NAN32, y)
+    return decode_values(codes, per_value(bucket_params(lo, hi, bits), k), lo[k], hi[k])
 
 
 def dequantize(buf, count, bits, bucket_size, dtype="float32"):
