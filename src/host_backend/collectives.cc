@@ -245,14 +245,19 @@ ncclResult_t reduce_scatter(const void* send, void* recv, size_t recvcount, nccl
       comm, [=] { return run_reduce_scatter(comm, send, recv, recvcount, red); });
 }
 
+// The checks of a collective that moves `count` values per rank without reducing them.
+ncclResult_t check_move_call(const void* send, void* recv, size_t count, ncclDataType_t type,
+                             ncclComm* comm, const char* fn, MPI_Datatype* mpi) {
+  QNCCL_CHECK(check_usable(comm, fn));
+  QNCCL_CHECK(check_move(type, count, comm->nranks, fn, mpi));
+  QNCCL_CHECK(check_buffer(send, count, "sendbuff", fn));
+  return check_buffer(recv, count, "recvbuff", fn);
+}
+
 ncclResult_t all_gather(const void* send, void* recv, size_t count, ncclDataType_t type,
                         ncclComm* comm) {
-  const char* fn = "ncclAllGather";
-  QNCCL_CHECK(check_usable(comm, fn));
   MPI_Datatype mpi;
-  QNCCL_CHECK(check_move(type, count, comm->nranks, fn, &mpi));
-  QNCCL_CHECK(check_buffer(send, count, "sendbuff", fn));
-  QNCCL_CHECK(check_buffer(recv, count, "recvbuff", fn));
+  QNCCL_CHECK(check_move_call(send, recv, count, type, comm, "ncclAllGather", &mpi));
   const size_t size = type_size(type);
   return submit_collective(
       comm, [=] { return run_all_gather(comm, send, recv, count, mpi, size); });
@@ -260,12 +265,8 @@ ncclResult_t all_gather(const void* send, void* recv, size_t count, ncclDataType
 
 ncclResult_t all_to_all(const void* send, void* recv, size_t count, ncclDataType_t type,
                         ncclComm* comm) {
-  const char* fn = "ncclAlltoAll";
-  QNCCL_CHECK(check_usable(comm, fn));
   MPI_Datatype mpi;
-  QNCCL_CHECK(check_move(type, count, comm->nranks, fn, &mpi));
-  QNCCL_CHECK(check_buffer(send, count, "sendbuff", fn));
-  QNCCL_CHECK(check_buffer(recv, count, "recvbuff", fn));
+  QNCCL_CHECK(check_move_call(send, recv, count, type, comm, "ncclAlltoAll", &mpi));
   const size_t size = type_size(type);
   return submit_collective(
       comm, [=] { return run_all_to_all(comm, send, recv, count, mpi, size); });
