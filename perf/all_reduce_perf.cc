@@ -124,7 +124,7 @@ class NcclAllReduce : public perf::Backend {
              qnccl_version().c_str(), where.dli_fname ? where.dli_fname : "?", config_.enable,
              codec.bits, codec.bucketSize, rounding_name(), algo_name(config_.allreduce.algo),
              config_.minBytes, (unsigned long long)codec.seed,
-             (unsigned long long)config_.warmupCalls, config_.errorFeedback);
+             (unsigned long long)config_.warmupCalls, config_.allreduce.errorFeedback);
     return text + line;
   }
 
@@ -139,7 +139,7 @@ class NcclAllReduce : public perf::Backend {
              qnccl_version().c_str(), config_.enable, codec.bits, codec.bucketSize,
              rounding_name(), algo_name(config_.allreduce.algo), config_.minBytes,
              (unsigned long long)codec.seed, (unsigned long long)config_.warmupCalls,
-             config_.errorFeedback);
+             config_.allreduce.errorFeedback);
     return json;
   }
 
@@ -178,6 +178,7 @@ class NcclAllReduce : public perf::Backend {
       return false;
     }
     *algo = algo_name(resolved);
+    if (config_.allreduce.errorFeedback) return false;  // no per-call bound: see qnccl.h
     return qnccl_.error_bound(count, type.nccl, op.nccl, &config_.allreduce, nranks_,
                               input_abs_max, bound) == ncclSuccess;
   }

@@ -590,7 +590,8 @@ bool Runner::check(Result* row, Buffer& send, Buffer& recv, uint64_t tag) {
   double bound = 0;
   if (compressed) {
     std::string algo;
-    backend_.quantization_bound(count, type, op, global[2], &bound, &algo);
+    // No a-priori bound (error feedback): ranks must still agree bit for bit.
+    if (!backend_.quantization_bound(count, type, op, global[2], &bound, &algo)) bound = INFINITY;
     row->algo = algo;
   } else if (type.is_float && op.nccl != ncclMin && op.nccl != ncclMax) {
     // Float rounding of N-1 additions (or products) and of the final store or division.

@@ -1,6 +1,7 @@
 """QNCCL: quantized NCCL collectives.
 
     qnccl.codec     quantize / dequantize arrays with libqnccl.so
+    qnccl.comm      per-communicator statistics and error feedback's residuals
     qnccl.emulate   the numpy reference of the same arithmetic, bit for bit
 
 Submodules load on first use, so `import qnccl` needs neither the built
@@ -11,9 +12,9 @@ import importlib
 from ._lib import QncclError, version
 
 __version__ = "0.1.0"
-__all__ = ["QncclError", "__version__", "codec", "emulate", "version"]
+__all__ = ["QncclError", "__version__", "codec", "comm", "emulate", "version"]
 
-_LAZY_SUBMODULES = ("codec", "emulate")
+_LAZY_SUBMODULES = ("codec", "comm", "emulate")
 
 
 def __getattr__(name):

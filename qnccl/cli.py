@@ -107,6 +107,10 @@ RUN_OPTIONS = (
     ("--warmup-calls", "QNCCL_WARMUP_CALLS", dict(
         type=_int_in(0), metavar="N",
         help="the first N eligible allreduces of each communicator stay exact (default 0)")),
+    ("--error-feedback", "QNCCL_ERROR_FEEDBACK", dict(
+        action="store_const", const=1,
+        help="1: carry each buffer's quantization error into its next allreduce "
+             "(docs/allreduce.md, Error feedback)")),
     ("--debug", "QNCCL_DEBUG", dict(type=str.upper, choices=("WARN", "INFO", "TRACE"),
                                     metavar="LEVEL", help="WARN (default), INFO or TRACE")),
     ("--nccl-lib", "QNCCL_NCCL_LIB", dict(
@@ -269,7 +273,7 @@ def describe_env_config(config):
             f"algo={_ALGO_NAMES.get(allreduce.algo, allreduce.algo)} "
             f"min_bytes={config.minBytes} seed={allreduce.codec.seed} "
             f"warmup={config.warmupCalls} enable={config.enable} "
-            f"error_feedback={config.errorFeedback} "
+            f"error_feedback={config.allreduce.errorFeedback} "
             f"debug={_DEBUG_NAMES.get(config.debug, config.debug)}")
 
 

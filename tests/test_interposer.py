@@ -250,7 +250,7 @@ def test_info_lines(preloaded):
     output = preloaded.output
     configs = re.findall(
         rf"{INFO}/{NRANKS}: bits=4 bucket=64 rounding=stochastic algo=auto min_bytes={MIN_BYTES} "
-        rf"seed={SEED} warmup=0 enable=1 nccl=(\S+)$", output, re.M)
+        rf"seed={SEED} warmup=0 error_feedback=0 enable=1 nccl=(\S+)$", output, re.M)
     assert sorted(int(rank) for rank, _ in configs) == list(range(NRANKS)), output[-4000:]
     assert {Path(path).resolve() for _, path in configs} == {HOST_NCCL.resolve()}
 
@@ -283,8 +283,8 @@ def expected_stats(calls, rank):
 
 def stats_lines(output):
     return {int(rank): tuple(map(int, counters)) for rank, *counters in re.findall(
-        rf"{INFO}: compressed=(\d+) passed_through=(\d+) bytes_in=(\d+) bytes_on_wire=(\d+)$",
-        output, re.M)}
+        rf"{INFO}: compressed=(\d+) passed_through=(\d+) bytes_in=(\d+) bytes_on_wire=(\d+) "
+        r"residual_buffers=0 residual_bytes=0$", output, re.M)}
 
 
 def test_statistics_at_destroy(preloaded):
@@ -311,7 +311,7 @@ def test_disable_passes_everything_through(program, plain, tmp_path):
 
 
 @pytest.mark.parametrize("variable, value, message", [
-    ("QNCCL_ERROR_FEEDBACK", "1", "not supported yet"),
+    ("QNCCL_ERROR_FEEDBACK", "2", "allowed: 0 or 1"),
     ("QNCCL_BUCKET_SIZE", "0", ">= ?1"),
 ])
 def test_bad_setting_fails_communicator_creation(program, tmp_path, variable, value, message):
@@ -376,6 +376,7 @@ def test_default_configuration(capi):
     ("QNCCL_SEED", str(2**64 - 1), f"seed={2**64 - 1}"),
     ("QNCCL_WARMUP_CALLS", "7", "warmup=7"),
     ("QNCCL_ERROR_FEEDBACK", "0", "error_feedback=0"),
+    ("QNCCL_ERROR_FEEDBACK", "1", "error_feedback=1"),
     ("QNCCL_DEBUG", "TRACE", "debug=TRACE"),
 ])
 def test_configuration_values(capi, monkeypatch, variable, value, shown):
@@ -393,7 +394,7 @@ ALLOWED = {
     "QNCCL_ALGO": r"auto.*ring.*tree.*sra",
     "QNCCL_MIN_BYTES": r">= ?0.*K.*M.*G",
     "QNCCL_SEED": r"64-bit|2\^64",
-    "QNCCL_ERROR_FEEDBACK": r"\b0\b",
+    "QNCCL_ERROR_FEEDBACK": r"\b0 or 1\b",
     "QNCCL_WARMUP_CALLS": r">= ?0",
     "QNCCL_DEBUG": r"WARN.*INFO.*TRACE",
 }
@@ -409,7 +410,7 @@ ALLOWED = {
     ("QNCCL_MIN_BYTES", "-1"), ("QNCCL_MIN_BYTES", "10X"), ("QNCCL_MIN_BYTES", "1.5M"),
     ("QNCCL_MIN_BYTES", "99999999999G"),
     ("QNCCL_SEED", "-1"), ("QNCCL_SEED", str(2**64)), ("QNCCL_SEED", "abc"),
-    ("QNCCL_ERROR_FEEDBACK", "2"),
+    ("QNCCL_ERROR_FEEDBACK", "2"), ("QNCCL_ERROR_FEEDBACK", "on"),
     ("QNCCL_WARMUP_CALLS", "-1"), ("QNCCL_WARMUP_CALLS", "many"),
     ("QNCCL_DEBUG", "VERBOSE"),
 ])
@@ -423,13 +424,6 @@ def test_bad_configuration_names_the_variable(capi, monkeypatch, variable, value
         error.value.message
 
 
-def test_error_feedback_is_not_supported_yet(capi, monkeypatch):
-    from qnccl import QncclError
-    monkeypatch.setenv("QNCCL_ERROR_FEEDBACK", "1")
-    with pytest.raises(QncclError, match="QNCCL_ERROR_FEEDBACK.*not supported yet"):
-        env_config(capi)
-
-
 # ---- qnccl run ---------------------------------------------------------------------------
 
 def parse_run(*argv):
@@ -441,7 +435,7 @@ def test_run_flags_set_the_variables():
     library's syntax; variables without a flag pass through untouched."""
     args = parse_run("--bits", "3", "--bucket-size", "256", "--rounding", "nearest", "--algo",
                      "tree", "--min-bytes", "2K", "--seed", str(2**64 - 1), "--warmup-calls",
-                     "5", "--debug", "info", "--nccl-lib", str(HOST_NCCL), "--disable",
+                     "5", "--error-feedback", "--debug", "info", "--nccl-lib", str(HOST_NCCL), "--disable",
                      "--", "prog", "--bits", "7")
     env = cli.run_environment(args, {"QNCCL_BITS": "2", "QNCCL_ERROR_FEEDBACK": "0",
                                      "HOME": "/home/x"}, LIBQNCCL)
@@ -451,7 +445,7 @@ def test_run_flags_set_the_variables():
         "QNCCL_ALGO": "tree", "QNCCL_MIN_BYTES": "2048", "QNCCL_SEED": str(2**64 - 1),
         "QNCCL_WARMUP_CALLS": "5", "QNCCL_DEBUG": "INFO",
         "QNCCL_NCCL_LIB": str(HOST_NCCL.resolve()), "QNCCL_ENABLE": "0",
-        "QNCCL_ERROR_FEEDBACK": "0"}
+        "QNCCL_ERROR_FEEDBACK": "1"}
     assert env["HOME"] == "/home/x" and env["LD_PRELOAD"] == str(LIBQNCCL)
     untouched = cli.run_environment(parse_run("--", "prog"), {"QNCCL_BITS": "2"}, LIBQNCCL)
     assert untouched == {"QNCCL_BITS": "2", "LD_PRELOAD": str(LIBQNCCL)}

@@ -174,6 +174,14 @@ QNCCL_HD float accumulate(float acc, float y) {
   return r == r ? r : bits_float(kCanonicalNanF32);
 }
 
+/* Error feedback's residual of one value (docs/allreduce.md): what
+ * quantizing v dropped, (v - decoded) * scale in float32, or 0 where that is
+ * not finite (a bucket holding NaN or Inf must not poison later calls). */
+QNCCL_HD float dropped_value(float v, float decoded, float scale) {
+  float r = (v - decoded) * scale;
+  return r - r == 0.0f ? r : 0.0f;  // inf - inf and NaN - NaN are NaN
+}
+
 /* Packing: eight codes, one per byte of a little-endian uint64, become
  * 8*BITS contiguous bits (code j at bits [j*BITS, (j+1)*BITS)), i.e. BITS
  * bytes of the LSB-first bit stream. Three shift-and-merge steps; the inverse

@@ -82,8 +82,8 @@ qncclEnvConfig_t default_config() {
   c.allreduce.algo = qncclAlgoAuto;
   c.allreduce.segmentValues = 0;
   c.minBytes = 64 << 10;
+  c.allreduce.errorFeedback = 0;
   c.warmupCalls = 0;
-  c.errorFeedback = 0;
   c.debug = qncclDebugWarn;
   return c;
 }
@@ -112,11 +112,9 @@ ncclResult_t config_from_env(qncclEnvConfig_t* config) {
                             &c.allreduce.codec.seed));
   QNCCL_CHECK(read_unsigned(Var::kWarmupCalls, 0, UINT64_MAX, false, "an integer >= 0",
                             &c.warmupCalls));
-  v = (uint64_t)c.errorFeedback;
+  v = (uint64_t)c.allreduce.errorFeedback;
   QNCCL_CHECK(read_unsigned(Var::kErrorFeedback, 0, 1, false, "0 or 1", &v));
-  if (v == 1)
-    return set_error(ncclInvalidArgument,
-                     "QNCCL_ERROR_FEEDBACK=1 is not supported yet; allowed: 0 (unset)");
+  c.allreduce.errorFeedback = (int)v;
   QNCCL_CHECK(read_choice(Var::kDebug, kDebugLevels, "WARN, INFO or TRACE", &c.debug));
   *config = c;
   return ncclSuccess;

@@ -24,11 +24,13 @@ ncclResult_t check_algo(const char* fn, qncclAlgo_t algo) {
 }
 
 /* Counts the call (it gets the next `call` number) and runs the algorithm
- * on each segment. */
+ * on each segment; `residual` holds the buffer's error-feedback residuals,
+ * or is nullptr. */
 ncclResult_t run_segments(Segment& s, Workspace& w, qncclAlgo_t algo, const void* sendbuff,
                           void* recvbuff, size_t count, const qncclAllReduceConfig_t& config,
-                          CommState& state) {
+                          float* residual, CommState& state) {
   s.call = state.calls++;
+  s.fed_input = w.fed_input;
   s.wire_sent = &state.stats.bytesOnWire;
   state.stats.callsCompressed++;
   state.stats.bytesIn += count * s.type_size;
@@ -40,6 +42,7 @@ ncclResult_t run_segments(Segment& s, Workspace& w, qncclAlgo_t algo, const void
     s.x = static_cast<const char*>(sendbuff) + first * s.type_size;
     s.y = static_cast<char*>(recvbuff) + first * s.type_size;
     s.count = count - first < step ? count - first : step;
+    s.residual = residual != nullptr ? residual + first : nullptr;
     QNCCL_CHECK(run(s, w));
     QNCCL_CHECK(s.status);
   }
@@ -80,9 +83,12 @@ ncclResult_t run_on_device(Segment& s, int device, qncclAlgo_t algo, const Works
   QNCCL_CHECK(scope.enter(device));
   bool capturing = false;
   QNCCL_CHECK(stream_capturing(s.stream, &capturing));
-  switch (plan_device_call(ws.bytes, need.bytes(), capturing)) {
+  const bool new_residual =
+      config.errorFeedback && count > 0 &&
+      find_residual(state, sendbuff, count, s.type, device) == nullptr;
+  switch (plan_device_call(ws.bytes, need.bytes(), new_residual, capturing)) {
     case DevicePlan::kPassThrough:
-      if (!ws.warned_capture) {
+      if (need.bytes() > ws.bytes && !ws.warned_capture) {
         ws.warned_capture = true;
         warn("comm %p rank %d: an allreduce of %zu values during CUDA graph capture needs %zu "
              "bytes of quantization workspace, more than this communicator has (%zu), and "
@@ -90,6 +96,13 @@ ncclResult_t run_on_device(Segment& s, int device, qncclAlgo_t algo, const Works
              "quantize them, run one uncaptured allreduce of the largest size first (warned "
              "once per communicator)",
              (void*)s.comm, s.rank, count, need.bytes(), ws.bytes);
+      } else if (need.bytes() <= ws.bytes && !state.warned_residual_capture) {
+        state.warned_residual_capture = true;
+        warn("comm %p rank %d: an allreduce with error feedback on buffer %p (%zu values) "
+             "during CUDA graph capture needs a new residual, and QNCCL allocates nothing "
+             "while capturing: such calls go to NCCL unquantized. To quantize them, run one "
+             "uncaptured allreduce on each buffer first (warned once per communicator)",
+             (void*)s.comm, s.rank, sendbuff, count);
       }
       state.stats.callsPassedThrough++;
       if (ncclResult_t res =
@@ -109,7 +122,12 @@ ncclResult_t run_on_device(Segment& s, int device, qncclAlgo_t algo, const Works
   w.assign(ws.memory, need);
   // A graph replays without the host: its stream order is the application's.
   if (!capturing) QNCCL_CHECK(device_call_begin(ws, s.stream));
-  ncclResult_t res = run_segments(s, w, algo, sendbuff, recvbuff, count, config, state);
+  float* residual = nullptr;
+  ncclResult_t res = ncclSuccess;
+  if (config.errorFeedback && count > 0)
+    res = residual_for_call(s.comm, state, sendbuff, count, s.type, device, s.stream, &residual);
+  if (res == ncclSuccess)
+    res = run_segments(s, w, algo, sendbuff, recvbuff, count, config, residual, state);
   if (!capturing) {
     const ncclResult_t end = device_call_end(ws, s.stream);
     if (res == ncclSuccess) res = end;
@@ -120,9 +138,15 @@ ncclResult_t run_on_device(Segment& s, int device, qncclAlgo_t algo, const Works
 
 }  // namespace
 
-DevicePlan plan_device_call(size_t have, size_t need, bool capturing) {
-  if (need <= have) return DevicePlan::kRun;
-  return capturing ? DevicePlan::kPassThrough : DevicePlan::kGrow;
+ncclResult_t check_error_feedback(const char* fn, int error_feedback) {
+  if (error_feedback == 0 || error_feedback == 1) return ncclSuccess;
+  return set_error(ncclInvalidArgument,
+                   "%s: errorFeedback = %d; allowed: 0 (off) or 1 (on)", fn, error_feedback);
+}
+
+DevicePlan plan_device_call(size_t have, size_t need, bool new_residual, bool capturing) {
+  if (capturing && (need > have || new_residual)) return DevicePlan::kPassThrough;
+  return need <= have ? DevicePlan::kRun : DevicePlan::kGrow;
 }
 
 size_t grown_bytes(size_t have, size_t need) { return need > 2 * have ? need : 2 * have; }
@@ -140,6 +164,7 @@ ncclResult_t check_allreduce_config(const char* fn, size_t count, ncclDataType_t
   QNCCL_CHECK(check_codec_config(fn, &config->codec));
   QNCCL_CHECK(check_codec_type(fn, "datatype", type));
   QNCCL_CHECK(check_algo(fn, config->algo));
+  QNCCL_CHECK(check_error_feedback(fn, config->errorFeedback));
   if (op != ncclSum && op != ncclAvg)
     return set_error(ncclInvalidArgument,
                      "%s: op = %d is not a quantized reduction; allowed: ncclSum (0), ncclAvg (4)",
@@ -218,10 +243,13 @@ ncclResult_t run_allreduce(const void* sendbuff, void* recvbuff, size_t count,
     return run_on_device(s, device, algo, need, sendbuff, recvbuff, count, op, config, state);
 #endif
   QNCCL_CHECK(host_compute(&s.compute));
+  float* residual = nullptr;
+  if (config.errorFeedback && count > 0)
+    QNCCL_CHECK(residual_for_call(comm, state, sendbuff, count, datatype, -1, nullptr, &residual));
   std::unique_ptr<uint64_t[]> memory(new uint64_t[(need.bytes() + 7) / 8]);
   Workspace w;
   w.assign(memory.get(), need);
-  return run_segments(s, w, algo, sendbuff, recvbuff, count, config, state);
+  return run_segments(s, w, algo, sendbuff, recvbuff, count, config, residual, state);
 }
 
 }  // namespace qnccl
@@ -248,6 +276,7 @@ QNCCL_EXPORT ncclResult_t qncclAllReduceWorkspaceSize(size_t count, ncclDataType
   QNCCL_CHECK(check_codec_config(fn, &config->codec));
   QNCCL_CHECK(check_codec_type(fn, "datatype", datatype));
   QNCCL_CHECK(check_algo(fn, config->algo));
+  QNCCL_CHECK(check_error_feedback(fn, config->errorFeedback));
   if (nranks < 1) return set_error(ncclInvalidArgument, "%s: nranks = %d; allowed: >= 1", fn, nranks);
   if (count > SIZE_MAX / 16)
     return set_error(ncclInvalidArgument, "%s: count = %zu is too large", fn, count);
@@ -274,6 +303,6 @@ QNCCL_EXPORT ncclResult_t qncclCommGetStats(ncclComm_t comm, qncclStats_t* stats
                      comm == nullptr ? "comm" : "stats");
   CommState* state;
   QNCCL_CHECK(comm_state(comm, nullptr, &state));
-  *stats = state->stats;
+  *stats = comm_stats(*state);
   return ncclSuccess;
 }

@@ -41,6 +41,21 @@ ncclResult_t comm_state(ncclComm_t comm, const qncclEnvConfig_t* config, CommSta
   return ncclSuccess;
 }
 
+qncclStats_t comm_stats(const CommState& state) {
+  qncclStats_t stats = state.stats;
+  stats.residualBuffers = state.residuals.size();
+  for (const auto& entry : state.residuals) stats.residualBytes += entry.second->bytes();
+  return stats;
+}
+
+void reset_all_error_feedback() {
+  std::vector<ResidualStore> dropped;  // freed after the lock: cudaFree waits for the device
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  for (auto& entry : r.comms) dropped.push_back(std::move(entry.second->residuals));
+  for (auto& entry : r.comms) entry.second->residuals.clear();
+}
+
 void forget_comm(ncclComm_t comm) {
   std::unique_ptr<CommState> state;
   {

@@ -7,8 +7,11 @@
 
 #include <stdint.h>
 
+#include <map>
+#include <memory>
 #include <set>
 #include <string>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
@@ -29,6 +32,43 @@ struct DeviceWorkspace {
   bool warned_capture = false;   // the pass-through during capture was reported
 };
 
+/* Error feedback's residual of one buffer (docs/allreduce.md, "Error
+ * feedback"): `count` float32 values, zero when made, in host memory or on
+ * `device`; freed with the communicator or by a reset. */
+class Residual {
+ public:
+  /* Zeroed residuals: in host memory for device < 0, else on `device`,
+   * cleared on `stream` (engine/compute_cuda.cu). */
+  static ncclResult_t make(size_t count, int device, cudaStream_t stream,
+                           std::unique_ptr<Residual>* out);
+  ~Residual();
+  Residual(const Residual&) = delete;
+  Residual& operator=(const Residual&) = delete;
+
+  float* values() const { return values_; }
+  size_t count() const { return count_; }
+  int device() const { return device_; }
+  size_t bytes() const { return count_ * sizeof(float); }
+
+ private:
+  Residual(float* values, size_t count, int device)
+      : values_(values), count_(count), device_(device) {}
+  float* values_;
+  size_t count_;
+  int device_;  // -1: host memory
+};
+
+/* Residuals by the buffer they belong to: (sendbuff, count, datatype). */
+struct ResidualKey {
+  const void* buffer;
+  size_t count;
+  ncclDataType_t type;
+  bool operator<(const ResidualKey& o) const {
+    return std::tie(buffer, count, type) < std::tie(o.buffer, o.count, o.type);
+  }
+};
+using ResidualStore = std::map<ResidualKey, std::unique_ptr<Residual>>;
+
 struct CommState {
   qncclEnvConfig_t config;
   uint64_t calls = 0;            // compressed calls so far: the `call` of the random streams
@@ -37,6 +77,8 @@ struct CommState {
   std::set<std::string> logged;  // call kinds already reported at QNCCL_DEBUG=INFO
   std::unordered_map<int, qncclQuantizedOpConfig_t> ops;  // quantized ops by value
   DeviceWorkspace device;        // calls on device buffers
+  ResidualStore residuals;       // error feedback
+  bool warned_residual_capture = false;  // the pass-through during capture was reported
 };
 
 /* The state of `comm`, made on first use with `config` (nullptr: from the
@@ -49,6 +91,22 @@ ncclResult_t comm_state(ncclComm_t comm, const qncclEnvConfig_t* config, CommSta
  * handle starts from call 0. Frees its device workspace with cudaFree, which
  * waits for the device's queued work (as the real ncclCommDestroy does). */
 void forget_comm(ncclComm_t comm);
+
+/* The residual of a buffer in memory of `device` (-1: host), or nullptr. */
+Residual* find_residual(CommState& state, const void* sendbuff, size_t count,
+                        ncclDataType_t type, int device);
+
+/* The residual values a call with error feedback on the buffer uses: found,
+ * or made zeroed (reported at QNCCL_DEBUG=INFO). */
+ncclResult_t residual_for_call(ncclComm_t comm, CommState& state, const void* sendbuff,
+                               size_t count, ncclDataType_t type, int device,
+                               cudaStream_t stream, float** values);
+
+/* Frees the residuals of every communicator (qncclResetErrorFeedback). */
+void reset_all_error_feedback();
+
+/* The statistics of `state`, its residuals' figures filled in. */
+qncclStats_t comm_stats(const CommState& state);
 
 }  // namespace qnccl
 

@@ -27,11 +27,15 @@ struct Compute {
   ncclResult_t (*dequantize)(const Compute& c, const uint8_t* wire, size_t n,
                              const CodecParams& p, void* dst, ncclDataType_t type,
                              bool accumulate);
-  /* acc[i] = float32(src[i]), exact. */
+  /* acc[i] = float32(src[i]), exact; with `residual` (error feedback)
+   * acc[i] = float32(src[i]) + residual[i], one float32 addition. */
   ncclResult_t (*widen)(const Compute& c, const void* src, size_t n, ncclDataType_t type,
-                        float* acc);
+                        const float* residual, float* acc);
   /* acc[i] = acc[i] / divisor, one float32 division. */
   ncclResult_t (*divide)(const Compute& c, float* acc, size_t n, float divisor);
+  /* Error feedback's capture: `e` holds D(Q(v)) on entry and gets
+   * (v[i] - e[i]) * scale in float32, or 0 where that is not finite. */
+  ncclResult_t (*residual)(const Compute& c, const float* v, float* e, size_t n, float scale);
 };
 
 /* The host compute, on the host codec of this process (fails as
@@ -76,6 +80,14 @@ ncclResult_t device_call_end(DeviceWorkspace& ws, cudaStream_t stream);
 /* Frees the workspace's buffers and event (cudaFree waits for the device's
  * queued work first). */
 void release_device_workspace(DeviceWorkspace& ws);
+
+/* Error feedback's residuals on the current device (`device`, for
+ * messages): `count` float32 zeros, cleared on `stream`. */
+ncclResult_t alloc_device_residual(size_t count, int device, cudaStream_t stream, float** values);
+/* cudaFree on `device` (waits for the device's queued work first). */
+void free_device_residual(float* values, int device);
+/* cudaMemcpy to or from a residual on `device`, after all its queued work. */
+ncclResult_t copy_device_residual(void* dst, const void* src, size_t bytes, int device);
 #endif
 
 }  // namespace qnccl

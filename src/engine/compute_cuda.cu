@@ -27,16 +27,25 @@ int blocks_for(size_t n) {
 
 template <class Type>
 __global__ void __launch_bounds__(kBlockThreads)
-    widen_kernel(const typename Type::T* __restrict__ src, size_t n, float* __restrict__ acc) {
+    widen_kernel(const typename Type::T* __restrict__ src, size_t n,
+                 const float* __restrict__ residual, float* __restrict__ acc) {
   const size_t threads = gridDim.x * (size_t)blockDim.x;
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += threads)
-    acc[i] = Type::load(src[i]);
+    acc[i] = residual != nullptr ? accumulate(Type::load(src[i]), residual[i])
+                                 : Type::load(src[i]);
 }
 
 __global__ void __launch_bounds__(kBlockThreads) divide_kernel(float* acc, size_t n, float divisor) {
   const size_t threads = gridDim.x * (size_t)blockDim.x;
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += threads)
     acc[i] = div_rn(acc[i], divisor);
+}
+
+__global__ void __launch_bounds__(kBlockThreads)
+    residual_kernel(const float* __restrict__ v, float* __restrict__ e, size_t n, float scale) {
+  const size_t threads = gridDim.x * (size_t)blockDim.x;
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += threads)
+    e[i] = dropped_value(v[i], e[i], scale);
 }
 
 ncclResult_t cuda_failed(const char* what, int err) {
@@ -59,7 +68,8 @@ ncclResult_t dequantize(const Compute& c, const uint8_t* wire, size_t n, const C
                   device_dequantize(wire, n, p, dst, type, accumulate, c.stream));
 }
 
-ncclResult_t widen(const Compute& c, const void* src, size_t n, ncclDataType_t type, float* acc) {
+ncclResult_t widen(const Compute& c, const void* src, size_t n, ncclDataType_t type,
+                   const float* residual, float* acc) {
   if (n == 0) return ncclSuccess;
   cudaError_t err = cudaErrorInvalidValue;
   dispatch_float_type(type, [&](auto t) {
@@ -69,7 +79,7 @@ ncclResult_t widen(const Compute& c, const void* src, size_t n, ncclDataType_t t
       return;
     }
     widen_kernel<Type><<<blocks_for(n), kBlockThreads, 0, c.stream>>>(
-        static_cast<const typename Type::T*>(src), n, acc);
+        static_cast<const typename Type::T*>(src), n, residual, acc);
     err = cudaGetLastError();
   });
   return launched("widening the input to float32 on the device", err);
@@ -81,10 +91,16 @@ ncclResult_t divide(const Compute& c, float* acc, size_t n, float divisor) {
   return launched("averaging on the device", cudaGetLastError());
 }
 
+ncclResult_t residual(const Compute& c, const float* v, float* e, size_t n, float scale) {
+  if (n == 0) return ncclSuccess;
+  residual_kernel<<<blocks_for(n), kBlockThreads, 0, c.stream>>>(v, e, n, scale);
+  return launched("updating the error-feedback residual on the device", cudaGetLastError());
+}
+
 }  // namespace
 
 Compute device_compute(cudaStream_t stream) {
-  return Compute{"device", nullptr, stream, quantize, dequantize, widen, divide};
+  return Compute{"device", nullptr, stream, quantize, dequantize, widen, divide, residual};
 }
 
 int buffer_device(const void* ptr) {
@@ -157,6 +173,47 @@ ncclResult_t device_call_end(DeviceWorkspace& ws, cudaStream_t stream) {
   }
   if (err == cudaSuccess) err = cudaEventRecord(static_cast<cudaEvent_t>(ws.done), stream);
   return err == cudaSuccess ? ncclSuccess : cuda_failed("recording the end of the call", err);
+}
+
+ncclResult_t alloc_device_residual(size_t count, int device, cudaStream_t stream,
+                                   float** values) {
+  void* memory = nullptr;
+  cudaError_t err = cudaMalloc(&memory, count * sizeof(float));
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    return set_error(ncclUnhandledCudaError,
+                     "error feedback: cannot allocate the %zu-byte residual of a %zu-value "
+                     "buffer on device %d: CUDA error %d: %s; free memory, use fewer buffers, "
+                     "or turn error feedback off",
+                     count * sizeof(float), count, device, (int)err, cudaGetErrorString(err));
+  }
+  err = cudaMemsetAsync(memory, 0, count * sizeof(float), stream);
+  if (err != cudaSuccess) {
+    cudaFree(memory);
+    return cuda_failed("clearing a new error-feedback residual", err);
+  }
+  *values = static_cast<float*>(memory);
+  return ncclSuccess;
+}
+
+void free_device_residual(float* values, int device) {
+  int previous = -1;
+  if (cudaGetDevice(&previous) == cudaSuccess && previous != device)
+    cudaSetDevice(device);
+  else
+    previous = -1;
+  cudaFree(values);
+  (void)cudaGetLastError();  // at process exit the runtime may be gone: nothing to report
+  restore_current_device(previous);
+}
+
+ncclResult_t copy_device_residual(void* dst, const void* src, size_t bytes, int device) {
+  int previous = -1;
+  QNCCL_CHECK(set_current_device(device, &previous));
+  cudaError_t err = cudaDeviceSynchronize();  // after the calls queued on any stream
+  if (err == cudaSuccess) err = cudaMemcpy(dst, src, bytes, cudaMemcpyDefault);
+  restore_current_device(previous);
+  return err == cudaSuccess ? ncclSuccess : cuda_failed("copying an error-feedback residual", err);
 }
 
 void release_device_workspace(DeviceWorkspace& ws) {

@@ -1,5 +1,6 @@
-/* The host compute (engine/compute.h): the host codec, and the widening and
- * averaging loops the CUDA path runs as kernels (compute_cuda.cu). */
+/* The host compute (engine/compute.h): the host codec, and the widening,
+ * averaging and error-feedback loops the CUDA path runs as kernels
+ * (compute_cuda.cu). */
 #include "codec/codec_math.h"
 #include "common/error.h"
 #include "engine/compute.h"
@@ -19,11 +20,16 @@ ncclResult_t dequantize(const Compute& c, const uint8_t* wire, size_t n, const C
   return ncclSuccess;
 }
 
-ncclResult_t widen(const Compute&, const void* src, size_t n, ncclDataType_t type, float* acc) {
+ncclResult_t widen(const Compute&, const void* src, size_t n, ncclDataType_t type,
+                   const float* residual, float* acc) {
   dispatch_float_type(type, [&](auto d) {
     using D = decltype(d);
     const typename D::T* values = static_cast<const typename D::T*>(src);
-    for (size_t i = 0; i < n; i++) acc[i] = D::load(values[i]);
+    if (residual == nullptr) {
+      for (size_t i = 0; i < n; i++) acc[i] = D::load(values[i]);
+    } else {
+      for (size_t i = 0; i < n; i++) acc[i] = accumulate(D::load(values[i]), residual[i]);
+    }
   });
   return ncclSuccess;
 }
@@ -33,12 +39,17 @@ ncclResult_t divide(const Compute&, float* acc, size_t n, float divisor) {
   return ncclSuccess;
 }
 
+ncclResult_t residual(const Compute&, const float* v, float* e, size_t n, float scale) {
+  for (size_t i = 0; i < n; i++) e[i] = dropped_value(v[i], e[i], scale);
+  return ncclSuccess;
+}
+
 }  // namespace
 
 ncclResult_t host_compute(Compute* compute) {
   const HostCodec* codec;
   QNCCL_CHECK(host_codec(&codec));
-  *compute = Compute{"host", codec, nullptr, quantize, dequantize, widen, divide};
+  *compute = Compute{"host", codec, nullptr, quantize, dequantize, widen, divide, residual};
   return ncclSuccess;
 }
 

@@ -33,97 +33,6 @@ struct Transfer {
   int peer;
 };
 
-/* stream(call, segment, rank, step) of docs/allreduce.md. */
-uint64_t stream_id(uint64_t call, uint64_t segment, uint64_t rank, uint64_t step);
-
-/* One segment of one call: everything an algorithm needs. */
-class Segment {
- public:
-  // Fixed for the call.
-  const NcclApi* nccl;
-  ncclComm_t comm;
-  cudaStream_t stream;
-  Compute compute;     // host code or CUDA kernels, by where the buffers live
-  CodecParams params;  // params.stream is set per quantization
-  ncclDataType_t type;
-  size_t type_size;
-  bool average;
-  int rank, nranks;
-  uint64_t call;
-  uint64_t* wire_sent;  // bytes this rank has sent (statistics)
-  // This segment.
-  uint64_t index;
-  const char* x;  // this rank's input values of the segment
-  char* y;        // its output values
-  size_t count;
-
-  /* Chunk k (docs/allreduce.md, "Segments and chunks"). */
-  Range chunk(int k) const;
-  /* Most values any chunk of a segment of `values` can hold. */
-  static size_t max_chunk(size_t values, size_t bucket, int nranks);
-  size_t wire_bytes(size_t values) const;
-
-  const char* input(Range r) const { return x + r.begin * type_size; }
-  char* output(Range r) const { return y + r.begin * type_size; }
-
-  /* Compute primitives. `step` numbers this rank's quantizations. The first
-   * failure (a kernel that did not launch) is kept in `status`; after it the
-   * primitives do nothing and exchange() returns it, so the algorithm stops
-   * at its next transport step. */
-  void encode_input(Range r, uint64_t step, uint8_t* wire);
-  void encode_acc(const float* acc, size_t n, uint64_t step, uint8_t* wire);
-  void decode_output(const uint8_t* wire, Range r) const;
-  void widen_input(Range r, float* acc) const;                 // acc = x
-  void add_decoded(const uint8_t* wire, size_t n, float* acc) const;  // acc = acc + D(wire)
-  void finish(float* acc, size_t n) const;                     // avg: acc = acc / N
-
-  /* Transport primitive: one group of sends and receives (zero-length ones
-   * are skipped on both sides alike). */
-  ncclResult_t exchange(const Transfer* sends, int nsends, const Transfer* recvs, int nrecvs) const;
-  /* Transport primitive: an all-to-all, to_peer[k] sent to rank k and
-   * from_peer[k] received from it (entries for this rank are ignored), as
-   * nranks - 1 groups of shifted pairwise exchanges: in round i every rank
-   * sends to rank + i and receives from rank - i, so no rank ever receives
-   * from two peers at once (docs/allreduce.md, "Transport"). */
-  ncclResult_t all_to_all(const Transfer* to_peer, const Transfer* from_peer) const;
-
-  mutable ncclResult_t status = ncclSuccess;
-
- private:
-  void record(ncclResult_t res) const {
-    if (status == ncclSuccess) status = res;
-  }
-};
-
-/* The workspace a call needs (docs/allreduce.md, "Workspace"), computed for
- * its first segment, the largest: float32 accumulator values, then wire
- * bytes starting at wire_offset(). One pure function for host and device. */
-constexpr size_t kWorkspaceAlign = 256;  // of the wire area, as cudaMalloc aligns
-struct WorkspaceSize {
-  size_t acc_values = 0;
-  size_t wire_bytes = 0;
-  size_t wire_offset() const {
-    return (acc_values * sizeof(float) + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign;
-  }
-  size_t bytes() const { return wire_offset() + wire_bytes; }
-};
-/* W of docs/allreduce.md: values per segment. */
-size_t segment_values(const qncclAllReduceConfig_t& config);
-/* `algo` is ring, tree or SRA (resolve auto first); `config` is checked. */
-WorkspaceSize workspace_size(qncclAlgo_t algo, size_t count, const qncclAllReduceConfig_t& config,
-                             int nranks);
-
-/* What a call on device buffers does with its communicator's workspace of
- * `have` bytes when it needs `need`: run in it, grow it first, or (while its
- * stream is being captured into a CUDA graph, when nothing may be
- * allocated) pass the call through to the real NCCL. A pure function of
- * values every rank shares (all make the same calls), so ranks agree. */
-enum class DevicePlan { kRun, kGrow, kPassThrough };
-DevicePlan plan_device_call(size_t have, size_t need, bool capturing);
-/* The size to grow to: at least double, so the buffers outgrown on the way
- * add up to less than the current one. */
-size_t grown_bytes(size_t have, size_t need);
-
 /* Reports an algorithm asking for more workspace than workspace_size() gave
  * it (a bug in QNCCL) and aborts. */
 [[noreturn]] void workspace_overflow(size_t need, size_t have);
@@ -148,10 +57,116 @@ class WorkArea {
   size_t capacity_ = 0;
 };
 
+/* stream(call, segment, rank, step) of docs/allreduce.md. */
+uint64_t stream_id(uint64_t call, uint64_t segment, uint64_t rank, uint64_t step);
+
+/* One segment of one call: everything an algorithm needs. */
+class Segment {
+ public:
+  // Fixed for the call.
+  const NcclApi* nccl;
+  ncclComm_t comm;
+  cudaStream_t stream;
+  Compute compute;     // host code or CUDA kernels, by where the buffers live
+  CodecParams params;  // params.stream is set per quantization
+  ncclDataType_t type;
+  size_t type_size;
+  bool average;
+  int rank, nranks;
+  uint64_t call;
+  uint64_t* wire_sent;  // bytes this rank has sent (statistics)
+  // This segment.
+  uint64_t index;
+  const char* x;  // this rank's input values of the segment
+  char* y;        // its output values
+  size_t count;
+  /* Error feedback (docs/allreduce.md): this rank's float32 residuals of the
+   * segment's values, or nullptr without it. The primitives add them where
+   * they read the input and rewrite them where they quantize; every
+   * algorithm reads each index's input once, before quantizing it once. */
+  float* residual = nullptr;
+  WorkArea<float> fed_input;  // z = x + e of one input range, quantized as float32
+
+  /* Chunk k (docs/allreduce.md, "Segments and chunks"). */
+  Range chunk(int k) const;
+  /* Most values any chunk of a segment of `values` can hold. */
+  static size_t max_chunk(size_t values, size_t bucket, int nranks);
+  size_t wire_bytes(size_t values) const;
+
+  const char* input(Range r) const { return x + r.begin * type_size; }
+  char* output(Range r) const { return y + r.begin * type_size; }
+
+  /* Compute primitives. `step` numbers this rank's quantizations; `acc`
+   * holds the values of range `r`. The first failure (a kernel that did not
+   * launch) is kept in `status`; after it the primitives do nothing and
+   * exchange() returns it, so the algorithm stops at its next transport
+   * step. */
+  void encode_input(Range r, uint64_t step, uint8_t* wire);          // wire = Q(x)
+  void encode_acc(Range r, const float* acc, uint64_t step, uint8_t* wire);  // Q(acc)
+  /* The owner's result: avg divides by N, then wire = Q(acc). */
+  void encode_result(Range r, float* acc, uint64_t step, uint8_t* wire);
+  void decode_output(const uint8_t* wire, Range r) const;
+  void widen_input(Range r, float* acc) const;                 // acc = x
+  void add_decoded(const uint8_t* wire, size_t n, float* acc) const;  // acc = acc + D(wire)
+
+  /* Transport primitive: one group of sends and receives (zero-length ones
+   * are skipped on both sides alike). */
+  ncclResult_t exchange(const Transfer* sends, int nsends, const Transfer* recvs, int nrecvs) const;
+  /* Transport primitive: an all-to-all, to_peer[k] sent to rank k and
+   * from_peer[k] received from it (entries for this rank are ignored), as
+   * nranks - 1 groups of shifted pairwise exchanges: in round i every rank
+   * sends to rank + i and receives from rank - i, so no rank ever receives
+   * from two peers at once (docs/allreduce.md, "Transport"). */
+  ncclResult_t all_to_all(const Transfer* to_peer, const Transfer* from_peer) const;
+
+  mutable ncclResult_t status = ncclSuccess;
+
+ private:
+  void record(ncclResult_t res) const {
+    if (status == ncclSuccess) status = res;
+  }
+  /* wire = Q(v) of float32 values covering `r` on the stream of `step`; with
+   * error feedback then e[r] = (v - D(wire)) * scale (non-finite: 0). */
+  void quantize_float(Range r, const float* v, uint64_t step, float scale, uint8_t* wire);
+};
+
+/* The workspace a call needs (docs/allreduce.md, "Workspace"), computed for
+ * its first segment, the largest: float32 accumulator values, then wire
+ * bytes starting at wire_offset(). One pure function for host and device. */
+constexpr size_t kWorkspaceAlign = 256;  // of the wire area, as cudaMalloc aligns
+struct WorkspaceSize {
+  size_t acc_values = 0;
+  size_t fed_input_values = 0;  // error feedback: Segment::fed_input
+  size_t wire_bytes = 0;
+  size_t wire_offset() const {
+    const size_t floats = (acc_values + fed_input_values) * sizeof(float);
+    return (floats + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign;
+  }
+  size_t bytes() const { return wire_offset() + wire_bytes; }
+};
+/* W of docs/allreduce.md: values per segment. */
+size_t segment_values(const qncclAllReduceConfig_t& config);
+/* `algo` is ring, tree or SRA (resolve auto first); `config` is checked. */
+WorkspaceSize workspace_size(qncclAlgo_t algo, size_t count, const qncclAllReduceConfig_t& config,
+                             int nranks);
+
+/* What a call on device buffers does with its communicator's workspace of
+ * `have` bytes when it needs `need` (and, with error feedback, a residual
+ * not made yet): run in it, grow it first, or (while its stream is being
+ * captured into a CUDA graph, when nothing may be allocated) pass the call
+ * through to the real NCCL. A pure function of values every rank shares
+ * (all make the same calls), so ranks agree. */
+enum class DevicePlan { kRun, kGrow, kPassThrough };
+DevicePlan plan_device_call(size_t have, size_t need, bool new_residual, bool capturing);
+/* The size to grow to: at least double, so the buffers outgrown on the way
+ * add up to less than the current one. */
+size_t grown_bytes(size_t have, size_t need);
+
 /* Scratch memory of one call, in memory of the buffers' kind, sized by
  * workspace_size(). */
 struct Workspace {
   WorkArea<float> acc;
+  WorkArea<float> fed_input;
   WorkArea<uint8_t> wire;
   /* Points acc and wire into `memory`, size.bytes() bytes aligned to 256. */
   void assign(void* memory, const WorkspaceSize& size);
@@ -174,6 +189,9 @@ struct CommState;
  * messages. */
 ncclResult_t check_allreduce_config(const char* fn, size_t count, ncclDataType_t type,
                                     ncclRedOp_t op, const qncclAllReduceConfig_t* config);
+
+/* errorFeedback of a config: 0 or 1. */
+ncclResult_t check_error_feedback(const char* fn, int error_feedback);
 
 /* All the checks of a quantized allreduce's arguments: the above, then the
  * communicator and the buffers. */

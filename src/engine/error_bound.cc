@@ -126,6 +126,13 @@ QNCCL_EXPORT ncclResult_t qncclAllReduceErrorBound(size_t count, ncclDataType_t 
   const char* fn = "qncclAllReduceErrorBound";
   QNCCL_CHECK(check_allreduce_config(fn, count, datatype, op, config));
   QNCCL_CHECK(check_bound_args(fn, nranks, inputAbsMax, bound));
+  if (config->errorFeedback)
+    return set_error(ncclInvalidArgument,
+                     "%s: config->errorFeedback = 1: a call with error feedback also returns "
+                     "the residuals of earlier calls, so its inputs alone bound nothing; pass "
+                     "errorFeedback = 0 (docs/allreduce.md, \"Error feedback\", bounds the sum "
+                     "over calls)",
+                     fn);
   const qncclAlgo_t algo = resolve_algo(config->algo, count, datatype, nranks);
   *bound = error_bound(algo, datatype, op == ncclAvg, config->codec, nranks, inputAbsMax);
   return ncclSuccess;

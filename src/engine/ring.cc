@@ -27,7 +27,7 @@ ncclResult_t ring(Segment& s, Workspace& w) {
     if (step == 0)
       s.encode_input(sent, step, out);
     else
-      s.encode_acc(acc, sent.size(), step, out);
+      s.encode_acc(sent, acc, step, out);
     const Transfer send = {out, s.wire_bytes(sent.size()), right};
     const Transfer recv = {in, s.wire_bytes(got.size()), left};
     QNCCL_CHECK(s.exchange(&send, 1, &recv, 1));
@@ -38,8 +38,7 @@ ncclResult_t ring(Segment& s, Workspace& w) {
   // This rank owns chunk r + 1: encode the result once, use the decoded bytes.
   const Range own = chunk(r + 1);
   if (n == 1) s.widen_input(own, acc);
-  s.finish(acc, own.size());
-  s.encode_acc(acc, own.size(), n - 1, out);
+  s.encode_result(own, acc, n - 1, out);
   s.decode_output(out, own);
 
   // Allgather: forward what arrived last step; decode what arrives.

@@ -43,16 +43,18 @@ WorkspaceSize workspace_size(qncclAlgo_t algo, size_t count, const qncclAllReduc
   if (values == 0) return size;
   const size_t chunk = Segment::max_chunk(values, bucket, nranks);
   switch (algo) {
-    case qncclAlgoTree:
+    case qncclAlgoTree:  // encodes no input: fed_input unused
       size.acc_values = values;
       size.wire_bytes = 3 * compressed_bytes(values, bits, bucket);
       break;
     case qncclAlgoSra:
       size.acc_values = chunk;
+      size.fed_input_values = config.errorFeedback ? chunk : 0;
       size.wire_bytes = 2 * (size_t)nranks * compressed_bytes(chunk, bits, bucket);
       break;
     default:  // ring
       size.acc_values = chunk;
+      size.fed_input_values = config.errorFeedback ? chunk : 0;
       size.wire_bytes = 2 * compressed_bytes(chunk, bits, bucket);
       break;
   }
@@ -61,6 +63,7 @@ WorkspaceSize workspace_size(qncclAlgo_t algo, size_t count, const qncclAllReduc
 
 void Workspace::assign(void* memory, const WorkspaceSize& size) {
   acc.assign(memory, size.acc_values);
+  fed_input.assign(static_cast<float*>(memory) + size.acc_values, size.fed_input_values);
   wire.assign(static_cast<char*>(memory) + size.wire_offset(), size.wire_bytes);
 }
 
@@ -73,15 +76,37 @@ void workspace_overflow(size_t need, size_t have) {
 }
 
 void Segment::encode_input(Range r, uint64_t step, uint8_t* wire) {
-  if (status != ncclSuccess) return;
-  params.stream = stream_id(call, index, (uint64_t)rank, step);
-  record(compute.quantize(compute, input(r), r.size(), type, params, wire));
+  if (residual == nullptr) {
+    if (status != ncclSuccess) return;
+    params.stream = stream_id(call, index, (uint64_t)rank, step);
+    record(compute.quantize(compute, input(r), r.size(), type, params, wire));
+    return;
+  }
+  fed_input.resize(r.size());
+  widen_input(r, fed_input.data());  // z = x + e
+  quantize_float(r, fed_input.data(), step, 1.0f, wire);
 }
 
-void Segment::encode_acc(const float* acc, size_t n, uint64_t step, uint8_t* wire) {
+void Segment::encode_acc(Range r, const float* acc, uint64_t step, uint8_t* wire) {
+  quantize_float(r, acc, step, 1.0f, wire);
+}
+
+void Segment::encode_result(Range r, float* acc, uint64_t step, uint8_t* wire) {
+  if (average && status == ncclSuccess)
+    record(compute.divide(compute, acc, r.size(), (float)nranks));
+  // avg: the residual of acc / N, times N, so residuals are in units of the sum.
+  quantize_float(r, acc, step, average ? (float)nranks : 1.0f, wire);
+}
+
+void Segment::quantize_float(Range r, const float* v, uint64_t step, float scale,
+                             uint8_t* wire) {
   if (status != ncclSuccess) return;
   params.stream = stream_id(call, index, (uint64_t)rank, step);
-  record(compute.quantize(compute, acc, n, ncclFloat32, params, wire));
+  record(compute.quantize(compute, v, r.size(), ncclFloat32, params, wire));
+  if (residual == nullptr || status != ncclSuccess) return;
+  float* e = residual + r.begin;  // already read into v: this is its one rewrite of the call
+  record(compute.dequantize(compute, wire, r.size(), params, e, ncclFloat32, false));
+  if (status == ncclSuccess) record(compute.residual(compute, v, e, r.size(), scale));
 }
 
 void Segment::decode_output(const uint8_t* wire, Range r) const {
@@ -95,12 +120,9 @@ void Segment::add_decoded(const uint8_t* wire, size_t n, float* acc) const {
 }
 
 void Segment::widen_input(Range r, float* acc) const {
-  if (status == ncclSuccess) record(compute.widen(compute, input(r), r.size(), type, acc));
-}
-
-void Segment::finish(float* acc, size_t n) const {
-  if (average && status == ncclSuccess)
-    record(compute.divide(compute, acc, n, (float)nranks));
+  if (status == ncclSuccess)
+    record(compute.widen(compute, input(r), r.size(), type,
+                         residual != nullptr ? residual + r.begin : nullptr, acc));
 }
 
 ncclResult_t Segment::exchange(const Transfer* sends, int nsends, const Transfer* recvs,

@@ -35,8 +35,7 @@ ncclResult_t sra(Segment& s, Workspace& w) {
     if (j != r) s.add_decoded(from(j), own.size(), acc);
 
   // Allgather: this rank's result, encoded once, goes to every rank.
-  s.finish(acc, own.size());
-  s.encode_acc(acc, own.size(), (uint64_t)n, to(r));
+  s.encode_result(own, acc, (uint64_t)n, to(r));
   s.decode_output(to(r), own);
   for (int k = 0; k < n; k++) {
     if (k == r) continue;

@@ -27,10 +27,9 @@ ncclResult_t tree(Segment& s, Workspace& w) {
   for (int c = 0; c < nchildren; c++) s.add_decoded(from_child[c], s.count, acc);
 
   if (r == 0) {
-    s.finish(acc, s.count);
-    s.encode_acc(acc, s.count, 1, result);
+    s.encode_result(all, acc, 1, result);
   } else {
-    s.encode_acc(acc, s.count, 0, from_child[0]);
+    s.encode_acc(all, acc, 0, from_child[0]);
     const Transfer up = {from_child[0], bytes, parent};
     QNCCL_CHECK(s.exchange(&up, 1, nullptr, 0));
     const Transfer down = {result, bytes, parent};

@@ -98,12 +98,20 @@ typedef struct {
    * bounds the workspace. 0: QNCCL_DEFAULT_SEGMENT_VALUES. Rounded down to a
    * multiple of codec.bucketSize (at least one bucket). */
   size_t segmentValues;
+  /* 1: error feedback. Each rank keeps, per (communicator, sendbuff address,
+   * count, datatype), a float32 residual of what quantization dropped from
+   * its values and adds it to its input of the next call on that buffer
+   * (docs/allreduce.md, "Error feedback"): count * 4 bytes per buffer, in
+   * the buffer's kind of memory, until qncclCommResetErrorFeedback or the
+   * communicator's end. 0: none. */
+  int errorFeedback;
 } qncclAllReduceConfig_t;
 
 /* Sum (ncclSum) or average (ncclAvg) of `count` values of `datatype`
  * (ncclFloat32, ncclFloat16 or ncclBfloat16) over the ranks of `comm`, every
  * transfer quantized as `config` says. In place when sendbuff == recvbuff.
- * Every rank receives identical bytes.
+ * Every rank receives identical bytes. With config->errorFeedback the call
+ * reads and rewrites the residual of (comm, sendbuff, count, datatype).
  *
  * `comm` belongs to the NCCL library QNCCL talks to: a libnccl.so.2 already
  * loaded in the process, else the one environment variable QNCCL_NCCL_LIB
@@ -140,7 +148,10 @@ ncclResult_t qncclAllReduceWorkspaceSize(size_t count, ncclDataType_t datatype,
  * rounding to float16/bfloat16 included, for both rounding modes
  * (docs/allreduce.md, "Error bound"). It depends on count only through the
  * algorithm auto picks. *bound is +infinity when a partial sum or the result
- * could overflow its type (the call may then return infinities or NaNs). */
+ * could overflow its type (the call may then return infinities or NaNs).
+ * Fails for config->errorFeedback = 1: a call then also returns earlier
+ * calls' residuals, so no bound follows from its inputs alone (the sum over
+ * calls is bounded instead: docs/allreduce.md, "Error feedback"). */
 ncclResult_t qncclAllReduceErrorBound(size_t count, ncclDataType_t datatype, ncclRedOp_t op,
                                       const qncclAllReduceConfig_t* config, int nranks,
                                       double inputAbsMax, double* bound);
@@ -168,10 +179,10 @@ typedef enum { qncclDebugWarn = 0, qncclDebugInfo = 1, qncclDebugTrace = 2 } qnc
 
 typedef struct {
   int enable;                        /* QNCCL_ENABLE: 0 passes every call through */
-  qncclAllReduceConfig_t allreduce;  /* QNCCL_BITS, _BUCKET_SIZE, _ROUNDING, _SEED, _ALGO */
+  qncclAllReduceConfig_t allreduce;  /* QNCCL_BITS, _BUCKET_SIZE, _ROUNDING, _SEED, _ALGO,
+                                        _ERROR_FEEDBACK */
   size_t minBytes;                   /* QNCCL_MIN_BYTES: smaller calls pass through */
   uint64_t warmupCalls;              /* QNCCL_WARMUP_CALLS: first eligible calls stay exact */
-  int errorFeedback;                 /* QNCCL_ERROR_FEEDBACK */
   qncclDebugLevel_t debug;           /* QNCCL_DEBUG */
 } qncclEnvConfig_t;
 
@@ -187,10 +198,30 @@ typedef struct {
   uint64_t callsPassedThrough; /* allreduces forwarded to the real NCCL unchanged */
   uint64_t bytesIn;           /* input bytes of the compressed calls */
   uint64_t bytesOnWire;       /* bytes this rank sent for them */
+  uint64_t residualBuffers;   /* error feedback: buffers holding a residual now */
+  uint64_t residualBytes;     /* memory those residuals take now (count * 4 each) */
 } qncclStats_t;
 
 /* Counters of `comm` since its creation. */
 ncclResult_t qncclCommGetStats(ncclComm_t comm, qncclStats_t* stats);
+
+/* ---- Error feedback (docs/allreduce.md, "Error feedback") ----------------- */
+
+/* Frees every residual of `comm`: the next call on each buffer starts again
+ * from zero (as after a change of model or optimizer state). Device memory is
+ * freed with cudaFree, which waits for the device's queued work. */
+ncclResult_t qncclCommResetErrorFeedback(ncclComm_t comm);
+
+/* The same for every communicator of the process: for frameworks that do not
+ * expose their communicators (PyTorch's ProcessGroupNCCL). */
+ncclResult_t qncclResetErrorFeedback(void);
+
+/* Copies this rank's residual of the buffer (`sendbuff`, `count`,
+ * `datatype`) of `comm` into `residual`, `count` float32 values in host
+ * memory (to inspect or test error feedback; a device residual is copied
+ * after the device's queued work). Fails when the buffer has no residual. */
+ncclResult_t qncclCommGetResidual(ncclComm_t comm, const void* sendbuff, size_t count,
+                                  ncclDataType_t datatype, float* residual);
 
 /* 1 when this library was built with the CUDA kernels, else 0. */
 ncclResult_t qncclCudaCompiled(int* compiled);

@@ -27,10 +27,13 @@ ncclResult_t finish_init(ncclResult_t res, const ncclComm_t* comms, int n,
 void report_stats(ncclComm_t comm) {
   CommState* state;
   if (comm == nullptr || comm_state(comm, nullptr, &state) != ncclSuccess) return;
-  const qncclStats_t& s = state->stats;
-  info(comm, *state, ": compressed=%llu passed_through=%llu bytes_in=%llu bytes_on_wire=%llu",
+  const qncclStats_t s = comm_stats(*state);
+  info(comm, *state,
+       ": compressed=%llu passed_through=%llu bytes_in=%llu bytes_on_wire=%llu "
+       "residual_buffers=%llu residual_bytes=%llu",
        (unsigned long long)s.callsCompressed, (unsigned long long)s.callsPassedThrough,
-       (unsigned long long)s.bytesIn, (unsigned long long)s.bytesOnWire);
+       (unsigned long long)s.bytesIn, (unsigned long long)s.bytesOnWire,
+       (unsigned long long)s.residualBuffers, (unsigned long long)s.residualBytes);
 }
 
 }  // namespace

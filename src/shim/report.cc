@@ -58,10 +58,10 @@ void adopt_comm(ncclComm_t comm, const qncclEnvConfig_t& config) {
   const qncclCodecConfig_t& c = config.allreduce.codec;
   info(comm, *state,
        "/%d: bits=%d bucket=%zu rounding=%s algo=%s min_bytes=%zu seed=%llu warmup=%llu "
-       "enable=%d nccl=%s",
+       "error_feedback=%d enable=%d nccl=%s",
        nranks, c.bits, c.bucketSize, rounding_name(c.rounding), algo_name(config.allreduce.algo),
        config.minBytes, (unsigned long long)c.seed, (unsigned long long)config.warmupCalls,
-       config.enable, nccl->path);
+       config.allreduce.errorFeedback, config.enable, nccl->path);
 }
 
 }  // namespace qnccl

@@ -12,7 +12,10 @@
  *      warning is printed once, which the Python side counts); after one
  *      eager call the captured call is quantized, and each replay writes the
  *      host path's bytes;
- *   5. with two devices, two ranks (one thread each): both ranks' outputs are
+ *   5. error feedback: four calls on the same host and device buffers give
+ *      the same bytes and leave the same residuals on both sides, for every
+ *      algorithm and type, sum and avg;
+ *   6. with two devices, two ranks (one thread each): both ranks' outputs are
  *      identical, and with an output folder (argv[1]) the inputs and outputs
  *      are written there with a manifest for the emulator to check.
  *
@@ -204,7 +207,7 @@ int check_matrix(Twin& twin, cudaStream_t stream) {
 
 /* Part 2. */
 bool check_mixed_buffers(Twin& twin, cudaStream_t stream) {
-  const qncclAllReduceConfig_t config = {{4, 128, qncclRoundNearest, 1}, qncclAlgoAuto, 0};
+  const qncclAllReduceConfig_t config = {{4, 128, qncclRoundNearest, 1}, qncclAlgoAuto, 0, 0};
   std::vector<float> host(1000, 1.0f);
   DeviceBuffer device(host.size() * 4);
   const ncclResult_t res = qncclAllReduce(host.data(), device.ptr, host.size(), ncclFloat32,
@@ -218,7 +221,7 @@ bool check_mixed_buffers(Twin& twin, cudaStream_t stream) {
 
 bool check_no_sync(Twin& twin, cudaStream_t stream) {
   Case c;
-  c.config = {{4, 128, qncclRoundStochastic, 42}, qncclAlgoRing, 1 << 18};
+  c.config = {{4, 128, qncclRoundStochastic, 42}, qncclAlgoRing, 1 << 18, 0};
   c.type = ncclFloat32;
   c.op = ncclAvg;
   c.count = (3 << 20) + 5;
@@ -320,7 +323,59 @@ bool check_capture(cudaStream_t stream) {
          stats.callsCompressed == 2;
 }
 
-/* Part 5: two ranks, one thread and device each. */
+/* Part 5: `calls` calls with error feedback on one pair of buffers (host and
+ * device, in place): equal outputs and residuals after each. */
+bool check_error_feedback_case(Case c, Twin& twin, cudaStream_t stream, int calls) {
+  c.config.errorFeedback = 1;
+  const std::string name = c.name() + " error feedback";
+  const size_t unit = type_size(c.type), bytes = c.count * unit;
+  Bytes host(bytes);
+  DeviceBuffer device(bytes);
+  std::vector<float> host_residual(c.count), device_residual(c.count);
+  bool ok = true;
+  for (int call = 0; call < calls && ok; ++call) {
+    const std::string what = name + " call " + std::to_string(call);
+    host = make_input(c.type, c.count, 31 * call + 5, call == 2);  // NaN/Inf once
+    ok = device.upload(host) &&
+         nccl_ok(qncclAllReduce(host.data(), host.data(), c.count, c.type, c.op, &c.config,
+                                twin.host, nullptr), what + " (host)") &&
+         nccl_ok(qncclAllReduce(device.ptr, device.ptr, c.count, c.type, c.op, &c.config,
+                                twin.device, stream), what + " (device)") &&
+         cuda_ok(cudaStreamSynchronize(stream), what) &&
+         same_bytes(what, host, device.download(), unit) &&
+         nccl_ok(qncclCommGetResidual(twin.host, host.data(), c.count, c.type,
+                                      host_residual.data()), what + " host residual") &&
+         nccl_ok(qncclCommGetResidual(twin.device, device.ptr, c.count, c.type,
+                                      device_residual.data()), what + " device residual");
+    if (ok && memcmp(host_residual.data(), device_residual.data(), c.count * 4) != 0) {
+      printf("MISMATCH %s: the residuals differ\n", what.c_str());
+      ok = false;
+    }
+  }
+  // The buffers are freed: their addresses may come back for another case.
+  return nccl_ok(qncclCommResetErrorFeedback(twin.host), "reset") &&
+         nccl_ok(qncclCommResetErrorFeedback(twin.device), "reset") && ok;
+}
+
+int check_error_feedback(Twin& twin, cudaStream_t stream) {
+  int failed = 0;
+  for (int algo = qncclAlgoRing; algo <= qncclAlgoSra; ++algo)
+    for (ncclDataType_t type : {ncclFloat32, ncclFloat16, ncclBfloat16})
+      for (ncclRedOp_t op : {ncclSum, ncclAvg}) {
+        Case c;
+        c.config = {{3, 100, qncclRoundStochastic, 11}, (qncclAlgo_t)algo, 20000, 0};
+        c.type = type;
+        c.op = op;
+        c.count = 50021;  // three segments
+        c.inplace = true;
+        c.nonfinite = false;
+        failed += !check_error_feedback_case(c, twin, stream, 4);
+      }
+  printf("error feedback: %d failed\n", failed);
+  return failed;
+}
+
+/* Part 6: two ranks, one thread and device each. */
 struct RankRun {
   std::vector<Bytes> inputs, outputs;
   bool ok = true;
@@ -331,7 +386,7 @@ std::vector<Case> two_rank_cases() {
   for (int algo = qncclAlgoRing; algo <= qncclAlgoSra; ++algo)
     for (ncclDataType_t type : {ncclFloat32, ncclBfloat16}) {
       Case c;
-      c.config = {{4, 128, qncclRoundStochastic, 7}, (qncclAlgo_t)algo, 65536};
+      c.config = {{4, 128, qncclRoundStochastic, 7}, (qncclAlgo_t)algo, 65536, 0};
       c.type = type;
       c.op = type == ncclFloat32 ? ncclAvg : ncclSum;
       c.count = 300007;
@@ -446,6 +501,7 @@ int main(int argc, char** argv) {
     failed += check_matrix(twin, stream);
     failed += !check_mixed_buffers(twin, stream);
     failed += !check_no_sync(twin, stream);
+    failed += check_error_feedback(twin, stream);
   }
   failed += !check_capture(stream);
   if (devices >= 2)

@@ -1,0 +1,80 @@
+"""What libqnccl.so keeps per NCCL communicator: statistics and error feedback's residuals.
+
+    import qnccl.comm
+    qnccl.comm.reset_error_feedback()        # every communicator of this process
+    qnccl.comm.stats(comm)                   # {"calls_compressed": ..., "residual_bytes": ...}
+
+`comm` is an ncclComm_t: a cffi pointer, or its address as an int. In a job started with
+`LD_PRELOAD=libqnccl.so` (or `qnccl run`) these reach the preloaded library, which is the
+one the process's ncclAllReduce calls use, as long as it is the same file (QNCCL_LIB).
+PyTorch keeps its NCCL communicators to itself: reset_error_feedback() without a
+communicator is the call for it (e.g. after loading a checkpoint, or when the model's
+buffers change).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import _lib
+
+__all__ = ["reset_error_feedback", "residual", "stats"]
+
+_NCCL_TYPES = {"float32": "ncclFloat32", "float16": "ncclFloat16", "bfloat16": "ncclBfloat16"}
+_STATS = (("callsCompressed", "calls_compressed"), ("callsPassedThrough", "calls_passed_through"),
+          ("bytesIn", "bytes_in"), ("bytesOnWire", "bytes_on_wire"),
+          ("residualBuffers", "residual_buffers"), ("residualBytes", "residual_bytes"))
+
+
+def _comm(comm):
+    ffi = _lib.ffi()
+    if isinstance(comm, int):
+        return ffi.cast("ncclComm_t", comm)
+    if isinstance(comm, ffi.CData) and ffi.typeof(comm) is ffi.typeof("ncclComm_t"):
+        return comm
+    raise TypeError(f"comm must be an ncclComm_t (cffi) or its address (int), got {comm!r}")
+
+
+def _address(buffer):
+    if isinstance(buffer, int):
+        return buffer
+    if isinstance(buffer, np.ndarray):
+        return buffer.ctypes.data
+    raise TypeError(f"buffer must be a numpy array or an address (int, e.g. a torch tensor's "
+                    f"data_ptr()), got {type(buffer).__name__}")
+
+
+def stats(comm):
+    """qncclCommGetStats of `comm` as a dict (see qncclStats_t in qnccl.h)."""
+    ffi, lib = _lib.ffi(), _lib.lib()
+    out = ffi.new("qncclStats_t*")
+    _lib.check(lib.qncclCommGetStats(_comm(comm), out))
+    return {name: int(getattr(out, field)) for field, name in _STATS}
+
+
+def reset_error_feedback(comm=None):
+    """Frees the residuals of `comm`, or of every communicator of the process when None: the
+    next call on each buffer starts from zero residuals."""
+    lib = _lib.lib()
+    if comm is None:
+        _lib.check(lib.qncclResetErrorFeedback())
+    else:
+        _lib.check(lib.qncclCommResetErrorFeedback(_comm(comm)))
+
+
+def residual(comm, buffer, count=None, dtype=None):
+    """This rank's residual (a float32 array of `count` values) of the send buffer `buffer`
+    on `comm`: a numpy array (its address and size; its dtype unless `dtype` names one, as
+    for uint16 bits of float16/bfloat16), or an address (int, e.g. a torch tensor's
+    data_ptr()) with `count` and `dtype`. Raises QncclError when that buffer has none."""
+    if isinstance(buffer, np.ndarray):
+        count = buffer.size if count is None else count
+        dtype = dtype or np.dtype(buffer.dtype).name
+    if count is None or dtype is None:
+        raise ValueError("count and dtype are required when buffer is an address")
+    if dtype not in _NCCL_TYPES:
+        raise ValueError(f"dtype must be one of {', '.join(_NCCL_TYPES)}, got {dtype!r}")
+    ffi, lib = _lib.ffi(), _lib.lib()
+    out = np.empty(count, np.float32)
+    _lib.check(lib.qncclCommGetResidual(_comm(comm), ffi.cast("void*", _address(buffer)), count,
+                                        getattr(lib, _NCCL_TYPES[dtype]), ffi.from_buffer("float[]", out)))
+    return out

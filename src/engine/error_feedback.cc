@@ -1,0 +1,126 @@
+/* Error feedback's residual store (docs/allreduce.md, "Error feedback"):
+ * one float32 residual per (communicator, sendbuff, count, datatype), made
+ * zeroed on a buffer's first call, and the C API that resets, reads and
+ * restores them. The arithmetic lives in the engine's primitives
+ * (segment.cc). */
+#include <string.h>
+
+#include "common/error.h"
+#include "engine/comm_state.h"
+#include "engine/compute.h"
+#include "shim/shim.h"
+
+namespace qnccl {
+
+ncclResult_t Residual::make(size_t count, int device, cudaStream_t stream,
+                            std::unique_ptr<Residual>* out) {
+  float* values = nullptr;
+  if (device < 0) {
+    values = new (std::nothrow) float[count]();
+    if (values == nullptr)
+      return set_error(ncclSystemError,
+                       "error feedback: cannot allocate the %zu-byte residual of a %zu-value "
+                       "buffer in host memory; free memory, use fewer buffers, or turn error "
+                       "feedback off",
+                       count * sizeof(float), count);
+  } else {
+#ifdef QNCCL_WITH_CUDA
+    QNCCL_CHECK(alloc_device_residual(count, device, stream, &values));
+#else
+    (void)stream;
+    return set_error(ncclInternalError, "error feedback: a device residual in a build without CUDA");
+#endif
+  }
+  out->reset(new Residual(values, count, device));
+  return ncclSuccess;
+}
+
+Residual::~Residual() {
+  if (device_ < 0) {
+    delete[] values_;
+    return;
+  }
+#ifdef QNCCL_WITH_CUDA
+  free_device_residual(values_, device_);
+#endif
+}
+
+Residual* find_residual(CommState& state, const void* sendbuff, size_t count,
+                        ncclDataType_t type, int device) {
+  auto it = state.residuals.find(ResidualKey{sendbuff, count, type});
+  if (it == state.residuals.end() || it->second->device() != device) return nullptr;
+  return it->second.get();
+}
+
+ncclResult_t residual_for_call(ncclComm_t comm, CommState& state, const void* sendbuff,
+                               size_t count, ncclDataType_t type, int device,
+                               cudaStream_t stream, float** values) {
+  if (Residual* found = find_residual(state, sendbuff, count, type, device)) {
+    *values = found->values();
+    return ncclSuccess;
+  }
+  std::unique_ptr<Residual> made;
+  QNCCL_CHECK(Residual::make(count, device, stream, &made));
+  *values = made->values();
+  state.residuals[ResidualKey{sendbuff, count, type}] = std::move(made);  // replaces a stale one
+  const qncclStats_t stats = comm_stats(state);
+  info(comm, state,
+       ": error feedback: new residual for buffer %p (%zu values, %zu bytes of %s memory); "
+       "%llu buffers, %llu bytes in all",
+       sendbuff, count, count * sizeof(float), device < 0 ? "host" : "device",
+       (unsigned long long)stats.residualBuffers, (unsigned long long)stats.residualBytes);
+  return ncclSuccess;
+}
+
+}  // namespace qnccl
+
+using namespace qnccl;
+
+namespace {
+
+ncclResult_t checked_comm_state(const char* fn, ncclComm_t comm, CommState** state) {
+  if (comm == nullptr) return set_error(ncclInvalidArgument, "%s: comm is NULL", fn);
+  return comm_state(comm, nullptr, state);
+}
+
+}  // namespace
+
+QNCCL_EXPORT ncclResult_t qncclCommResetErrorFeedback(ncclComm_t comm) {
+  CommState* state;
+  QNCCL_CHECK(checked_comm_state("qncclCommResetErrorFeedback", comm, &state));
+  state->residuals.clear();
+  return ncclSuccess;
+}
+
+QNCCL_EXPORT ncclResult_t qncclResetErrorFeedback(void) {
+  reset_all_error_feedback();
+  return ncclSuccess;
+}
+
+QNCCL_EXPORT ncclResult_t qncclCommGetResidual(ncclComm_t comm, const void* sendbuff,
+                                               size_t count, ncclDataType_t datatype,
+                                               float* residual) {
+  const char* fn = "qncclCommGetResidual";
+  CommState* state;
+  QNCCL_CHECK(checked_comm_state(fn, comm, &state));
+  if (residual == nullptr)
+    return set_error(ncclInvalidArgument, "%s: residual is NULL; pass %zu floats of host memory",
+                     fn, count);
+  auto it = state->residuals.find(ResidualKey{sendbuff, count, datatype});
+  if (it == state->residuals.end())
+    return set_error(ncclInvalidArgument,
+                     "%s: this communicator holds no residual for buffer %p with count %zu and "
+                     "datatype %d; residuals exist for the buffers that allreduces with error "
+                     "feedback have used since the last reset (qncclCommGetStats counts them)",
+                     fn, sendbuff, count, (int)datatype);
+  const Residual& r = *it->second;
+  if (r.device() < 0) {
+    memcpy(residual, r.values(), r.bytes());
+    return ncclSuccess;
+  }
+#ifdef QNCCL_WITH_CUDA
+  return copy_device_residual(residual, r.values(), r.bytes(), r.device());
+#else
+  return ncclInternalError;  // no device residuals without CUDA
+#endif
+}

@@ -1,0 +1,311 @@
+"""Error feedback in libqnccl.so on real ranks (docs/allreduce.md, "Error feedback").
+
+    mpirun -np N python error_feedback_check.py emulator
+    mpirun -np N python error_feedback_check.py bookkeeping
+    mpirun -np N python error_feedback_check.py interposer
+
+emulator     qncclAllReduce with config.errorFeedback = 1, CALLS calls per buffer, for
+             ring/tree/SRA x float32/float16/bfloat16 x sum/avg x both roundings, buffers
+             in segments, in place and not, NaN/Inf in one call: after every call each
+             rank's output and its residual (qncclCommGetResidual) are bit for bit what
+             qnccl.emulate.allreduce(..., residuals=) gives; the output is the same on every
+             rank; out of place, the send buffer is untouched.
+bookkeeping  float32, 40 calls on one buffer per algorithm and op: sum_t result_t equals
+             sum_t sum_r x_r,t - sum_r e_r,T (avg: / N) within the float32 rounding bound
+             computed from the data, while without feedback the same identity misses by
+             far more than that bound.
+interposer   QNCCL_ERROR_FEEDBACK=1 makes the interposed ncclAllReduce feed back (matches
+             the emulator call after call), a quantized op with errorFeedback = 1 does the
+             same whatever the environment says; qncclCommGetStats counts the residual
+             buffers and bytes; qncclCommResetErrorFeedback and qnccl.comm's
+             reset_error_feedback() free them and the next call starts from zero; asking
+             for an unknown buffer's residual or passing errorFeedback = 2 fails with a
+             message saying what is allowed.
+
+Prints one line per failure, then a summary; exits non-zero on any failure.
+"""
+import argparse
+import dataclasses
+import itertools
+import os
+import re
+import sys
+
+import numpy as np
+
+from allreduce_check import (COMM, NCCL_TYPES, NRANKS, OPS, RANK, Case, Failures, bits_of,
+                             check_nccl, ffi, init_comm, lib, make_config, rank_input)
+import qnccl.comm
+from qnccl import QncclError
+from qnccl.emulate import allreduce as emulate_allreduce
+
+CALLS = 4
+U = 2.0**-24  # float32 unit roundoff
+
+
+@dataclasses.dataclass(frozen=True)
+class FeedbackCase(Case):
+    calls: int = CALLS
+
+    def at_call(self, t):
+        """The Case whose rank_input is call t's data (NaN/Inf in call 2 of 'special')."""
+        data = self.data if (self.data != "special" or t == 2) else "wide"
+        return dataclasses.replace(self, seed=self.seed + 7919 * t, data=data)
+
+
+def run_call(comm, case, t, send, recv, config, op=None, interposed=False):
+    """Call t of `case` on the persistent buffers `send`/`recv` (recv is send in place)."""
+    x = rank_input(case.at_call(t), RANK)
+    send[:] = x
+    if interposed:
+        result = lib.ncclAllReduce(ffi.from_buffer(send), ffi.from_buffer(recv), case.count,
+                                   NCCL_TYPES[case.dtype], op, comm, ffi.NULL)
+    else:
+        result = lib.qncclAllReduce(ffi.from_buffer(send), ffi.from_buffer(recv), case.count,
+                                    NCCL_TYPES[case.dtype], OPS[case.op], config, comm,
+                                    ffi.NULL)
+    if result != lib.ncclSuccess:  # the other ranks would wait for us: stop the job
+        print(f"FAIL [N={NRANKS}] {case}: rank {RANK}: call {t} returned {result}: "
+              f"{ffi.string(lib.qncclGetLastError()).decode()}", flush=True)
+        COMM.Abort(1)
+    send_ok = case.inplace or np.array_equal(bits_of(send), bits_of(x))
+    e = qnccl.comm.residual(comm, send, dtype=case.dtype)
+    return x, recv.copy(), e, send_ok
+
+
+def new_buffers(case):
+    x = rank_input(case, RANK)
+    send = np.empty_like(x)
+    return send, (send if case.inplace else np.empty_like(x))
+
+
+class Emulation:
+    """Rank 0's emulator state of one buffer: N residual arrays and the call counter."""
+
+    def __init__(self, case, first_call):
+        self.case, self.call = case, first_call
+        self.residuals = [np.zeros(case.count, np.float32) for _ in range(NRANKS)]
+
+    def step(self, inputs):
+        c = self.case
+        out = emulate_allreduce(inputs, algo=c.algo, bits=c.bits, bucket_size=c.bucket,
+                                rounding=c.rounding, seed=c.seed, op=c.op, call=self.call,
+                                segment_values=c.segment_values, dtype=c.dtype,
+                                residuals=self.residuals)[0]
+        self.call += 1
+        return out
+
+
+def compare(failures, case, what, got, want):
+    differ = np.flatnonzero(bits_of(got) != bits_of(want))
+    if differ.size:
+        i = int(differ[0])
+        failures.add(case, f"{what}: {differ.size} of {case.count} values differ from the "
+                           f"emulator; first at {i}: {got[i]!r} vs {want[i]!r}")
+
+
+def check_against_emulator(comm, case, first_call, failures, config, op=None, interposed=False,
+                           buffers=None):
+    """`case.calls` calls on one pair of buffers (new ones, or `buffers`), each checked on
+    rank 0 against an emulation whose residuals start at zero. Returns the next call number
+    and the buffers."""
+    send, recv = buffers or new_buffers(case)
+    emulation = Emulation(case, first_call) if RANK == 0 else None
+    for t in range(case.calls):
+        gathered = COMM.gather(run_call(comm, case, t, send, recv, config, op, interposed),
+                               root=0)
+        if RANK != 0:
+            continue
+        inputs, outputs, residuals, send_oks = zip(*gathered)
+        want = emulation.step(list(inputs))
+        for r in range(NRANKS):
+            if not send_oks[r]:
+                failures.add(case, f"call {t}, rank {r}: the send buffer changed")
+            compare(failures, case, f"call {t}, rank {r} output", outputs[r], want)
+            compare(failures, case, f"call {t}, rank {r} residual", residuals[r],
+                    emulation.residuals[r])
+    return first_call + case.calls, (send, recv)
+
+
+def emulator_cases():
+    combos = list(itertools.product(("nearest", "stochastic"), ("sum", "avg"), (False, True)))
+    cases = []
+    for i, (algo, dtype) in enumerate(itertools.product(("ring", "tree", "sra"), NCCL_TYPES)):
+        for j in range(2):
+            rounding, op, inplace = combos[(3 * i + 5 * j) % len(combos)]
+            count, bucket, segment = ((5003, 64, 1000), (300, 7, 0))[j]
+            cases.append(FeedbackCase(algo, dtype, count, rounding, op, inplace, bits=(2, 3)[j],
+                                      bucket=bucket, segment_values=segment, seed=100 + 10 * i + j,
+                                      data=("wide", "special")[(i + j) % 2]))
+    return cases
+
+
+def emulator(comm, failures):
+    call = 0
+    cases = emulator_cases()
+    for case in cases:
+        call, _ = check_against_emulator(comm, case, call, failures, make_feedback_config(case))
+        # Its buffers are freed now, and a new array may reuse an address (and count and
+        # dtype): that is the same buffer to the library, so start the next case afresh.
+        qnccl.comm.reset_error_feedback(comm)
+    return len(cases)
+
+
+def make_feedback_config(case, error_feedback=1):
+    config = make_config(case)
+    config.errorFeedback = error_feedback
+    return config
+
+
+def bookkeeping(comm, failures):
+    """40 calls per buffer; rank 0 checks the telescoping identity from the data."""
+    calls, checked = 40, 0
+    for algo, op in itertools.product(("ring", "tree", "sra"), ("sum", "avg")):
+        case = FeedbackCase(algo, "float32", 2000, "stochastic", op, bits=2, bucket=64,
+                            seed=7 + checked, data="normal", calls=calls)
+        for feedback in (1, 0):
+            qnccl.comm.reset_error_feedback(comm)  # a new array may reuse a freed one's address
+            send, recv = new_buffers(case)
+            config = make_feedback_config(case, feedback)
+            total_in = np.zeros(case.count)      # sum_t sum_r x_r,t
+            total_out = np.zeros(case.count)     # sum_t result_t
+            slack = np.zeros(case.count)         # the float32 rounding bound, summed over calls
+            e_old = np.zeros((NRANKS, case.count))
+            for t in range(calls):
+                x = rank_input(case.at_call(t), RANK)
+                send[:] = x
+                check_nccl(lib.qncclAllReduce(ffi.from_buffer(send), ffi.from_buffer(recv),
+                                              case.count, NCCL_TYPES["float32"], OPS[op], config,
+                                              comm, ffi.NULL), f"{case} call {t}")
+                e = (qnccl.comm.residual(comm, send)
+                     if feedback else np.zeros(case.count, np.float32))
+                gathered = COMM.gather((x, e), root=0)
+                if RANK != 0:
+                    continue
+                xs = np.stack([g[0] for g in gathered]).astype(np.float64)
+                e_new = np.stack([g[1] for g in gathered]).astype(np.float64)
+                total_in += xs.sum(axis=0)
+                total_out += recv.astype(np.float64) * (NRANKS if op == "avg" else 1)
+                z = np.abs(xs + e_old).sum(axis=0)
+                slack += (NRANKS + 2) * U * (z + np.abs(e_new).sum(axis=0)) + NRANKS * 2.0**-149
+                e_old = e_new
+            if RANK != 0:
+                continue
+            # sum_t result_t (in sum units) = sum_t sum_r x_r,t - sum_r e_r,T
+            miss = np.abs(total_out - (total_in - e_old.sum(axis=0)))
+            label = f"{case} error feedback {'on' if feedback else 'off'}"
+            if feedback and np.any(miss > slack):
+                i = int(np.argmax(miss - slack))
+                failures.add(label, f"the identity misses by {miss[i]:.3g} at {i}, beyond the "
+                                    f"rounding bound {slack[i]:.3g}")
+            if not feedback and np.mean(miss > slack) < 0.9:
+                failures.add(label, f"without feedback the identity holds at "
+                                    f"{np.mean(miss <= slack):.0%} of the values: the check "
+                                    f"has no teeth")
+            print(f"bookkeeping N={NRANKS} {algo} {op} feedback={feedback}: max miss / bound "
+                  f"{np.max(miss / slack):.3g}", flush=True)
+        checked += 1
+    return checked
+
+
+def interposer(comm, failures):
+    handle = int(ffi.cast("uintptr_t", comm))
+    # The environment was read when the communicator's state was made (its first use).
+    assert os.environ.get("QNCCL_ERROR_FEEDBACK") == "1", "run with QNCCL_ERROR_FEEDBACK=1"
+    env = ffi.new("qncclEnvConfig_t*")
+    check_nccl(lib.qncclConfigFromEnv(env), "qncclConfigFromEnv")
+    if env.allreduce.errorFeedback != 1:
+        failures.add("qncclConfigFromEnv", f"errorFeedback = {env.allreduce.errorFeedback}")
+    codec = env.allreduce.codec
+    case = FeedbackCase(qnccl_algo(env), "float32", 70000, "stochastic", "sum", bits=codec.bits,
+                        bucket=codec.bucketSize, seed=codec.seed, calls=3)
+    call, _ = check_against_emulator(comm, case, 0, failures, None, op=OPS["sum"],
+                                     interposed=True)
+    stats = qnccl.comm.stats(handle)
+    if stats["residual_buffers"] != 1 or stats["residual_bytes"] != 4 * case.count:
+        failures.add("stats", f"{stats}: want 1 residual buffer of {4 * case.count} bytes")
+
+    # A quantized op carries its own errorFeedback, whatever the environment says.
+    op_case = FeedbackCase("tree", "bfloat16", 3000, "nearest", "avg", inplace=True, bits=3,
+                           bucket=50, seed=9, calls=3)
+    op_config = ffi.new("qncclQuantizedOpConfig_t*")
+    op_config.allreduce = make_feedback_config(op_case)[0]
+    op_config.reduction = OPS["avg"]
+    op = ffi.new("ncclRedOp_t*")
+    check_nccl(lib.qncclRedOpCreateQuantized(op, op_config, comm), "qncclRedOpCreateQuantized")
+    call, op_buffers = check_against_emulator(comm, op_case, call, failures, None, op=op[0],
+                                              interposed=True)
+    stats = qnccl.comm.stats(handle)
+    want_bytes = 4 * (case.count + op_case.count)
+    if stats["residual_buffers"] != 2 or stats["residual_bytes"] != want_bytes:
+        failures.add("stats", f"{stats}: want 2 residual buffers, {want_bytes} bytes")
+
+    # Reset: freed, and the next calls on the same buffers start from zero again.
+    check_nccl(lib.qncclCommResetErrorFeedback(comm), "qncclCommResetErrorFeedback")
+    if qnccl.comm.stats(handle)["residual_buffers"] != 0:
+        failures.add("qncclCommResetErrorFeedback", f"left {qnccl.comm.stats(handle)}")
+    call, _ = check_against_emulator(comm, op_case, call, failures, None, op=op[0],
+                                     interposed=True, buffers=op_buffers)
+    qnccl.comm.reset_error_feedback()  # every communicator of the process
+    if qnccl.comm.stats(handle)["residual_buffers"] != 0:
+        failures.add("qnccl.comm.reset_error_feedback()", f"left {qnccl.comm.stats(handle)}")
+    check_against_emulator(comm, op_case, call, failures, None, op=op[0], interposed=True,
+                           buffers=op_buffers)
+    check_nccl(lib.ncclRedOpDestroy(op[0], comm), "ncclRedOpDestroy")
+    check_messages(handle, failures)
+    return 4
+
+
+def qnccl_algo(env):
+    return {lib.qncclAlgoAuto: "auto", lib.qncclAlgoRing: "ring", lib.qncclAlgoTree: "tree",
+            lib.qncclAlgoSra: "sra"}[env.allreduce.algo]
+
+
+def check_messages(handle, failures):
+    """Bad requests fail on this rank alone, with messages naming what is allowed."""
+    unknown = np.zeros(10, np.float32)
+    try:
+        qnccl.comm.residual(handle, unknown)
+        failures.add("qncclCommGetResidual", "an unknown buffer did not fail")
+    except QncclError as err:
+        if not re.search(r"no residual for buffer .* count 10", err.message):
+            failures.add("qncclCommGetResidual", f"message: {err.message}")
+    bad = make_feedback_config(Case("ring", "float32", 10), error_feedback=2)
+    result = lib.qncclAllReduce(ffi.from_buffer(unknown), ffi.from_buffer(unknown), 10,
+                                NCCL_TYPES["float32"], OPS["sum"], bad,
+                                ffi.cast("ncclComm_t", handle), ffi.NULL)
+    expect_failure(failures, "qncclAllReduce", result,
+                   r"errorFeedback = 2; allowed: 0 \(off\) or 1 \(on\)")
+    result = lib.qncclAllReduceErrorBound(10, NCCL_TYPES["float32"], OPS["sum"],
+                                          make_feedback_config(Case("ring", "float32", 10)),
+                                          NRANKS, 1.0, ffi.new("double*"))
+    expect_failure(failures, "qncclAllReduceErrorBound", result,
+                   r"errorFeedback = 1: .*pass errorFeedback = 0")
+
+
+def expect_failure(failures, fn, result, pattern):
+    message = ffi.string(lib.qncclGetLastError()).decode()
+    if result != lib.ncclInvalidArgument or not re.search(pattern, message):
+        failures.add(fn, f"returned {result}: {message}")
+
+
+PROGRAMS = {"emulator": emulator, "bookkeeping": bookkeeping, "interposer": interposer}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("program", choices=sorted(PROGRAMS))
+    args = parser.parse_args()
+    comm = init_comm()
+    failures = Failures()
+    count = PROGRAMS[args.program](comm, failures)
+    check_nccl(lib.ncclCommDestroy(comm), "ncclCommDestroy")
+    lines = COMM.gather(failures.lines, root=0)
+    if RANK == 0:
+        total = sum(len(x) for x in lines)
+        print(f"SUMMARY {args.program} N={NRANKS}: {count} cases, {total} failures", flush=True)
+    sys.exit(1 if COMM.bcast(any(failures.lines), root=0) else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,110 @@
+"""Error feedback in libqnccl.so (docs/allreduce.md, "Error feedback"): on real MPI ranks
+of QNCCL's host backend, the library's outputs and residuals are bit for bit the
+emulator's call after call, the bookkeeping identity holds to float32 rounding (and fails
+without feedback), QNCCL_ERROR_FEEDBACK and quantized ops turn it on, statistics count the
+residuals and resets free them. Each MPI test is one job of
+mpi_programs/error_feedback_check.py, which prints a line per failure."""
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import mpi
+
+PROGRAM = Path(__file__).resolve().parent / "mpi_programs" / "error_feedback_check.py"
+
+
+def run_check(nprocs, program, env=None, timeout=180):
+    result = mpi.run_python(nprocs, PROGRAM, program, timeout=timeout, env=env)
+    summary = [line for line in result.stdout.splitlines() if line.startswith("SUMMARY")]
+    assert summary and summary[-1].endswith(" 0 failures"), result.stdout[-6000:]
+    return result.stdout
+
+
+@pytest.mark.parametrize("nprocs", [1, 2, 3, 5])
+def test_library_matches_the_emulator_call_after_call(nprocs):
+    """ring/tree/SRA x float32/float16/bfloat16, sum/avg, both roundings, 2 and 3 bits,
+    buffers in segments, in place and not, NaN/Inf in one call: 4 calls per buffer, each
+    rank's output and residual checked against qnccl.emulate.allreduce(residuals=)."""
+    run_check(nprocs, "emulator")
+
+
+@pytest.mark.parametrize("nprocs", [1, 4])
+def test_bookkeeping_identity_over_40_calls(nprocs):
+    """sum_t result_t = sum_t sum_r x_r,t - sum_r e_r,T (avg: / N) within the float32
+    rounding bound computed from the data; without feedback it misses by far more."""
+    out = run_check(nprocs, "bookkeeping")
+    print("\n".join(line for line in out.splitlines() if line.startswith("bookkeeping")))
+
+
+def test_environment_quantized_ops_statistics_and_reset():
+    """QNCCL_ERROR_FEEDBACK=1 on the interposed ncclAllReduce; a quantized op's own
+    errorFeedback; qncclCommGetStats' residual figures; both resets; bad requests."""
+    run_check(3, "interposer", env={"QNCCL_ERROR_FEEDBACK": "1", "QNCCL_BITS": "3",
+                                    "QNCCL_ALGO": "ring", "QNCCL_SEED": "5"})
+
+
+# ---- single-process checks of the C API --------------------------------------------------
+
+def config(capi, algo, error_feedback):
+    ffi, lib = capi
+    c = ffi.new("qncclAllReduceConfig_t*")
+    c.codec.bits, c.codec.bucketSize, c.codec.rounding = 4, 128, lib.qncclRoundStochastic
+    c.algo = {"ring": lib.qncclAlgoRing, "tree": lib.qncclAlgoTree, "sra": lib.qncclAlgoSra}[algo]
+    c.errorFeedback = error_feedback
+    return c
+
+
+@pytest.mark.parametrize("algo, nranks", [("ring", 4), ("sra", 4), ("tree", 4), ("ring", 1)])
+def test_workspace_grows_by_one_float32_chunk(capi, algo, nranks):
+    """Ring and SRA stage z = x + e of one input chunk before encoding it (tree encodes
+    only sums): the workspace grows by that chunk, at most a segment / N of float32."""
+    from qnccl import _lib
+    ffi, lib = capi
+    count = 1 << 20
+    sizes = []
+    for feedback in (0, 1):
+        size = ffi.new("size_t*")
+        _lib.check(lib.qncclAllReduceWorkspaceSize(count, lib.ncclFloat32,
+                                                   config(capi, algo, feedback), nranks, size))
+        sizes.append(size[0])
+    buckets = count // 128
+    chunk = min(count, (buckets // nranks + 1) * 128)
+    grown = sizes[1] - sizes[0]
+    if algo == "tree":
+        assert grown == 0
+    else:
+        assert 4 * chunk <= grown < 4 * chunk + 256, (sizes, chunk)  # the wire area re-aligns
+
+
+def test_bad_error_feedback_values_are_refused(capi):
+    from qnccl import QncclError, _lib
+    ffi, lib = capi
+    size = ffi.new("size_t*")
+    for value in (2, -1):
+        with pytest.raises(QncclError, match=rf"errorFeedback = {value}; allowed: 0 \(off\) or "
+                                             r"1 \(on\)"):
+            _lib.check(lib.qncclAllReduceWorkspaceSize(100, lib.ncclFloat32,
+                                                       config(capi, "ring", value), 2, size))
+
+
+def test_resets_and_lookups_check_their_arguments(capi):
+    """NULL communicators and outputs fail with a message, not a crash; the process-wide
+    reset works with no communicator at all."""
+    import qnccl.comm
+    from qnccl import QncclError, _lib
+    ffi, lib = capi
+    with pytest.raises(QncclError, match="qncclCommResetErrorFeedback: comm is NULL"):
+        _lib.check(lib.qncclCommResetErrorFeedback(ffi.NULL))
+    with pytest.raises(QncclError, match="qncclCommGetResidual: comm is NULL"):
+        _lib.check(lib.qncclCommGetResidual(ffi.NULL, ffi.NULL, 1, lib.ncclFloat32,
+                                            ffi.new("float[1]")))
+    qnccl.comm.reset_error_feedback()
+    with pytest.raises(TypeError, match="comm must be an ncclComm_t"):
+        qnccl.comm.stats("comm")
+    with pytest.raises(ValueError, match="count and dtype are required"):
+        qnccl.comm.residual(1, 12345)
+    with pytest.raises(ValueError, match=re.escape("dtype must be one of float32, float16, "
+                                                   "bfloat16, got 'int32'")):
+        qnccl.comm.residual(1, np.zeros(3, np.int32))
