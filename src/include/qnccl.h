@@ -213,7 +213,8 @@ ncclResult_t qncclCommGetStats(ncclComm_t comm, qncclStats_t* stats);
 ncclResult_t qncclCommResetErrorFeedback(ncclComm_t comm);
 
 /* The same for every communicator of the process: for frameworks that do not
- * expose their communicators (PyTorch's ProcessGroupNCCL). */
+ * expose their communicators (PyTorch's ProcessGroupNCCL). Like any call on a
+ * communicator, not while another thread runs an allreduce. */
 ncclResult_t qncclResetErrorFeedback(void);
 
 /* Copies this rank's residual of the buffer (`sendbuff`, `count`,
