@@ -45,6 +45,16 @@ def test_environment_quantized_ops_statistics_and_reset():
                                     "QNCCL_ALGO": "ring", "QNCCL_SEED": "5"})
 
 
+@pytest.mark.parametrize("nprocs, warnings", [(4, 0), (8, 8)])
+def test_ring_at_two_bits_warns_from_8_ranks(nprocs, warnings):
+    """Residuals of a 2-bit ring grow without bound from 8 ranks on (docs/allreduce.md): each
+    rank warns once per communicator, and not for 3 bits or SRA."""
+    out = run_check(nprocs, "ring_warning")
+    lines = re.findall(r"QNCCL WARN .*error feedback on the ring algorithm at 2 bits over "
+                       rf"{nprocs} ranks", out)
+    assert len(lines) == warnings, out[-4000:]
+
+
 # ---- single-process checks of the C API --------------------------------------------------
 
 def config(capi, algo, error_feedback):

@@ -235,6 +235,15 @@ ncclResult_t run_allreduce(const void* sendbuff, void* recvbuff, size_t count,
   s.type_size = float_type_size(datatype);
   s.average = op == ncclAvg;
   const qncclAlgo_t algo = resolve_algo(config.algo, count, datatype, s.nranks);
+  if (config.errorFeedback && algo == qncclAlgoRing && config.codec.bits <= 2 &&
+      s.nranks >= 8 && !state.warned_feedback_ring) {
+    state.warned_feedback_ring = true;
+    warn("comm %p rank %d: error feedback on the ring algorithm at %d bits over %d ranks: each "
+         "hop re-quantizes the residuals the hops before it fed in, and at 2 bits or fewer "
+         "from 8 ranks on they grow without bound (docs/allreduce.md, \"Error feedback\"); "
+         "use QNCCL_ALGO=sra or tree, or more bits (warned once per communicator)",
+         (void*)comm, s.rank, config.codec.bits, s.nranks);
+  }
   const WorkspaceSize need = workspace_size(algo, count, config, s.nranks);
 #ifdef QNCCL_WITH_CUDA
   // check_allreduce made sure both buffers are on the same side.

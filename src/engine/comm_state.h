@@ -79,6 +79,7 @@ struct CommState {
   DeviceWorkspace device;        // calls on device buffers
   ResidualStore residuals;       // error feedback
   bool warned_residual_capture = false;  // the pass-through during capture was reported
+  bool warned_feedback_ring = false;     // error feedback on a low-bit ring was reported
 };
 
 /* The state of `comm`, made on first use with `config` (nullptr: from the

@@ -3,6 +3,7 @@
     mpirun -np N python error_feedback_check.py emulator
     mpirun -np N python error_feedback_check.py bookkeeping
     mpirun -np N python error_feedback_check.py interposer
+    mpirun -np N python error_feedback_check.py ring_warning
 
 emulator     qncclAllReduce with config.errorFeedback = 1, CALLS calls per buffer, for
              ring/tree/SRA x float32/float16/bfloat16 x sum/avg x both roundings, buffers
@@ -21,6 +22,8 @@ interposer   QNCCL_ERROR_FEEDBACK=1 makes the interposed ncclAllReduce feed back
              reset_error_feedback() free them and the next call starts from zero; asking
              for an unknown buffer's residual or passing errorFeedback = 2 fails with a
              message saying what is allowed.
+ring_warning error feedback on ring at 2 bits, then at 3 bits, then SRA at 2 bits (the
+             test counts the library's warnings).
 
 Prints one line per failure, then a summary; exits non-zero on any failure.
 """
@@ -289,7 +292,21 @@ def expect_failure(failures, fn, result, pattern):
         failures.add(fn, f"returned {result}: {message}")
 
 
-PROGRAMS = {"emulator": emulator, "bookkeeping": bookkeeping, "interposer": interposer}
+def ring_warning(comm, failures):
+    """Error feedback on ring at 2 bits: the library warns (once per communicator) from 8
+    ranks on; 3 bits and SRA at 2 bits say nothing. The test counts the lines."""
+    cases = [FeedbackCase("ring", "float32", 1000, bits=2, calls=2),
+             FeedbackCase("ring", "float32", 1000, bits=3, calls=1),
+             FeedbackCase("sra", "float32", 1000, bits=2, calls=1)]
+    call = 0
+    for case in cases:
+        call, _ = check_against_emulator(comm, case, call, failures, make_feedback_config(case))
+        qnccl.comm.reset_error_feedback(comm)
+    return len(cases)
+
+
+PROGRAMS = {"emulator": emulator, "bookkeeping": bookkeeping, "interposer": interposer,
+            "ring_warning": ring_warning}
 
 
 def main():
