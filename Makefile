@@ -3,6 +3,7 @@
 #   make setup    install what building and testing need (idempotent)
 #   make test     setup + build + the test suite
 #   make bench    setup + build + the benchmark
+#   make accuracy setup + build + the training-accuracy benchmark
 # Knobs: CXX, NVCC (empty: no CUDA), CUDA_HOME, NVCC_GENCODE, NCCL_INCLUDE, BUILD, PYTHON, JOBS.
 
 BUILD   ?= build
@@ -73,7 +74,7 @@ PERF_CXXFLAGS = $(filter-out -fvisibility=hidden,$(CXXFLAGS)) -Iperf -I$(NCCL_IN
                 -DOMPI_SKIP_MPICXX -DMPICH_SKIP_MPICXX
 GPU_TESTS := $(if $(strip $(NVCC)),$(BUILD)/bin/codec_gpu_test $(BUILD)/bin/allreduce_gpu_test)
 
-.PHONY: all setup test bench clean
+.PHONY: all setup test bench accuracy clean
 all: $(LIB) $(HOST_LIB) $(CDEF) $(PERF_BINS) $(GPU_TESTS)
 
 # Objects depend on the compilers and flags they were built with: a build
@@ -157,6 +158,11 @@ test: setup
 bench: setup
 	@$(MAKE) --no-print-directory -j$(JOBS) all
 	$(PYTHON) -m qnccl bench
+
+# Training accuracy under quantized allreduce (docs/accuracy.md; about 17 min).
+accuracy: setup
+	@$(MAKE) --no-print-directory -j$(JOBS) all
+	$(PYTHON) perf/accuracy_bench.py
 
 clean:
 	rm -rf $(BUILD)

@@ -35,6 +35,12 @@ MPI_ENV = {
     "OMPI_MCA_rmaps_base_oversubscribe": "1",
     "OMPI_MCA_mpi_yield_when_idle": "1",
 }
+# For jobs on one machine that may use shared memory (the benchmark's own runs go over TCP
+# on purpose): no CMA/ptrace single copy, which containers forbid.
+MPI_SHARED_MEMORY_ENV = {
+    "OMPI_MCA_btl": "self,vader,tcp",
+    "OMPI_MCA_btl_vader_single_copy_mechanism": "none",
+}
 
 
 @dataclasses.dataclass

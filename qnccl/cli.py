@@ -47,7 +47,7 @@ def _int_list(low, high=None):
     return parse
 
 
-def _int_in(low, high=None):
+def int_in(low, high=None):
     """argparse type: one decimal integer in [low, high] (no upper limit when None).
     argparse prefixes the message with the flag's name."""
     allowed = f"an integer in {low}..{high}" if high is not None else f"an integer >= {low}"
@@ -91,9 +91,9 @@ def _library_path(text):
 # Each option of `qnccl run` and the environment variable it sets: (flag, variable, argparse
 # keywords). The library validates the variables again when a communicator is created.
 RUN_OPTIONS = (
-    ("--bits", "QNCCL_BITS", dict(type=_int_in(1, 8), metavar="N",
+    ("--bits", "QNCCL_BITS", dict(type=int_in(1, 8), metavar="N",
                                   help="bits per value, 1..8 (default 4)")),
-    ("--bucket-size", "QNCCL_BUCKET_SIZE", dict(type=_int_in(1), metavar="N",
+    ("--bucket-size", "QNCCL_BUCKET_SIZE", dict(type=int_in(1), metavar="N",
                                                 help="values per bucket, >= 1 (default 128)")),
     ("--rounding", "QNCCL_ROUNDING", dict(choices=("stochastic", "nearest"),
                                           help="default stochastic")),
@@ -102,10 +102,10 @@ RUN_OPTIONS = (
     ("--min-bytes", "QNCCL_MIN_BYTES", dict(
         type=_byte_size, metavar="N",
         help="smaller allreduces pass through exact; K, M, G suffixes allowed (default 64K)")),
-    ("--seed", "QNCCL_SEED", dict(type=_int_in(0, 2**64 - 1), metavar="N",
+    ("--seed", "QNCCL_SEED", dict(type=int_in(0, 2**64 - 1), metavar="N",
                                   help="stochastic-rounding seed, 0..2^64-1 (default 0)")),
     ("--warmup-calls", "QNCCL_WARMUP_CALLS", dict(
-        type=_int_in(0), metavar="N",
+        type=int_in(0), metavar="N",
         help="the first N eligible allreduces of each communicator stay exact (default 0)")),
     ("--error-feedback", "QNCCL_ERROR_FEEDBACK", dict(
         action="store_const", const=1,
@@ -418,7 +418,7 @@ def build_parser():
                     "Prints one table (busbw, speedup over uncompressed at each size, bytes on "
                     "the wire per input byte, error), writes OUT/report.json and OUT/busbw.png. "
                     "Exits 1 when a run fails or a result misses its error bound.")
-    bench.add_argument("--ranks", type=_int_in(2, 64), default=4, metavar="N",
+    bench.add_argument("--ranks", type=int_in(2, 64), default=4, metavar="N",
                        help="MPI ranks (default 4)")
     bench.add_argument("--rate", default="1gbit",
                        help="link rate for tc, e.g. 100mbit, 1gbit, 10gbit (default 1gbit)")
@@ -434,11 +434,11 @@ def build_parser():
                        help="default stochastic (QNCCL's default)")
     bench.add_argument("--baselines", type=_name_list(("mpi", "torch")), default=["mpi", "torch"],
                        help="besides uncompressed all_reduce_perf: mpi, torch (default both)")
-    bench.add_argument("--iters", type=_int_in(1), default=3, metavar="N",
+    bench.add_argument("--iters", type=int_in(1), default=3, metavar="N",
                        help="timed calls per size; busbw from their median (default 3)")
-    bench.add_argument("--warmup", type=_int_in(0), default=1, metavar="N",
+    bench.add_argument("--warmup", type=int_in(0), default=1, metavar="N",
                        help="warm-up calls (default 1)")
-    bench.add_argument("--timeout", type=_int_in(10), default=900, metavar="S",
+    bench.add_argument("--timeout", type=int_in(10), default=900, metavar="S",
                        help="seconds one configuration may take (default 900)")
     bench.add_argument("--out", type=Path, default=BUILD / "bench",
                        help="output folder (default build/bench)")

@@ -14,20 +14,14 @@ from pathlib import Path
 
 import pytest
 
+from qnccl import bench
+
 REPO = Path(__file__).resolve().parents[1]
 HOST_NCCL = REPO / "build" / "host" / "libnccl.so.2"
 
 # Open MPI as root in a container, more ranks than cores, no busy waiting,
 # shared memory between the ranks of this machine.
-MPI_ENV = {
-    "OMPI_ALLOW_RUN_AS_ROOT": "1",
-    "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-    "OMPI_MCA_rmaps_base_oversubscribe": "1",
-    "OMPI_MCA_mpi_yield_when_idle": "1",
-    "OMPI_MCA_btl": "self,vader,tcp",
-    "OMPI_MCA_btl_vader_single_copy_mechanism": "none",  # no CMA/ptrace inside containers
-    "PYTHONUNBUFFERED": "1",
-}
+MPI_ENV = {**bench.MPI_ENV, **bench.MPI_SHARED_MEMORY_ENV, "PYTHONUNBUFFERED": "1"}
 
 
 def mpirun():

@@ -1,0 +1,191 @@
+"""perf/accuracy_bench.py: the training-accuracy benchmark (docs/accuracy.md).
+
+Unit checks of its pieces (per-rank gradients, the teacher's data, the options) and one
+`--quick` run end to end, whose JSON must hold every configuration, a baseline that learned,
+small 8-bit deltas, a gradient error that grows as the bits shrink, and a DDP job whose
+replicas stayed identical."""
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from mpi import REPO
+
+torch = pytest.importorskip("torch")
+sys.path.insert(0, str(REPO / "perf"))
+import accuracy_bench as bench  # noqa: E402
+import accuracy_model as am  # noqa: E402
+
+SCRIPT = REPO / "perf" / "accuracy_bench.py"
+QUICK_TIMEOUT = 600  # s; the quick run takes about 2 min on 2 cores
+
+
+def small_batch(n=64, seed=3):
+    teacher = am.Teacher(am.Shape())
+    return am.make_data(teacher, n, stream=seed)
+
+
+def head_and_table_grads(model):
+    head = torch.cat([p.grad.reshape(-1) for p in model.head.parameters()])
+    return head, [t.weight.grad.clone() for t in model.emb]
+
+
+@pytest.mark.parametrize("nranks", [1, 8, 32])
+def test_exact_average_of_rank_gradients_is_the_full_batch_gradient(nranks):
+    data = small_batch()
+    torch.manual_seed(0)
+    model = am.DLRM(am.Shape())
+    am.loss_fn(model(data.dense, data.cats), data.labels).backward()
+    full_head, full_tables = head_and_table_grads(model)
+    model.zero_grad(set_to_none=True)
+
+    grads = am.rank_gradients(model, data.dense, data.cats, data.labels, nranks)
+    assert grads.shape == (nranks, full_head.numel())
+    torch.testing.assert_close(grads.sum(0) / nranks, full_head, rtol=1e-5, atol=1e-7)
+    for table, full in zip(model.emb, full_tables):
+        torch.testing.assert_close(table.weight.grad, full, rtol=1e-5, atol=1e-7)
+
+
+def test_each_rank_gradient_is_its_own_micro_batch():
+    data = small_batch()
+    torch.manual_seed(0)
+    model = am.DLRM(am.Shape())
+    grads = am.rank_gradients(model, data.dense, data.cats, data.labels, 8)
+    for rank in (0, 5):
+        model.zero_grad(set_to_none=True)
+        part = slice(rank * 8, rank * 8 + 8)
+        am.loss_fn(model(data.dense[part], data.cats[part]), data.labels[part]).backward()
+        head, _ = head_and_table_grads(model)
+        torch.testing.assert_close(grads[rank], head, rtol=1e-5, atol=1e-7)
+
+
+def test_batch_must_split_evenly():
+    data = small_batch(60)
+    with pytest.raises(ValueError, match="not a multiple of 8 ranks"):
+        am.rank_gradients(am.DLRM(am.Shape()), data.dense, data.cats, data.labels, 8)
+
+
+def test_teacher_labels_have_signal_and_noise():
+    """The task: a learnable signal (Bayes accuracy well above the majority class) with
+    Criteo-like label noise, the same whatever the training seed."""
+    torch.manual_seed(123)
+    first = am.make_data(am.Teacher(am.Shape()), 20000, stream=2)
+    torch.manual_seed(456)
+    second = am.make_data(am.Teacher(am.Shape()), 20000, stream=2)
+    assert torch.equal(first.labels, second.labels)
+    bayes_acc, _ = am.bayes(first)
+    clicks = float(first.labels.mean())
+    assert 0.15 < clicks < 0.4
+    assert max(clicks, 1 - clicks) + 0.03 < bayes_acc < 0.9
+    # Zipf-like categorical ids: the most frequent id of the largest table is far above uniform
+    counts = torch.bincount(first.cats[:, 0])
+    assert counts.max() > 20 * len(first) / am.Shape().tables[0]
+
+
+@pytest.mark.parametrize("argv, allowed", [
+    (["--bits", "3"], "8, 4, 2"),
+    (["--algos", "ring,butterfly"], "ring, tree, sra"),
+    (["--ranks", "7"], "4, 8, 16, 32, 64"),
+    (["--seeds", "0"], "an integer >= 1"),
+    (["--optimizer", "lion"], "'adam', 'sgd'"),
+])
+def test_bad_options_exit_2_naming_the_allowed_values(argv, allowed):
+    proc = subprocess.run([sys.executable, str(SCRIPT), *argv], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert argv[0] in proc.stderr and allowed in proc.stderr, proc.stderr
+
+
+def test_table_has_one_row_per_configuration():
+    args = bench.parse_args(["--quick", "--bits", "4", "--algos", "sra", "--ranks", "8"])
+    assert [bench.config_name(c) for c in bench.configurations(args)] == [
+        "uint4 sra", "uint4 sra EF"]
+    assert len(bench.jobs(args)) == args.seeds * (1 + 1 + 2)  # full batch, fp32 N=8, 2 configs
+
+
+# ------------------------------------------------------------------------- the quick run
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory):
+    out = tmp_path_factory.mktemp("accuracy")
+    proc = subprocess.Popen([sys.executable, str(SCRIPT), "--quick", "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        log, _ = proc.communicate(timeout=QUICK_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the workers and the MPI job too
+        log, _ = proc.communicate()
+        pytest.fail(f"accuracy_bench --quick ran past {QUICK_TIMEOUT} s and was killed. "
+                    f"Output:\n{log[-4000:]}")
+    if proc.returncode != 0:
+        pytest.fail(f"accuracy_bench --quick failed (exit {proc.returncode}). "
+                    f"Output:\n{log[-6000:]}")
+    return out, json.loads((out / "results.json").read_text()), log
+
+
+def test_quick_run_has_every_configuration(quick):
+    _, report, log = quick
+    runs = {(r["name"], r["nranks"], r["seed"]) for r in report["runs"]}
+    for bits in (8, 4, 2):
+        for algo in ("ring", "tree", "sra"):
+            for ef in ("", " EF"):
+                name = f"uint{bits} {algo}{ef}"
+                assert {(name, 8, 0), (name, 32, 0)} <= runs, name
+                assert f"| {name} |" in log
+    assert {("fp32", n, 0) for n in (1, 8, 32)} <= runs
+    assert len(report["summary"]) == 2 * (1 + 18)
+
+
+def test_quick_baseline_learned(quick):
+    _, report, _ = quick
+    data = report["data"]
+    for run in report["runs"]:
+        if run["name"] == "fp32":
+            assert run["test_acc"] > data["majority_rate"] + 0.002, run
+            assert run["test_loss"] < data["label_entropy"] - 0.01, run
+            assert run["test_loss"] > data["bayes_loss"]
+            first, last = run["curve"][0], run["curve"][-1]
+            assert last[1] < first[1] - 0.01
+
+
+def rows(report):
+    return {(r["name"], r["nranks"]): r for r in report["summary"]}
+
+
+def test_quick_deltas_order_by_bits(quick):
+    """8 bits barely moves the result; the gradient error grows as the bits shrink; exact
+    averaging differs from the full-batch gradient by float rounding only."""
+    _, report, _ = quick
+    table = rows(report)
+    for n in (8, 32):
+        fp32 = table[("fp32", n)]
+        assert abs(fp32["d_loss"]["mean"]) < 0.05 and abs(fp32["d_acc"]["mean"]) < 0.05
+        for algo in ("ring", "tree", "sra"):
+            for ef in ("", " EF"):
+                q = {b: table[(f"uint{b} {algo}{ef}", n)] for b in (8, 4, 2)}
+                assert abs(q[8]["d_loss"]["mean"]) < 0.5 and abs(q[8]["d_acc"]["mean"]) < 0.5
+                assert (q[8]["grad_rel_error"] < q[4]["grad_rel_error"]
+                        < q[2]["grad_rel_error"]), (algo, ef, n)
+
+
+def test_quick_ddp_replicas_in_sync(quick):
+    _, report, _ = quick
+    ddp = report["ddp"]
+    assert ddp["ranks"] == 4 and ddp["in_sync"]
+    plain, hook = ddp["runs"]["plain"], ddp["runs"]["sra4"]
+    assert plain["in_sync"] and hook["in_sync"]
+    assert len(hook["curve"]) == bench.EVALS + 1
+    # the hook run trains: its loss is near plain DDP's and far below the label entropy
+    assert abs(hook["test_loss"] - plain["test_loss"]) < 0.02 * plain["test_loss"]
+    assert hook["test_loss"] < report["data"]["label_entropy"] - 0.01
+
+
+def test_quick_writes_its_files(quick):
+    out, _, _ = quick
+    png = (out / "test_loss.png").read_bytes()
+    assert png.startswith(b"\x89PNG") and len(png) > 10000
+    assert "| allreduce |" in (out / "table.md").read_text()
