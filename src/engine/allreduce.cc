@@ -15,6 +15,12 @@
 namespace qnccl {
 namespace {
 
+ncclResult_t check_error_feedback(const char* fn, int error_feedback) {
+  if (error_feedback == 0 || error_feedback == 1) return ncclSuccess;
+  return set_error(ncclInvalidArgument,
+                   "%s: errorFeedback = %d; allowed: 0 (off) or 1 (on)", fn, error_feedback);
+}
+
 ncclResult_t check_algo(const char* fn, qncclAlgo_t algo) {
   if (algo >= qncclAlgoAuto && algo <= qncclAlgoSra) return ncclSuccess;
   return set_error(ncclInvalidArgument,
@@ -137,12 +143,6 @@ ncclResult_t run_on_device(Segment& s, int device, qncclAlgo_t algo, const Works
 #endif
 
 }  // namespace
-
-ncclResult_t check_error_feedback(const char* fn, int error_feedback) {
-  if (error_feedback == 0 || error_feedback == 1) return ncclSuccess;
-  return set_error(ncclInvalidArgument,
-                   "%s: errorFeedback = %d; allowed: 0 (off) or 1 (on)", fn, error_feedback);
-}
 
 DevicePlan plan_device_call(size_t have, size_t need, bool new_residual, bool capturing) {
   if (capturing && (need > have || new_residual)) return DevicePlan::kPassThrough;
@@ -280,15 +280,9 @@ QNCCL_EXPORT ncclResult_t qncclAllReduceWorkspaceSize(size_t count, ncclDataType
                                                       const qncclAllReduceConfig_t* config,
                                                       int nranks, size_t* bytes) {
   const char* fn = "qncclAllReduceWorkspaceSize";
-  if (config == nullptr)
-    return set_error(ncclInvalidArgument, "%s: config is NULL; pass a qncclAllReduceConfig_t", fn);
-  QNCCL_CHECK(check_codec_config(fn, &config->codec));
-  QNCCL_CHECK(check_codec_type(fn, "datatype", datatype));
-  QNCCL_CHECK(check_algo(fn, config->algo));
-  QNCCL_CHECK(check_error_feedback(fn, config->errorFeedback));
+  // The op does not change the workspace: check the rest as a sum would be.
+  QNCCL_CHECK(check_allreduce_config(fn, count, datatype, ncclSum, config));
   if (nranks < 1) return set_error(ncclInvalidArgument, "%s: nranks = %d; allowed: >= 1", fn, nranks);
-  if (count > SIZE_MAX / 16)
-    return set_error(ncclInvalidArgument, "%s: count = %zu is too large", fn, count);
   if (bytes == nullptr) return set_error(ncclInvalidArgument, "%s: bytes is NULL; pass a size_t*", fn);
   const qncclAlgo_t algo = resolve_algo(config->algo, count, datatype, nranks);
   *bytes = workspace_size(algo, count, *config, nranks).bytes();

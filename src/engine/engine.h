@@ -190,9 +190,6 @@ struct CommState;
 ncclResult_t check_allreduce_config(const char* fn, size_t count, ncclDataType_t type,
                                     ncclRedOp_t op, const qncclAllReduceConfig_t* config);
 
-/* errorFeedback of a config: 0 or 1. */
-ncclResult_t check_error_feedback(const char* fn, int error_feedback);
-
 /* All the checks of a quantized allreduce's arguments: the above, then the
  * communicator and the buffers. */
 ncclResult_t check_allreduce(const char* fn, const void* sendbuff, void* recvbuff, size_t count,
