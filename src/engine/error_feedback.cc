@@ -1,8 +1,7 @@
 /* Error feedback's residual store (docs/allreduce.md, "Error feedback"):
  * one float32 residual per (communicator, sendbuff, count, datatype), made
- * zeroed on a buffer's first call, and the C API that resets, reads and
- * restores them. The arithmetic lives in the engine's primitives
- * (segment.cc). */
+ * zeroed on a buffer's first call, and the C API that resets and reads
+ * them. The arithmetic lives in the engine's primitives (segment.cc). */
 #include <string.h>
 
 #include "common/error.h"
