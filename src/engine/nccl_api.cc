@@ -56,6 +56,8 @@ Resolved resolve() {
                        sizeof r.error) &&
                   bind(h, "ncclCommInitAll", &a.commInitAll, r.error, sizeof r.error) &&
                   bind(h, "ncclCommSplit", &a.commSplit, r.error, sizeof r.error) &&
+                  bind(h, "ncclRedOpCreatePreMulSum", &a.redOpCreatePreMulSum, r.error,
+                       sizeof r.error) &&
                   bind(h, "ncclRedOpDestroy", &a.redOpDestroy, r.error, sizeof r.error);
   if (!ok) return r;
   struct link_map* map = nullptr;

@@ -24,6 +24,8 @@ struct NcclApi {
   ncclResult_t (*commInitRankConfig)(ncclComm_t*, int, ncclUniqueId, int, ncclConfig_t*);
   ncclResult_t (*commInitAll)(ncclComm_t*, int, const int*);
   ncclResult_t (*commSplit)(ncclComm_t, int, int, ncclComm_t*, ncclConfig_t*);
+  ncclResult_t (*redOpCreatePreMulSum)(ncclRedOp_t*, void*, ncclDataType_t, ncclScalarResidence_t,
+                                       ncclComm_t);
   ncclResult_t (*redOpDestroy)(ncclRedOp_t, ncclComm_t);
   char path[512];  // the file it was loaded from
 };

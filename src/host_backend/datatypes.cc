@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "codec/dtype.h"
+#include "codec/rng.h"
 #include "host_backend/host.h"
 
 namespace qnccl {
@@ -103,6 +104,18 @@ MPI_Op native_op(ncclRedOp_t op) {
 MPI_Op mpi_op(ncclDataType_t type, ncclRedOp_t op) {
   bool half = type == ncclFloat16 || type == ncclBfloat16;
   return half ? half_ops[op] : native_op(op);
+}
+
+/* The value of the index-th op made on `comm` (index >= ncclNumOps): the
+ * index XORed with a 31-bit salt hashed from the communicator's address, as
+ * NVIDIA's NCCL hands out user ops, so values land anywhere in
+ * [ncclNumOps, INT_MAX] and differ between communicators. An index whose
+ * XOR would fall on a built-in op keeps its own value; that value's XOR is
+ * then a built-in, never an index, so values stay distinct. */
+int spread_op_value(const ncclComm* comm, int index) {
+  const uint32_t salt = (uint32_t)(mix64((uint64_t)(uintptr_t)comm) >> 33);  // 31 bits
+  const int value = (int)(salt ^ (uint32_t)index);
+  return value < (int)ncclNumOps ? index : value;
 }
 
 }  // namespace
@@ -202,8 +215,9 @@ using namespace qnccl;
 using namespace qnccl::host;
 
 /* PreMulSum: each rank's input times `scalar`, then summed. The scalar is
- * read now (host memory); ops belong to `comm` and are numbered from
- * ncclNumOps up. */
+ * read now (host memory); ops belong to `comm`. Their values are spread over
+ * the positive int range as NVIDIA's NCCL spreads them (spread_op_value), so
+ * whatever sits above the real library meets any value there. */
 QNCCL_EXPORT ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar,
                                                    ncclDataType_t datatype,
                                                    ncclScalarResidence_t residence,
@@ -224,8 +238,9 @@ QNCCL_EXPORT ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar
   }
   PreMulSum premul{datatype, {}};
   memcpy(premul.scalar, scalar, type_size(datatype));
-  *op = (ncclRedOp_t)comm->next_op;
-  comm->premul_ops[comm->next_op++] = premul;
+  const int value = spread_op_value(comm, comm->next_op++);
+  comm->premul_ops[value] = premul;
+  *op = (ncclRedOp_t)value;
   return ncclSuccess;
 }
 

@@ -34,7 +34,7 @@ struct ncclComm {
   ncclResult_t async_error = ncclSuccess;  // set when a failure left the communicator unusable
   std::string async_message;
   std::map<int, PreMulSum> premul_ops;  // ncclRedOp_t value -> op
-  int next_op = ncclNumOps;
+  int next_op = ncclNumOps;  // index of the next PreMulSum op; its value is spread (datatypes.cc)
 };
 
 namespace qnccl {

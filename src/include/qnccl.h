@@ -168,8 +168,10 @@ typedef struct {
  * ncclRedOpDestroy(op, comm). It applies whatever the QNCCL_* environment
  * says (also with QNCCL_ENABLE=0 and below QNCCL_MIN_BYTES). Needs
  * libqnccl.so to be the library the program's ncclAllReduce resolves to
- * (LD_PRELOAD, or `qnccl run`). Op values never collide with NCCL's own or
- * with PreMulSum ops. */
+ * (LD_PRELOAD, or `qnccl run`). The op's value is one the real NCCL hands
+ * out for `comm` (a float32 PreMulSum by 1, or by 1/nranks for ncclAvg), so
+ * it equals no other op of the communicator; ncclRedOpDestroy frees it.
+ * Passed to any other NCCL call it is that PreMulSum: exact, not quantized. */
 ncclResult_t qncclRedOpCreateQuantized(ncclRedOp_t* op, const qncclQuantizedOpConfig_t* config,
                                        ncclComm_t comm);
 

@@ -105,13 +105,6 @@ ncclResult_t all_reduce(const void* send, void* recv, size_t count, ncclDataType
   CommState* st;
   if (comm == nullptr) return nccl->allReduce(send, recv, count, type, op, comm, stream);
   if (comm_state(comm, nullptr, &st) != ncclSuccess) return fail(ncclInvalidArgument);
-  if ((int)op >= kFirstQuantizedOp && st->ops.count((int)op) == 0) {
-    set_error(ncclInvalidArgument,
-              "ncclAllReduce: op %d is not a quantized op of this communicator (destroyed, or "
-              "made for another one)",
-              (int)op);
-    return fail(ncclInvalidArgument);
-  }
   const Decision d = decide(*st, count, type, op);
   report_kind(comm, *st, type, op, d, count, *nccl);
   if (!d.compress) {

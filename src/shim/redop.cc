@@ -1,5 +1,9 @@
-/* Quantized reduction ops: ncclRedOp_t values (from kFirstQuantizedOp up)
- * that make an ncclAllReduce quantize with their own configuration. */
+/* Quantized reduction ops: ncclRedOp_t values that make an ncclAllReduce
+ * quantize with their own configuration. Each value is one the real NCCL
+ * handed out for this communicator (a float32 PreMulSum by 1, or by 1/nranks
+ * for an average), so it can equal no other op of the communicator: the
+ * shim recognizes quantized ops by exact value and passes every other value,
+ * whatever its range, to the real NCCL untouched. */
 #include "common/error.h"
 #include "engine/engine.h"
 #include "engine/nccl_api.h"
@@ -18,12 +22,23 @@ QNCCL_EXPORT ncclResult_t qncclRedOpCreateQuantized(ncclRedOp_t* op,
   const float probe = 0;
   QNCCL_CHECK(check_allreduce(fn, &probe, (void*)&probe, 1, ncclFloat32, config->reduction,
                               &config->allreduce, comm));
+  const NcclApi* nccl;
+  QNCCL_CHECK(real_nccl(&nccl));
+  int nranks = 0;
+  if (nccl->commCount(comm, &nranks) != ncclSuccess)
+    return set_error(ncclInvalidArgument, "%s: comm is not a communicator of %s", fn, nccl->path);
   CommState* st;
   QNCCL_CHECK(comm_state(comm, nullptr, &st));
-  int value = kFirstQuantizedOp;
-  while (st->ops.count(value)) value++;
-  st->ops[value] = *config;
-  *op = (ncclRedOp_t)value;
+  // Outside ncclAllReduce the op stays what the real NCCL made: an exact sum or average.
+  float scalar = config->reduction == ncclAvg ? 1.0f / (float)nranks : 1.0f;
+  ncclRedOp_t value;
+  if (ncclResult_t res = nccl->redOpCreatePreMulSum(&value, &scalar, ncclFloat32,
+                                                    ncclScalarHostImmediate, comm);
+      res != ncclSuccess)
+    return set_error(res, "%s: %s's ncclRedOpCreatePreMulSum, which gives the op its value, "
+                     "failed (%d)", fn, nccl->path, (int)res);
+  st->ops[(int)value] = *config;
+  *op = value;
   return ncclSuccess;
 }
 
@@ -31,8 +46,6 @@ QNCCL_EXPORT ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm) {
   const NcclApi* nccl;
   if (real_nccl(&nccl) != ncclSuccess) return fail(ncclSystemError);
   CommState* st;
-  if (comm != nullptr && (int)op >= kFirstQuantizedOp &&
-      comm_state(comm, nullptr, &st) == ncclSuccess && st->ops.erase((int)op) == 1)
-    return ncclSuccess;
-  return nccl->redOpDestroy(op, comm);
+  if (comm != nullptr && comm_state(comm, nullptr, &st) == ncclSuccess) st->ops.erase((int)op);
+  return nccl->redOpDestroy(op, comm);  // frees the PreMulSum behind a quantized op too
 }

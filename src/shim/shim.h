@@ -7,10 +7,6 @@
 
 namespace qnccl {
 
-/* Quantized ops take values from here up: far from NCCL's built-in ops and
- * from the PreMulSum ops NCCL hands out upwards from ncclNumOps. */
-constexpr int kFirstQuantizedOp = 0x7f000000;
-
 /* "QNCCL INFO comm <hex> rank <r>" followed by the text (which starts with
  * ": " or "/<n>: ") when the communicator's QNCCL_DEBUG is INFO or TRACE. */
 void info(ncclComm_t comm, const CommState& state, const char* fmt, ...)

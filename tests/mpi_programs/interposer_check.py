@@ -15,9 +15,9 @@ ops     a communicator made with QNCCL_ENABLE=0: quantized ops
         float16 and bfloat16, sum and avg, below QNCCL_MIN_BYTES, all quantize
         (the emulator's bytes; call numbers count only quantized calls, plain
         calls in between pass through exact, so does a PreMulSum op of the
-        real NCCL); op values avoid NCCL's and PreMulSum's; an op with int32,
-        and a destroyed op, are rejected with ncclInvalidArgument and are not
-        calls.
+        real NCCL); op values avoid NCCL's and PreMulSum's; an op with int32 is
+        rejected with ncclInvalidArgument and is no call; a destroyed op's value
+        goes to the real NCCL, which rejects it.
 env     a communicator made (ncclCommInitRankConfig) with QNCCL_WARMUP_CALLS=2, QNCCL_MIN_BYTES=1K,
         QNCCL_ALGO=ring, QNCCL_BITS=3, QNCCL_BUCKET_SIZE=32 and a 64-bit seed:
         the first two eligible calls and calls below 1 KiB come out exact, the
@@ -29,6 +29,13 @@ split   ncclCommSplit reads the environment again: a child (2 ranks, order by
         ncclCommSplit, ncclCommInitRank and ncclCommInitRankConfig with
         ncclInvalidArgument and a message naming the variable, on every rank.
 one     ncclCommInitAll(1): a communicator of one rank quantizes too; ncclCommAbort.
+values  op values anywhere in the positive int range reach the real NCCL untouched:
+        the host backend spreads PreMulSum values over it as NVIDIA's NCCL does
+        (they differ between communicators and land all over the range), and
+        PreMulSum averages through libqnccl come out exact on every one of 24
+        split communicators; raw values across [5, INT_MAX] (around the range
+        QNCCL once reserved too) come back with the real library's own
+        "unknown reduction op" message, counted as passed through.
 
 Each communicator's qncclCommGetStats is checked after its calls:
 compressed and passed-through calls, input bytes, and bytes sent
@@ -239,12 +246,14 @@ def ops_section():
     require(lib.ncclRedOpDestroy(ops[1], comm), "ncclRedOpDestroy (quantized op)")
     result, _, _ = allreduce(comm, rank_input(cases[1], RANK), "float16", ops[1])
     expect(result == lib.ncclInvalidArgument, "destroyed quantized op",
-           f"returned {result}, expected ncclInvalidArgument ({lib.ncclInvalidArgument})")
+           f"returned {result}, expected ncclInvalidArgument ({lib.ncclInvalidArgument}) from "
+           "the real NCCL, which the op's value now goes to")
+    tally.passed += 1
     # rejected calls are no calls: the next quantized call is still number `call`
     call = quantized(comm, tally, dataclasses.replace(cases[0], seed=15, count=777), call,
                      quantized_op(comm, dataclasses.replace(cases[0], seed=15)))
-    tally.check(comm, "the QNCCL_ENABLE=0 communicator after rejected calls (a rejected "
-                      "call is neither compressed nor passed through)")
+    tally.check(comm, "the QNCCL_ENABLE=0 communicator after rejected calls (QNCCL's own "
+                      "rejection counts as no call; a destroyed op's value is passed through)")
     return comm, tally, call
 
 
@@ -349,11 +358,63 @@ def one_rank_section():
     require(lib.ncclCommAbort(comm[0]), "ncclCommAbort (one rank)")
 
 
+# Raw op values no communicator made: spread over [ncclNumOps, INT_MAX], with
+# the ends and the values around 0x7f000000.
+RAW_OP_VALUES = (5, 6, 1000, 2**20 + 1, 2**24 + 3, 2**30, 0x7EFFFFFF, 0x7F000000, 0x7F000001,
+                 0x7F123456, 0x7FFFFFFE, 0x7FFFFFFF)
+
+
+def op_values_section(parent):
+    """PreMulSum averages on split communicators, then raw op values, all through
+    libqnccl's ncclAllReduce on an eligible float32 buffer."""
+    values, children = [], []
+    for i in range(24):  # all alive at once: a freed address may come back with its values
+        child = ffi.new("ncclComm_t*")
+        with qnccl_env(min_bytes=0):
+            require(lib.ncclCommSplit(parent, 0, RANK, child, ffi.NULL), f"ncclCommSplit {i}")
+        children.append(child)
+        tally = Tally(NRANKS, RANK)
+        scalar = np.array([1.0 / NRANKS], np.float32)
+        op = ffi.new("ncclRedOp_t*")
+        check_nccl(nccl.ncclRedOpCreatePreMulSum(op, ffi.from_buffer(scalar), lib.ncclFloat32,
+                                                 lib.ncclScalarHostImmediate, child[0]),
+                   "ncclRedOpCreatePreMulSum")
+        values.append(op[0])
+        # Integer-valued inputs times 1/N with N a power of two: the average is exact.
+        exact(child[0], tally, f"PreMulSum average, op value {op[0]:#x}", "float32", 4096,
+              nccl_op=op[0], scale=scalar[0])
+        require(lib.ncclRedOpDestroy(op[0], child[0]), "ncclRedOpDestroy (PreMulSum)")
+        tally.check(child[0], f"split communicator {i} (one PreMulSum average)")
+    for child in children:
+        require(lib.ncclCommDestroy(child[0]), "ncclCommDestroy (split)")
+    expect(len(set(values)) == len(values) and min(values) < 2**30 <= max(values)
+           and max(values) - min(values) > 2**29, "PreMulSum op values",
+           f"values {[hex(v) for v in values]} are not spread over the positive int range "
+           "as NVIDIA's NCCL spreads them (one per communicator)")
+
+    tally = Tally(NRANKS, RANK)
+    x = small_integers(4096, RANK).astype(np.float32)
+    for value in RAW_OP_VALUES:
+        result, _, _ = allreduce(parent, x, "float32", value)
+        message = ffi.string(nccl.ncclGetLastError(ffi.NULL)).decode()
+        expect(result == lib.ncclInvalidArgument and f"unknown reduction op {value}" in message,
+               f"raw op value {value:#x}",
+               f"returned {result} with the real library's message {message!r}; expected "
+               "ncclInvalidArgument from the host backend (the value reached it untouched)")
+        tally.passed += 1
+    tally.check(parent, "the communicator given raw op values")
+
+
 def main():
     ops_comm, ops_tally, ops_call = ops_section()
     env_comm, env_tally, env_call = env_section(ops_comm, ops_tally, ops_call)
     split_section(env_comm, env_tally, env_call)
     one_rank_section()
+    with qnccl_env(min_bytes=0):
+        result, values_comm = init_comm()
+    require(result, "ncclCommInitRank (op values)")
+    op_values_section(values_comm)
+    require(lib.ncclCommDestroy(values_comm), "ncclCommDestroy (op values)")
     for comm in (ops_comm, env_comm):
         require(lib.ncclCommDestroy(comm), "ncclCommDestroy")
     failed = COMM.allreduce(len(failures.lines))
