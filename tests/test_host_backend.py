@@ -36,9 +36,36 @@ def test_api_matches_numpy(nprocs):
     collectives inside a group, lone send/recv, ncclCommSplit with
     NCCL_SPLIT_NOCOLOR, communicators of world subsets (two at once, NCCL
     ranks in reverse world order) while other ranks do nothing,
-    ncclCommInitRankConfig (non-blocking config), ncclCommInitAll of one rank,
+    ncclCommInitAll of one rank,
     the query functions and ncclGetVersion."""
     run_program(nprocs, "host_backend_api.py", timeout=120)
+
+
+@pytest.mark.parametrize("nprocs", [1, 2, 4])
+def test_nonblocking_protocol(nprocs):
+    """Nonblocking communicators as NCCL specifies them: creation, ungrouped and
+    grouped operations, split (the child appears once the parent is ready),
+    finalize answer ncclInProgress and complete in the background, seen
+    through ncclCommGetAsyncError; calls before readiness and groups mixing
+    modes are refused; NCCL_COMM_BLOCKING=0 sets the default; results match
+    numpy (mpi_programs/host_backend_nonblocking.py, section protocol)."""
+    result = mpi.run_python(nprocs, PROGRAMS / "host_backend_nonblocking.py", "protocol",
+                            timeout=60)
+    assert result.stdout.rstrip().endswith(" 0 failed"), result.stdout[-6000:]
+    answers = [line for line in result.stdout.splitlines() if "ncclInProgress answers" in line]
+    assert answers and int(answers[0].split()[-1]) >= 8 * nprocs, result.stdout[-3000:]
+
+
+@pytest.mark.parametrize("section", ["abort", "watchdog"])
+def test_calls_from_another_thread(section):
+    """ncclCommAbort from a second thread ends a blocking wait on the
+    communicator within seconds and returns at once with a nonblocking
+    operation in flight; a watchdog thread polls ncclCommGetAsyncError while
+    collectives run (QNCCL_HOST_INIT_TIMEOUT=60: none of this may rely on the
+    timeout)."""
+    result = mpi.run_python(4, PROGRAMS / "host_backend_nonblocking.py", section, timeout=60,
+                            env={"QNCCL_HOST_INIT_TIMEOUT": "60"})
+    assert result.stdout.rstrip().endswith(" 0 failed"), result.stdout[-6000:]
 
 
 def test_misuse_fails_fast_with_a_message():

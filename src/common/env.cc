@@ -20,6 +20,7 @@ const char* name(Var var) {
     case Var::kNcclLib: return "QNCCL_NCCL_LIB";
     case Var::kHostIsa: return "QNCCL_HOST_ISA";
     case Var::kHostInitTimeout: return "QNCCL_HOST_INIT_TIMEOUT";
+    case Var::kNcclCommBlocking: return "NCCL_COMM_BLOCKING";
   }
   return "?";
 }

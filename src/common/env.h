@@ -21,6 +21,7 @@ enum class Var {
   kNcclLib,           // QNCCL_NCCL_LIB: path of the real NCCL
   kHostIsa,           // QNCCL_HOST_ISA: generic | avx2 | avx512 host codec
   kHostInitTimeout,   // QNCCL_HOST_INIT_TIMEOUT: host backend waits, seconds
+  kNcclCommBlocking,  // NCCL_COMM_BLOCKING: the real NCCL's default mode, which the host backend follows
 };
 
 /* The variable's name, e.g. "QNCCL_BITS". */

@@ -217,11 +217,12 @@ qncclAlgo_t resolve_algo(qncclAlgo_t algo, size_t count, ncclDataType_t type, in
   return algo == qncclAlgoAuto ? auto_algo(count, type, nranks) : algo;
 }
 
-ncclResult_t run_allreduce(const void* sendbuff, void* recvbuff, size_t count,
-                           ncclDataType_t datatype, ncclRedOp_t op,
-                           const qncclAllReduceConfig_t& config, ncclComm_t comm,
-                           cudaStream_t stream, CommState& state) {
-  Segment s;
+namespace {
+
+/* run_allreduce on the segment state `s`. */
+ncclResult_t run_call(Segment& s, const void* sendbuff, void* recvbuff, size_t count,
+                      ncclDataType_t datatype, ncclRedOp_t op, const qncclAllReduceConfig_t& config,
+                      ncclComm_t comm, cudaStream_t stream, CommState& state) {
   QNCCL_CHECK(real_nccl(&s.nccl));
   if (s.nccl->commCount(comm, &s.nranks) != ncclSuccess ||
       s.nccl->commUserRank(comm, &s.rank) != ncclSuccess)
@@ -261,6 +262,31 @@ ncclResult_t run_allreduce(const void* sendbuff, void* recvbuff, size_t count,
   return run_segments(s, w, algo, sendbuff, recvbuff, count, config, residual, state);
 }
 
+}  // namespace
+
+ncclResult_t run_allreduce(const void* sendbuff, void* recvbuff, size_t count,
+                           ncclDataType_t datatype, ncclRedOp_t op,
+                           const qncclAllReduceConfig_t& config, ncclComm_t comm,
+                           cudaStream_t stream, CommState& state) {
+  if (const ncclResult_t failed = state.failure; failed != ncclSuccess) {
+    std::lock_guard<std::mutex> lock(state.api);
+    return set_error(failed, "quantized allreduce: an earlier quantized call on this "
+                     "communicator failed (%s); its peers may still wait for it: abort the "
+                     "communicator (ncclCommAbort)", state.failure_message.c_str());
+  }
+  Segment s;
+  s.state = &state;
+  const ncclResult_t res = run_call(s, sendbuff, recvbuff, count, datatype, op, config, comm,
+                                    stream, state);
+  if (res == ncclSuccess) return s.in_progress ? ncclInProgress : ncclSuccess;
+  std::lock_guard<std::mutex> lock(state.api);
+  if (state.failure == ncclSuccess) {
+    state.failure_message = last_error();
+    state.failure = res;
+  }
+  return res;
+}
+
 }  // namespace qnccl
 
 using namespace qnccl;
@@ -295,7 +321,7 @@ QNCCL_EXPORT ncclResult_t qncclAllReduce(const void* sendbuff, void* recvbuff, s
                                          cudaStream_t stream) {
   QNCCL_CHECK(check_allreduce("qncclAllReduce", sendbuff, recvbuff, count, datatype, op, config,
                               comm));
-  CommState* state;
+  std::shared_ptr<CommState> state;
   QNCCL_CHECK(comm_state(comm, nullptr, &state));
   return run_allreduce(sendbuff, recvbuff, count, datatype, op, *config, comm, stream, *state);
 }
@@ -304,7 +330,7 @@ QNCCL_EXPORT ncclResult_t qncclCommGetStats(ncclComm_t comm, qncclStats_t* stats
   if (comm == nullptr || stats == nullptr)
     return set_error(ncclInvalidArgument, "qncclCommGetStats: %s is NULL",
                      comm == nullptr ? "comm" : "stats");
-  CommState* state;
+  std::shared_ptr<CommState> state;
   QNCCL_CHECK(comm_state(comm, nullptr, &state));
   *stats = comm_stats(*state);
   return ncclSuccess;

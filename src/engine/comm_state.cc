@@ -12,7 +12,7 @@ namespace {
 
 struct Registry {
   std::mutex mutex;
-  std::unordered_map<ncclComm_t, std::unique_ptr<CommState>> comms;
+  std::unordered_map<ncclComm_t, std::shared_ptr<CommState>> comms;
 };
 
 Registry& registry() {
@@ -22,10 +22,11 @@ Registry& registry() {
 
 }  // namespace
 
-ncclResult_t comm_state(ncclComm_t comm, const qncclEnvConfig_t* config, CommState** state) {
+ncclResult_t comm_state(ncclComm_t comm, const qncclEnvConfig_t* config,
+                        std::shared_ptr<CommState>* state) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
-  std::unique_ptr<CommState>& slot = r.comms[comm];
+  std::shared_ptr<CommState>& slot = r.comms[comm];
   if (!slot) {
     qncclEnvConfig_t c;
     if (config != nullptr) {
@@ -37,7 +38,7 @@ ncclResult_t comm_state(ncclComm_t comm, const qncclEnvConfig_t* config, CommSta
     slot.reset(new CommState());
     slot->config = c;
   }
-  *state = slot.get();
+  *state = slot;
   return ncclSuccess;
 }
 
@@ -56,18 +57,26 @@ void reset_all_error_feedback() {
   for (auto& entry : r.comms) entry.second->residuals.clear();
 }
 
+std::shared_ptr<CommState> existing_comm_state(ncclComm_t comm) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  auto it = r.comms.find(comm);
+  return it == r.comms.end() ? nullptr : it->second;
+}
+
 void forget_comm(ncclComm_t comm) {
-  std::unique_ptr<CommState> state;
-  {
-    Registry& r = registry();
-    std::lock_guard<std::mutex> lock(r.mutex);
-    auto it = r.comms.find(comm);
-    if (it == r.comms.end()) return;
-    state = std::move(it->second);
-    r.comms.erase(it);
-  }
+  std::shared_ptr<CommState> state;  // the last reference may go here: outside the lock
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  auto it = r.comms.find(comm);
+  if (it == r.comms.end()) return;
+  state = std::move(it->second);
+  r.comms.erase(it);
+}
+
+CommState::~CommState() {
 #ifdef QNCCL_WITH_CUDA
-  release_device_workspace(state->device);  // outside the lock: it may wait for the device
+  release_device_workspace(device);
 #endif
 }
 

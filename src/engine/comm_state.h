@@ -7,7 +7,9 @@
 
 #include <stdint.h>
 
+#include <atomic>
 #include <map>
+#include <mutex>
 #include <memory>
 #include <set>
 #include <string>
@@ -70,7 +72,19 @@ struct ResidualKey {
 using ResidualStore = std::map<ResidualKey, std::unique_ptr<Residual>>;
 
 struct CommState {
+  ~CommState();
   qncclEnvConfig_t config;
+  /* Set by ncclCommAbort (from any thread) before the real NCCL aborts the
+   * communicator: a quantized call in flight stops at its next step, and
+   * none starts; `api` is held around each call into the real NCCL, so the
+   * abort waits for the one in progress to return. */
+  std::atomic<bool> aborted{false};
+  std::mutex api;
+  /* The failure of a quantized call that may have left peers waiting: every
+   * later call fails with it, and ncclCommGetAsyncError reports it, so the
+   * application aborts the communicator (docs/allreduce.md, "Failures"). */
+  std::atomic<ncclResult_t> failure{ncclSuccess};
+  std::string failure_message;  // under `api`
   uint64_t calls = 0;            // compressed calls so far: the `call` of the random streams
   uint64_t eligible_calls = 0;   // eligible calls so far (warm-up counts these)
   qncclStats_t stats = {};
@@ -83,14 +97,20 @@ struct CommState {
 };
 
 /* The state of `comm`, made on first use with `config` (nullptr: from the
- * environment; fails when the environment is bad). The pointer stays valid
- * until forget_comm(comm). Not synchronized per communicator: like NCCL, one
- * thread at a time uses a communicator. */
-ncclResult_t comm_state(ncclComm_t comm, const qncclEnvConfig_t* config, CommState** state);
+ * environment; fails when the environment is bad). A shared reference: a
+ * call holds it while it runs, so an abort or destroy from another thread
+ * (PyTorch's watchdog) never frees the state under it. Like NCCL, one thread
+ * at a time issues operations on a communicator; any thread may poll or
+ * abort it. */
+ncclResult_t comm_state(ncclComm_t comm, const qncclEnvConfig_t* config,
+                        std::shared_ptr<CommState>* state);
+
+/* The state of `comm` if it has one (nothing is made). */
+std::shared_ptr<CommState> existing_comm_state(ncclComm_t comm);
 
 /* Drops the state of a communicator that ends; a new one that reuses its
- * handle starts from call 0. Frees its device workspace with cudaFree, which
- * waits for the device's queued work (as the real ncclCommDestroy does). */
+ * handle starts from call 0. The last reference frees its device workspace
+ * with cudaFree, which waits for the device's queued work. */
 void forget_comm(ncclComm_t comm);
 
 /* The residual of a buffer in memory of `device` (-1: host), or nullptr. */

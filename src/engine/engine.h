@@ -60,12 +60,16 @@ class WorkArea {
 /* stream(call, segment, rank, step) of docs/allreduce.md. */
 uint64_t stream_id(uint64_t call, uint64_t segment, uint64_t rank, uint64_t step);
 
+struct CommState;
+
 /* One segment of one call: everything an algorithm needs. */
 class Segment {
  public:
   // Fixed for the call.
   const NcclApi* nccl;
   ncclComm_t comm;
+  CommState* state;     // abort flag and the lock around calls into the real NCCL
+  mutable bool in_progress = false;  // the real NCCL answered ncclInProgress (nonblocking comm)
   cudaStream_t stream;
   Compute compute;     // host code or CUDA kernels, by where the buffers live
   CodecParams params;  // params.stream is set per quantization
@@ -110,7 +114,10 @@ class Segment {
   void add_decoded(const uint8_t* wire, size_t n, float* acc) const;  // acc = acc + D(wire)
 
   /* Transport primitive: one group of sends and receives (zero-length ones
-   * are skipped on both sides alike). */
+   * are skipped on both sides alike). On a nonblocking communicator, whose
+   * group end answers ncclInProgress, it waits (polling the real NCCL's
+   * ncclCommGetAsyncError) until the transfers are done, so their bytes can
+   * be used; an abort of the communicator ends the wait with an error. */
   ncclResult_t exchange(const Transfer* sends, int nsends, const Transfer* recvs, int nrecvs) const;
   /* Transport primitive: an all-to-all, to_peer[k] sent to rank k and
    * from_peer[k] received from it (entries for this rank are ignored), as
@@ -122,6 +129,8 @@ class Segment {
   mutable ncclResult_t status = ncclSuccess;
 
  private:
+  ncclResult_t wait_ready() const;  // polls the real NCCL until the comm leaves ncclInProgress
+  ncclResult_t aborted() const;     // the error of a call on an aborted communicator
   void record(ncclResult_t res) const {
     if (status == ncclSuccess) status = res;
   }
@@ -182,8 +191,6 @@ qncclAlgo_t auto_algo(size_t count, ncclDataType_t type, int nranks);
 /* `algo`, or auto_algo() when it is qncclAlgoAuto. */
 qncclAlgo_t resolve_algo(qncclAlgo_t algo, size_t count, ncclDataType_t type, int nranks);
 
-struct CommState;
-
 /* The checks of a quantized allreduce's arguments that need no communicator
  * or buffers (config, datatype, op, count); `fn` names the caller in
  * messages. */
@@ -196,7 +203,16 @@ ncclResult_t check_allreduce(const char* fn, const void* sendbuff, void* recvbuf
                              ncclDataType_t type, ncclRedOp_t op,
                              const qncclAllReduceConfig_t* config, ncclComm_t comm);
 
-/* Runs a checked quantized allreduce on `comm` and counts it in `state`. */
+/* Waits until the real NCCL's ncclCommGetAsyncError(comm) leaves
+ * ncclInProgress and returns what it reports then; an abort of the
+ * communicator (state.aborted) ends the wait with an error. */
+ncclResult_t wait_until_ready(const NcclApi& nccl, ncclComm_t comm, CommState& state);
+
+/* Runs a checked quantized allreduce on `comm` and counts it in `state`.
+ * Every transfer is complete when it returns (waited out on a nonblocking
+ * communicator); it then answers ncclInProgress where the real NCCL did, so
+ * the caller sees NCCL's protocol, and ncclCommGetAsyncError already reports
+ * ncclSuccess. A failure is kept in `state`: later calls fail with it. */
 ncclResult_t run_allreduce(const void* sendbuff, void* recvbuff, size_t count,
                            ncclDataType_t type, ncclRedOp_t op,
                            const qncclAllReduceConfig_t& config, ncclComm_t comm,

@@ -77,7 +77,8 @@ using namespace qnccl;
 
 namespace {
 
-ncclResult_t checked_comm_state(const char* fn, ncclComm_t comm, CommState** state) {
+ncclResult_t checked_comm_state(const char* fn, ncclComm_t comm,
+                               std::shared_ptr<CommState>* state) {
   if (comm == nullptr) return set_error(ncclInvalidArgument, "%s: comm is NULL", fn);
   return comm_state(comm, nullptr, state);
 }
@@ -85,7 +86,7 @@ ncclResult_t checked_comm_state(const char* fn, ncclComm_t comm, CommState** sta
 }  // namespace
 
 QNCCL_EXPORT ncclResult_t qncclCommResetErrorFeedback(ncclComm_t comm) {
-  CommState* state;
+  std::shared_ptr<CommState> state;
   QNCCL_CHECK(checked_comm_state("qncclCommResetErrorFeedback", comm, &state));
   state->residuals.clear();
   return ncclSuccess;
@@ -100,7 +101,7 @@ QNCCL_EXPORT ncclResult_t qncclCommGetResidual(ncclComm_t comm, const void* send
                                                size_t count, ncclDataType_t datatype,
                                                float* residual) {
   const char* fn = "qncclCommGetResidual";
-  CommState* state;
+  std::shared_ptr<CommState> state;
   QNCCL_CHECK(checked_comm_state(fn, comm, &state));
   if (residual == nullptr)
     return set_error(ncclInvalidArgument, "%s: residual is NULL; pass %zu floats of host memory",

@@ -50,6 +50,8 @@ Resolved resolve() {
                   bind(h, "ncclCommUserRank", &a.commUserRank, r.error, sizeof r.error) &&
                   bind(h, "ncclCommDestroy", &a.commDestroy, r.error, sizeof r.error) &&
                   bind(h, "ncclCommAbort", &a.commAbort, r.error, sizeof r.error) &&
+                  bind(h, "ncclCommGetAsyncError", &a.commGetAsyncError, r.error,
+                       sizeof r.error) &&
                   bind(h, "ncclAllReduce", &a.allReduce, r.error, sizeof r.error) &&
                   bind(h, "ncclCommInitRank", &a.commInitRank, r.error, sizeof r.error) &&
                   bind(h, "ncclCommInitRankConfig", &a.commInitRankConfig, r.error,

@@ -4,10 +4,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include <sched.h>
+
 #include <algorithm>
+#include <chrono>
+#include <mutex>
+#include <thread>
 
 #include "codec/codec_math.h"
 #include "common/error.h"
+#include "engine/comm_state.h"
 #include "engine/engine.h"
 
 namespace qnccl {
@@ -128,21 +134,61 @@ void Segment::widen_input(Range r, float* acc) const {
 ncclResult_t Segment::exchange(const Transfer* sends, int nsends, const Transfer* recvs,
                                int nrecvs) const {
   if (status != ncclSuccess) return status;  // a compute step failed: send nothing
-  ncclResult_t res = nccl->groupStart();
-  for (int i = 0; i < nsends && res == ncclSuccess; i++) {
-    if (sends[i].len == 0) continue;
-    res = nccl->send(sends[i].bytes, sends[i].len, ncclUint8, sends[i].peer, comm, stream);
-    *wire_sent += sends[i].len;
+  ncclResult_t res = ncclSuccess, end = ncclSuccess;
+  {
+    std::lock_guard<std::mutex> lock(state->api);
+    if (state->aborted) return aborted();
+    res = nccl->groupStart();
+    for (int i = 0; i < nsends && res == ncclSuccess; i++) {
+      if (sends[i].len == 0) continue;
+      res = nccl->send(sends[i].bytes, sends[i].len, ncclUint8, sends[i].peer, comm, stream);
+      *wire_sent += sends[i].len;
+    }
+    for (int i = 0; i < nrecvs && res == ncclSuccess; i++)
+      if (recvs[i].len > 0)
+        res = nccl->recv(recvs[i].bytes, recvs[i].len, ncclUint8, recvs[i].peer, comm, stream);
   }
-  for (int i = 0; i < nrecvs && res == ncclSuccess; i++)
-    if (recvs[i].len > 0)
-      res = nccl->recv(recvs[i].bytes, recvs[i].len, ncclUint8, recvs[i].peer, comm, stream);
-  const ncclResult_t end = nccl->groupEnd();  // always close the group we opened
+  // Outside the lock: on a blocking communicator the group end may wait for
+  // the peers, and an abort from another thread must still get through.
+  end = nccl->groupEnd();  // always close the group we opened
   if (res == ncclSuccess) res = end;
+  if (res == ncclInProgress) {
+    in_progress = true;
+    res = wait_ready();
+  }
   if (res != ncclSuccess)
-    return set_error(res, "qncclAllReduce: the NCCL transfer of rank %d failed (%d)", rank,
-                     (int)res);
+    return set_error(res, "qncclAllReduce: the NCCL transfer of rank %d failed (%d): %s", rank,
+                     (int)res, last_error());
   return ncclSuccess;
+}
+
+ncclResult_t Segment::wait_ready() const {
+  const ncclResult_t res = wait_until_ready(*nccl, comm, *state);
+  return res == ncclInvalidUsage && state->aborted ? aborted() : res;
+}
+
+ncclResult_t wait_until_ready(const NcclApi& nccl, ncclComm_t comm, CommState& state) {
+  for (int polls = 0;; polls++) {
+    ncclResult_t now = ncclInProgress;
+    {
+      std::lock_guard<std::mutex> lock(state.api);
+      if (state.aborted)
+        return set_error(ncclInvalidUsage, "the communicator was aborted (ncclCommAbort) while "
+                         "QNCCL waited for it");
+      if (ncclResult_t res = nccl.commGetAsyncError(comm, &now); res != ncclSuccess) return res;
+    }
+    if (now != ncclInProgress) return now;
+    // Yield first (transfers often end within microseconds), then sleep.
+    if (polls < 1000)
+      sched_yield();
+    else
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+}
+
+ncclResult_t Segment::aborted() const {
+  return set_error(ncclInvalidUsage, "qncclAllReduce: the communicator was aborted "
+                   "(ncclCommAbort) during the call on rank %d", rank);
 }
 
 ncclResult_t Segment::all_to_all(const Transfer* to_peer, const Transfer* from_peer) const {

@@ -1,13 +1,15 @@
 /* Communicators of the host backend: MPI start-up, creation (from an id, by
- * split, or of one rank), queries, and the registry that lets calls on a
- * destroyed communicator fail instead of touching freed memory. */
+ * split, or of one rank; in the background for nonblocking ones), queries,
+ * finalize, destroy and abort, and the registry that lets calls on a
+ * destroyed or aborted communicator fail instead of touching freed memory. */
 #include <sched.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include <cmath>
 #include <mutex>
 #include <thread>
-#include <unordered_set>
+#include <unordered_map>
 
 #include "common/env.h"
 #include "host_backend/host.h"
@@ -18,15 +20,17 @@ namespace {
 
 constexpr double kDefaultInitTimeout = 60;
 
-/* The communicators created and not destroyed, by address. */
+/* The communicators created and not destroyed or aborted, by handle. */
 std::mutex& registry_mutex() {
   static std::mutex mutex;
   return mutex;
 }
-std::unordered_set<const ncclComm*>& registry() {
-  static std::unordered_set<const ncclComm*> comms;
-  return comms;
+std::unordered_map<const ncclComm*, CommRef>& registry() {
+  static auto* comms = new std::unordered_map<const ncclComm*, CommRef>();  // outlives exit
+  return *comms;
 }
+
+int thread_level = MPI_THREAD_SINGLE;  // of the MPI this process runs (start_mpi)
 
 bool mpi_finalized() {
   int finalized;
@@ -43,10 +47,11 @@ ncclResult_t start_mpi() {
   int initialized;
   MPI_Initialized(&initialized);
   if (!initialized) {
-    int provided;
-    int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
+    int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &thread_level);
     QNCCL_CHECK(mpi_result(rc, "starting MPI", "MPI_Init_thread"));
     atexit(finalize_mpi);
+  } else {
+    MPI_Query_thread(&thread_level);
   }
   return init_datatypes();
 }
@@ -64,18 +69,41 @@ ncclResult_t init_timeout(const char* fn, double* seconds) {
   return ncclSuccess;
 }
 
-/* Wraps an MPI communicator the backend now owns. */
-ncclResult_t adopt(MPI_Comm mpi, double timeout_s, ncclComm_t* out) {
+/* Gives `comm` the MPI communicator it runs on. */
+void attach(ncclComm* comm, MPI_Comm mpi) {
   MPI_Comm_set_errhandler(mpi, MPI_ERRORS_RETURN);  // errors become NCCL codes, not aborts
-  auto* comm = new ncclComm();
-  comm->mpi = mpi;
   MPI_Comm_rank(mpi, &comm->rank);
   MPI_Comm_size(mpi, &comm->nranks);
+  comm->mpi = mpi;
+}
+
+/* A new communicator in the registry: ready on `mpi`, or (MPI_COMM_NULL)
+ * in progress until a background creation attaches one. */
+CommRef make_comm(MPI_Comm mpi, int rank, int nranks, double timeout_s, bool blocking) {
+  CommRef comm = std::make_shared<ncclComm>();
+  comm->rank = rank;
+  comm->nranks = nranks;
   comm->timeout_s = timeout_s;
+  comm->blocking = blocking;
+  if (mpi != MPI_COMM_NULL) {
+    attach(comm.get(), mpi);
+  } else {
+    comm->state = ncclInProgress;
+  }
   std::lock_guard<std::mutex> lock(registry_mutex());
-  registry().insert(comm);
-  *out = comm;
-  return ncclSuccess;
+  registry()[comm.get()] = comm;
+  return comm;
+}
+
+/* Ends background work on `comm` (creation, split, finalize): it is ready,
+ * or unusable for the reason the work's thread recorded. */
+void finish_background(ncclComm* comm, ncclResult_t res) {
+  if (res != ncclSuccess) {
+    mark_unusable(comm, res, last_error());
+    return;
+  }
+  ncclResult_t expected = ncclInProgress;
+  comm->state.compare_exchange_strong(expected, ncclSuccess);
 }
 
 ncclResult_t check_config(const ncclConfig_t* config, const char* fn) {
@@ -83,6 +111,37 @@ ncclResult_t check_config(const ncclConfig_t* config, const char* fn) {
     return set_error(ncclInvalidArgument, "%s: config was not initialized with "
                      "NCCL_CONFIG_INITIALIZER (magic 0x%x)", fn, config->magic);
   }
+  if (config != nullptr && config->blocking != NCCL_CONFIG_UNDEF_INT && config->blocking != 0 &&
+      config->blocking != 1) {
+    return set_error(ncclInvalidArgument, "%s: config->blocking = %d; allowed: 0 (nonblocking), "
+                     "1 (blocking) or NCCL_CONFIG_UNDEF_INT (the default)", fn, config->blocking);
+  }
+  return ncclSuccess;
+}
+
+/* Whether a communicator made with `config` blocks: its `blocking` field, else
+ * `inherited` (a split's parent), else NCCL_COMM_BLOCKING, else yes, as NCCL
+ * decides it. */
+ncclResult_t blocking_mode(const ncclConfig_t* config, std::optional<bool> inherited,
+                           const char* fn, bool* blocking) {
+  if (config != nullptr && config->blocking != NCCL_CONFIG_UNDEF_INT) {
+    *blocking = config->blocking != 0;
+  } else if (inherited) {
+    *blocking = *inherited;
+  } else {
+    const char* text = env::get(env::Var::kNcclCommBlocking);
+    if (text != nullptr && strcmp(text, "0") != 0 && strcmp(text, "1") != 0)
+      return set_error(ncclInvalidArgument, "%s: NCCL_COMM_BLOCKING=%s is invalid; allowed: 0 or 1",
+                       fn, text);
+    *blocking = text == nullptr || strcmp(text, "0") != 0;
+  }
+  if (!*blocking && !mpi_thread_multiple())
+    return set_error(ncclInvalidUsage,
+                     "%s: a nonblocking communicator completes its work on a background thread, "
+                     "which needs MPI at MPI_THREAD_MULTIPLE; this process initialized MPI with a "
+                     "lower level: call MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...) (or let the "
+                     "backend initialize MPI), or make the communicator blocking",
+                     fn);
   return ncclSuccess;
 }
 
@@ -93,9 +152,24 @@ ncclResult_t init_rank(ncclComm_t* out, int nranks, const ncclUniqueId& id, int 
   QNCCL_CHECK(ensure_mpi(fn));
   double timeout_s;
   QNCCL_CHECK(init_timeout(fn, &timeout_s));
-  MPI_Comm mpi;
-  QNCCL_CHECK(rendezvous(id, nranks, rank, timeout_s, &mpi));
-  return adopt(mpi, timeout_s, out);
+  bool blocking = true;
+  QNCCL_CHECK(blocking_mode(config, std::nullopt, fn, &blocking));
+  if (blocking) {
+    MPI_Comm mpi;
+    QNCCL_CHECK(rendezvous(id, nranks, rank, timeout_s, &mpi));
+    *out = make_comm(mpi, rank, nranks, timeout_s, true).get();
+    return ncclSuccess;
+  }
+  // Nonblocking: the handle now, the rendezvous in the background.
+  CommRef comm = make_comm(MPI_COMM_NULL, rank, nranks, timeout_s, false);
+  *out = comm.get();
+  std::thread([comm, id, nranks, rank, timeout_s] {
+    MPI_Comm mpi = MPI_COMM_NULL;
+    const ncclResult_t res = rendezvous(id, nranks, rank, timeout_s, &mpi);
+    if (res == ncclSuccess) attach(comm.get(), mpi);
+    finish_background(comm.get(), res);
+  }).detach();
+  return ncclInProgress;
 }
 
 ncclResult_t check_split(int color, const ncclComm_t* newcomm, const ncclConfig_t* config) {
@@ -108,17 +182,32 @@ ncclResult_t check_split(int color, const ncclComm_t* newcomm, const ncclConfig_
   return check_config(config, fn);
 }
 
-/* Destroy and abort alike: every operation completed before its call
- * returned (or was cancelled when a group timed out), so nothing is pending. */
-ncclResult_t release(ncclComm_t comm, const char* fn) {
-  if (comm == nullptr) return ncclSuccess;  // as NCCL
-  QNCCL_CHECK(check_live(comm, fn));
+/* MPI_Comm_split of `parent` into a registered child (or none), whose handle
+ * goes to *newcomm. */
+ncclResult_t split(const CommRef& parent, int color, int key, bool child_blocking,
+                   ncclComm_t* newcomm) {
+  MPI_Comm mpi;
+  QNCCL_CHECK(mpi_result(MPI_Comm_split(parent->mpi, color, key, &mpi), "ncclCommSplit",
+                         "MPI_Comm_split"));
+  ncclComm_t child = nullptr;
+  if (mpi != MPI_COMM_NULL)
+    child = make_comm(mpi, 0, 0, parent->timeout_s, child_blocking).get();
+  __atomic_store_n(newcomm, child, __ATOMIC_RELEASE);
+  return ncclSuccess;
+}
+
+/* Destroy and abort: the communicator leaves the registry at once, so later
+ * calls with its handle fail; the object goes when the last call or background
+ * operation using it lets go. */
+ncclResult_t release(ncclComm_t handle, const char* fn, bool abort) {
+  if (handle == nullptr) return ncclSuccess;  // as NCCL
+  CommRef comm;
+  QNCCL_CHECK(acquire(handle, fn, &comm));
   {
     std::lock_guard<std::mutex> lock(registry_mutex());
-    registry().erase(comm);
+    registry().erase(handle);
   }
-  if (!mpi_finalized()) MPI_Comm_free(&comm->mpi);
-  delete comm;
+  if (abort) comm->aborted = true;  // waits on it, in any thread, end now
   return ncclSuccess;
 }
 
@@ -168,33 +257,53 @@ ncclResult_t ensure_mpi(const char* fn) {
   return result == ncclSuccess ? ncclSuccess : set_error(result, "%s: %s", fn, message.c_str());
 }
 
-ncclResult_t check_live(const ncclComm* comm, const char* fn) {
-  if (comm == nullptr) return set_error(ncclInvalidArgument, "%s: comm is NULL", fn);
+bool mpi_thread_multiple() { return thread_level == MPI_THREAD_MULTIPLE; }
+
+ncclResult_t acquire(const ncclComm* handle, const char* fn, CommRef* out) {
+  if (handle == nullptr) return set_error(ncclInvalidArgument, "%s: comm is NULL", fn);
   std::lock_guard<std::mutex> lock(registry_mutex());
-  if (registry().count(comm) == 0) {
+  auto it = registry().find(handle);
+  if (it == registry().end()) {
     return set_error(ncclInvalidArgument, "%s: comm %p is not a live communicator (destroyed, "
-                     "aborted, or not made by this library)", fn, (const void*)comm);
+                     "aborted, or not made by this library)", fn, (const void*)handle);
+  }
+  *out = it->second;
+  return ncclSuccess;
+}
+
+ncclResult_t acquire_ready(const ncclComm* handle, const char* fn, CommRef* out) {
+  QNCCL_CHECK(acquire(handle, fn, out));
+  ncclComm& comm = **out;
+  const ncclResult_t state = comm.state;
+  if (state == ncclInProgress) {
+    return set_error(ncclInvalidArgument, "%s: the communicator is not ready: its previous "
+                     "operation (or its creation) is still in progress; poll "
+                     "ncclCommGetAsyncError until it reports ncclSuccess first", fn);
+  }
+  if (state != ncclSuccess) {
+    std::lock_guard<std::mutex> lock(comm.mutex);
+    return set_error(state, "%s: the communicator is unusable after an earlier error (%s); "
+                     "destroy it with ncclCommAbort", fn, comm.message.c_str());
   }
   return ncclSuccess;
 }
 
-ncclResult_t check_usable(const ncclComm* comm, const char* fn) {
-  QNCCL_CHECK(check_live(comm, fn));
-  if (comm->finalized) {
+ncclResult_t acquire_usable(const ncclComm* handle, const char* fn, CommRef* out) {
+  QNCCL_CHECK(acquire_ready(handle, fn, out));
+  if ((*out)->finalized) {
     return set_error(ncclInvalidUsage, "%s: the communicator was finalized (ncclCommFinalize); "
                      "only ncclCommDestroy may follow", fn);
-  }
-  if (comm->async_error != ncclSuccess) {
-    return set_error(ncclInvalidUsage, "%s: the communicator is unusable after an earlier "
-                     "error (%s); destroy it with ncclCommAbort", fn, comm->async_message.c_str());
   }
   if (mpi_finalized()) return set_error(ncclSystemError, "%s: MPI is already finalized", fn);
   return ncclSuccess;
 }
 
 void mark_unusable(ncclComm* comm, ncclResult_t code, const std::string& message) {
-  comm->async_error = code;
-  comm->async_message = message;
+  std::lock_guard<std::mutex> lock(comm->mutex);
+  const ncclResult_t state = comm->state;
+  if (state != ncclSuccess && state != ncclInProgress) return;  // the first failure stays
+  comm->message = message;
+  comm->state = code;
 }
 
 }  // namespace host
@@ -202,6 +311,15 @@ void mark_unusable(ncclComm* comm, ncclResult_t code, const std::string& message
 
 using namespace qnccl;
 using namespace qnccl::host;
+
+ncclComm::~ncclComm() {
+  // MPI is only called from the threads it allows; elsewhere the communicator is let go.
+  int mpi_done = 0, main_thread = 0;
+  MPI_Finalized(&mpi_done);
+  if (mpi == MPI_COMM_NULL || mpi_done) return;
+  MPI_Is_thread_main(&main_thread);
+  if (mpi_thread_multiple() || main_thread) MPI_Comm_free(&mpi);
+}
 
 QNCCL_EXPORT ncclResult_t ncclGetVersion(int* version) {
   QNCCL_CHECK(check_out(version, "version", "ncclGetVersion"));
@@ -220,8 +338,9 @@ QNCCL_EXPORT ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUni
   return init_rank(comm, nranks, commId, rank, nullptr, "ncclCommInitRank");
 }
 
-/* The config's tuning fields have no meaning on the host; non-blocking
- * communicators still complete every call before it returns (ncclSuccess). */
+/* The config's tuning fields have no meaning on the host; `blocking` does:
+ * a nonblocking communicator returns at once with ncclInProgress and makes
+ * its rendezvous in the background. */
 QNCCL_EXPORT ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks,
                                                  ncclUniqueId commId, int rank,
                                                  ncclConfig_t* config) {
@@ -244,67 +363,99 @@ QNCCL_EXPORT ncclResult_t ncclCommInitAll(ncclComm_t* comm, int ndev, const int*
   QNCCL_CHECK(init_timeout(fn, &timeout_s));
   MPI_Comm self;
   QNCCL_CHECK(mpi_result(MPI_Comm_dup(MPI_COMM_SELF, &self), fn, "MPI_Comm_dup"));
-  return adopt(self, timeout_s, comm);
+  *comm = make_comm(self, 0, 1, timeout_s, true).get();
+  return ncclSuccess;
 }
 
 /* Collective over `comm` like MPI_Comm_split (same ordering: key, then rank).
  * A rank whose arguments are invalid still takes part (without a color), so
- * the others do not wait for it forever. */
+ * the others do not wait for it forever. On a nonblocking parent the split
+ * runs in the background: the call answers ncclInProgress, the parent is in
+ * progress until it ends, and *newcomm is written only then (as NCCL does). */
 QNCCL_EXPORT ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm,
                                         ncclConfig_t* config) {
-  QNCCL_CHECK(check_usable(comm, "ncclCommSplit"));
+  const char* fn = "ncclCommSplit";
+  CommRef parent;
+  QNCCL_CHECK(acquire_usable(comm, fn, &parent));
   ncclResult_t arg_error = check_split(color, newcomm, config);
-  bool joins = arg_error == ncclSuccess && color != NCCL_SPLIT_NOCOLOR;
-  MPI_Comm mpi;
-  QNCCL_CHECK(mpi_result(MPI_Comm_split(comm->mpi, joins ? color : MPI_UNDEFINED, key, &mpi),
-                         "ncclCommSplit", "MPI_Comm_split"));
-  if (arg_error != ncclSuccess) return arg_error;
-  if (mpi == MPI_COMM_NULL) {
-    *newcomm = nullptr;
-    return ncclSuccess;
+  bool child_blocking = parent->blocking;
+  if (arg_error == ncclSuccess)
+    arg_error = blocking_mode(config, parent->blocking, fn, &child_blocking);
+  const std::string arg_message = last_error();
+  const bool joins = arg_error == ncclSuccess && color != NCCL_SPLIT_NOCOLOR;
+  const int mpi_color = joins ? color : MPI_UNDEFINED;
+  if (newcomm != nullptr) *newcomm = nullptr;
+  ncclComm_t* slot = arg_error == ncclSuccess ? newcomm : nullptr;
+  if (parent->blocking) {
+    ncclComm_t ignored;
+    QNCCL_CHECK(split(parent, mpi_color, key, child_blocking, slot ? slot : &ignored));
+    return arg_error == ncclSuccess ? ncclSuccess : set_error(arg_error, "%s", arg_message.c_str());
   }
-  return adopt(mpi, comm->timeout_s, newcomm);
+  parent->state = ncclInProgress;
+  std::thread([parent, mpi_color, key, child_blocking, slot] {
+    ncclComm_t ignored;
+    const ncclResult_t res = split(parent, mpi_color, key, child_blocking, slot ? slot : &ignored);
+    finish_background(parent.get(), res);
+  }).detach();
+  return arg_error == ncclSuccess ? ncclInProgress : set_error(arg_error, "%s", arg_message.c_str());
 }
 
+/* No operation of a blocking communicator is ever pending; a nonblocking one
+ * answers ncclInProgress and is finalized in the background (its operations
+ * were complete: the caller waited for ncclSuccess before this call). */
 QNCCL_EXPORT ncclResult_t ncclCommFinalize(ncclComm_t comm) {
-  QNCCL_CHECK(check_live(comm, "ncclCommFinalize"));
-  comm->finalized = true;
-  return ncclSuccess;
+  CommRef ref;
+  QNCCL_CHECK(acquire_ready(comm, "ncclCommFinalize", &ref));
+  ref->finalized = true;
+  if (ref->blocking) return ncclSuccess;
+  ref->state = ncclInProgress;
+  std::thread([ref] { finish_background(ref.get(), ncclSuccess); }).detach();
+  return ncclInProgress;
 }
 
 QNCCL_EXPORT ncclResult_t ncclCommDestroy(ncclComm_t comm) {
-  return release(comm, "ncclCommDestroy");
+  return release(comm, "ncclCommDestroy", false);
 }
 
-QNCCL_EXPORT ncclResult_t ncclCommAbort(ncclComm_t comm) { return release(comm, "ncclCommAbort"); }
+/* From any thread, whatever the communicator is doing: operations of it in
+ * flight in other threads or in the background fail promptly, and the other
+ * ranks' waits on this rank end with QNCCL_HOST_INIT_TIMEOUT. */
+QNCCL_EXPORT ncclResult_t ncclCommAbort(ncclComm_t comm) {
+  return release(comm, "ncclCommAbort", true);
+}
 
 QNCCL_EXPORT ncclResult_t ncclCommCount(const ncclComm_t comm, int* count) {
-  QNCCL_CHECK(check_live(comm, "ncclCommCount"));
+  CommRef ref;
+  QNCCL_CHECK(acquire_ready(comm, "ncclCommCount", &ref));
   QNCCL_CHECK(check_out(count, "count", "ncclCommCount"));
-  *count = comm->nranks;
+  *count = ref->nranks;
   return ncclSuccess;
 }
 
 QNCCL_EXPORT ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank) {
-  QNCCL_CHECK(check_live(comm, "ncclCommUserRank"));
+  CommRef ref;
+  QNCCL_CHECK(acquire_ready(comm, "ncclCommUserRank", &ref));
   QNCCL_CHECK(check_out(rank, "rank", "ncclCommUserRank"));
-  *rank = comm->rank;
+  *rank = ref->rank;
   return ncclSuccess;
 }
 
 /* No CUDA device backs a host communicator: -1, which cudaSetDevice rejects,
  * so code that assumes a GPU fails loudly instead of using device 0. */
 QNCCL_EXPORT ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int* device) {
-  QNCCL_CHECK(check_live(comm, "ncclCommCuDevice"));
+  CommRef ref;
+  QNCCL_CHECK(acquire_ready(comm, "ncclCommCuDevice", &ref));
   QNCCL_CHECK(check_out(device, "device", "ncclCommCuDevice"));
   *device = -1;
   return ncclSuccess;
 }
 
+/* From any thread; makes no MPI call. */
 QNCCL_EXPORT ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {
-  QNCCL_CHECK(check_live(comm, "ncclCommGetAsyncError"));
+  CommRef ref;
+  QNCCL_CHECK(acquire(comm, "ncclCommGetAsyncError", &ref));
   QNCCL_CHECK(check_out(asyncError, "asyncError", "ncclCommGetAsyncError"));
-  *asyncError = comm->async_error;
+  *asyncError = ref->state;
   return ncclSuccess;
 }
 
@@ -323,5 +474,22 @@ QNCCL_EXPORT const char* ncclGetErrorString(ncclResult_t result) {
   }
 }
 
-/* The last error of the calling thread, whatever the communicator. */
-QNCCL_EXPORT const char* ncclGetLastError(ncclComm_t /*comm*/) { return last_error(); }
+/* The error that made `comm` unusable (one that surfaced in the background
+ * too), else the last error of the calling thread. */
+QNCCL_EXPORT const char* ncclGetLastError(ncclComm_t comm) {
+  CommRef ref;
+  {
+    std::lock_guard<std::mutex> lock(registry_mutex());
+    auto it = comm != nullptr ? registry().find(comm) : registry().end();
+    if (it != registry().end()) ref = it->second;
+  }
+  if (ref) {
+    std::lock_guard<std::mutex> lock(ref->mutex);
+    if (!ref->message.empty()) {
+      static thread_local std::string copy;
+      copy = ref->message;
+      return copy.c_str();
+    }
+  }
+  return last_error();
+}

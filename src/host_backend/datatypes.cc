@@ -172,6 +172,7 @@ ncclResult_t resolve_reduction(const ncclComm* comm, ncclDataType_t type, ncclRe
     out->average = true;
     return ncclSuccess;
   }
+  std::lock_guard<std::mutex> lock(const_cast<ncclComm*>(comm)->mutex);
   auto found = comm->premul_ops.find((int)op);
   if (found == comm->premul_ops.end()) {
     return set_error(ncclInvalidArgument,
@@ -223,7 +224,8 @@ QNCCL_EXPORT ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar
                                                    ncclScalarResidence_t residence,
                                                    ncclComm_t comm) {
   const char* fn = "ncclRedOpCreatePreMulSum";
-  QNCCL_CHECK(check_live(comm, fn));
+  CommRef ref;
+  QNCCL_CHECK(acquire_ready(comm, fn, &ref));
   if (op == nullptr || scalar == nullptr) {
     return set_error(ncclInvalidArgument, "%s: %s is NULL", fn, op == nullptr ? "op" : "scalar");
   }
@@ -238,6 +240,7 @@ QNCCL_EXPORT ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar
   }
   PreMulSum premul{datatype, {}};
   memcpy(premul.scalar, scalar, type_size(datatype));
+  std::lock_guard<std::mutex> lock(comm->mutex);
   const int value = spread_op_value(comm, comm->next_op++);
   comm->premul_ops[value] = premul;
   *op = (ncclRedOp_t)value;
@@ -246,7 +249,9 @@ QNCCL_EXPORT ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar
 
 QNCCL_EXPORT ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm) {
   const char* fn = "ncclRedOpDestroy";
-  QNCCL_CHECK(check_live(comm, fn));
+  CommRef ref;
+  QNCCL_CHECK(acquire_ready(comm, fn, &ref));
+  std::lock_guard<std::mutex> lock(comm->mutex);
   if (comm->premul_ops.erase((int)op) == 0) {
     return set_error(ncclInvalidArgument, "%s: op %d was not created on this communicator%s", fn,
                      (int)op, op >= ncclSum && op < ncclNumOps ? " (built-in ops cannot be "

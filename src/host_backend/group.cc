@@ -1,18 +1,28 @@
-/* Groups and point-to-point operations.
+/* Groups, point-to-point operations and the execution of all operations.
  *
  * Inside ncclGroupStart/End (nested: only the outermost end acts) calls are
- * recorded. At the outermost end every send and receive is posted as
- * MPI_Isend/MPI_Irecv, then the group's collectives run in issue order, then
- * the sends and receives are awaited; so grouped sends and receives never
- * deadlock, whatever their order. The wait gives up after
- * QNCCL_HOST_INIT_TIMEOUT seconds without any of them completing (peers that
- * never post the matching operation): the operations are cancelled and their
- * communicators marked unusable. A send or receive outside a group is a group
- * of its own. An invalid call inside a group fails the whole group at its
- * end, as in NCCL: nothing of it runs. */
+ * recorded. At the outermost end the group becomes a Flight: every send and
+ * receive is posted as MPI_Isend/MPI_Irecv, then the group's collectives as
+ * MPI's nonblocking collectives in issue order, so grouped sends and receives
+ * never deadlock, whatever their order. A call outside a group is a group of
+ * its own. On blocking communicators the caller then waits for the flight; on
+ * nonblocking ones the call answers ncclInProgress and the backend's progress
+ * thread completes it, the communicators reporting ncclInProgress until then
+ * (ncclCommGetAsyncError). A group may not mix the two kinds, as in NCCL.
+ *
+ * A flight fails, cancelling what it still waits for and making its
+ * communicators unusable, when its sends and receives make no progress for
+ * QNCCL_HOST_INIT_TIMEOUT seconds (peers that never post the matching
+ * operation, or a peer that failed or aborted), or when one of its
+ * communicators is aborted (from any thread). Collectives wait without a
+ * timeout, as in NCCL. An invalid call inside a group fails
+ * the whole group at its end, as in NCCL: nothing of it runs. */
 #include <stdio.h>
 
+#include <condition_variable>
+#include <list>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "host_backend/host.h"
@@ -26,7 +36,7 @@ namespace {
 constexpr int kP2pTag = 0;
 
 struct P2p {
-  ncclComm* comm;
+  CommRef comm;
   bool send;
   void* buf;
   size_t count;
@@ -36,8 +46,8 @@ struct P2p {
 };
 
 struct Collective {
-  ncclComm* comm;
-  std::function<ncclResult_t()> run;
+  CommRef comm;
+  PostCollective post;
 };
 
 struct Work {
@@ -54,35 +64,35 @@ struct Group {
 
 thread_local Group group;
 
-/* Posted requests and, for each, the index of its P2p. */
-struct Requests {
+/* A Work in flight: its posted requests and, for each, the operation it
+ * belongs to (p2p index >= 0, or -1 - collective index). */
+struct Flight {
+  Work work;
+  const char* fn;
+  std::vector<CommRef> comms;  // each communicator of the work once
   std::vector<MPI_Request> requests;
-  std::vector<size_t> owner;
+  std::vector<long> owner;
+  std::vector<Posted> posted;  // per collective
+  Deadline deadline;
+  ncclResult_t error = ncclSuccess;  // why it failed
+  explicit Flight(Work w, const char* name) : work(std::move(w)), fn(name), deadline(0) {
+    double timeout_s = 0;
+    auto add = [&](const CommRef& c) {
+      timeout_s = std::max(timeout_s, c->timeout_s);
+      if (std::find(comms.begin(), comms.end(), c) == comms.end()) comms.push_back(c);
+    };
+    for (const P2p& op : work.p2p) add(op.comm);
+    for (const Collective& c : work.collectives) add(c.comm);
+    deadline = Deadline(timeout_s);
+  }
 };
 
-ncclResult_t post(const P2p& op, size_t index, const char* fn, Requests* out) {
-  const size_t size = type_size(op.type);
-  return for_each_chunk(op.count, size, [&](size_t offset, int n) {
-    MPI_Request request;
-    char* buf = (char*)op.buf + offset * size;
-    int rc = op.send ? MPI_Isend(buf, n, op.mpi_type, op.peer, kP2pTag, op.comm->mpi, &request)
-                     : MPI_Irecv(buf, n, op.mpi_type, op.peer, kP2pTag, op.comm->mpi, &request);
-    QNCCL_CHECK(mpi_result(rc, fn, op.send ? "MPI_Isend" : "MPI_Irecv"));
-    out->requests.push_back(request);
-    out->owner.push_back(index);
-    return ncclSuccess;
-  });
-}
+enum class Status { kPending, kDone, kFailed };
 
-/* Cancels what is still pending and makes those communicators unusable. */
-void abandon(const Work& work, Requests* posted, const char* message) {
-  for (size_t i = 0; i < posted->requests.size(); i++) {
-    if (posted->requests[i] == MPI_REQUEST_NULL) continue;
-    MPI_Cancel(&posted->requests[i]);
-    MPI_Request_free(&posted->requests[i]);
-    mark_unusable(work.p2p[posted->owner[i]].comm, ncclSystemError, message);
-  }
-}
+/* Collective requests MPI cannot cancel: kept, with what they use, for good. */
+std::mutex abandoned_mutex;
+std::vector<Posted>* abandoned = new std::vector<Posted>();  // outlives exit
+std::vector<CommRef>* abandoned_comms = new std::vector<CommRef>();
 
 std::string describe(const P2p& op) {
   char text[160];
@@ -92,74 +102,225 @@ std::string describe(const P2p& op) {
   return text;
 }
 
-ncclResult_t timed_out(const Work& work, Requests* posted, double timeout_s, const char* fn) {
-  std::vector<bool> pending(work.p2p.size(), false);
-  for (size_t i = 0; i < posted->requests.size(); i++) {
-    if (posted->requests[i] != MPI_REQUEST_NULL) pending[posted->owner[i]] = true;
+/* Gives up on `f`: cancels its pending sends and receives, keeps its pending
+ * collectives' requests for good, and makes its communicators unusable with
+ * `code` and `message` (set as this thread's error too). */
+ncclResult_t fail(Flight& f, ncclResult_t code, const std::string& message) {
+  std::vector<Posted> kept;
+  for (size_t i = 0; i < f.requests.size(); i++) {
+    if (f.requests[i] == MPI_REQUEST_NULL) continue;
+    if (f.owner[i] >= 0) {
+      MPI_Cancel(&f.requests[i]);
+      MPI_Request_free(&f.requests[i]);
+    } else {
+      Posted p;
+      p.requests.push_back(f.requests[i]);
+      p.keep = f.posted[-1 - f.owner[i]].keep;
+      kept.push_back(std::move(p));
+    }
   }
+  for (const CommRef& comm : f.comms) mark_unusable(comm.get(), code, message);
+  f.error = code;
+  if (!kept.empty()) {
+    std::lock_guard<std::mutex> lock(abandoned_mutex);
+    for (Posted& p : kept) abandoned->push_back(std::move(p));
+    abandoned_comms->insert(abandoned_comms->end(), f.comms.begin(), f.comms.end());
+  }
+  return set_error(code, "%s", message.c_str());
+}
+
+ncclResult_t post_p2p(Flight& f, size_t index) {
+  const P2p& op = f.work.p2p[index];
+  const size_t size = type_size(op.type);
+  return for_each_chunk(op.count, size, [&](size_t offset, int n) {
+    MPI_Request request;
+    char* buf = (char*)op.buf + offset * size;
+    int rc = op.send ? MPI_Isend(buf, n, op.mpi_type, op.peer, kP2pTag, op.comm->mpi, &request)
+                     : MPI_Irecv(buf, n, op.mpi_type, op.peer, kP2pTag, op.comm->mpi, &request);
+    QNCCL_CHECK(mpi_result(rc, f.fn, op.send ? "MPI_Isend" : "MPI_Irecv"));
+    f.requests.push_back(request);
+    f.owner.push_back((long)index);
+    return ncclSuccess;
+  });
+}
+
+/* Posts every operation of `f`; on a failure, gives up on what was posted. */
+ncclResult_t start(Flight& f) {
+  ncclResult_t res = ncclSuccess;
+  for (size_t i = 0; i < f.work.p2p.size() && res == ncclSuccess; i++) res = post_p2p(f, i);
+  f.posted.resize(f.work.collectives.size());
+  for (size_t i = 0; i < f.work.collectives.size() && res == ncclSuccess; i++) {
+    res = f.work.collectives[i].post(&f.posted[i]);
+    for (MPI_Request r : f.posted[i].requests) {
+      f.requests.push_back(r);
+      f.owner.push_back(-1 - (long)i);
+    }
+  }
+  if (res != ncclSuccess) return fail(f, res, last_error());
+  return ncclSuccess;
+}
+
+/* One poll of `f`. */
+Status step(Flight& f) {
+  int ndone = 0;
+  std::vector<int> done(f.requests.size());
+  int rc = MPI_Testsome((int)f.requests.size(), f.requests.data(), &ndone, done.data(),
+                        MPI_STATUSES_IGNORE);
+  if (rc != MPI_SUCCESS) {
+    mpi_result(rc, f.fn, "MPI_Testsome");
+    fail(f, ncclSystemError, last_error());
+    return Status::kFailed;
+  }
+  if (ndone == MPI_UNDEFINED) {  // none left
+    for (Posted& p : f.posted)
+      if (p.finish) p.finish();
+    return Status::kDone;
+  }
+  if (ndone > 0) f.deadline.restart();
+  for (const CommRef& comm : f.comms) {
+    char text[256];
+    if (comm->aborted) {
+      snprintf(text, sizeof text, "%s: the communicator was aborted (ncclCommAbort) while "
+               "this operation was in flight", f.fn);
+      fail(f, ncclSystemError, text);
+      return Status::kFailed;
+    }
+  }
+  if (!f.deadline.passed()) return Status::kPending;
+  std::vector<bool> pending(f.work.p2p.size(), false);
+  for (size_t i = 0; i < f.requests.size(); i++)
+    if (f.requests[i] != MPI_REQUEST_NULL && f.owner[i] >= 0) pending[f.owner[i]] = true;
   std::string list;
   int count = 0;
-  for (size_t i = 0; i < work.p2p.size(); i++) {
-    if (pending[i] && count++ < 4) list += (list.empty() ? "" : "; ") + describe(work.p2p[i]);
+  for (size_t i = 0; i < f.work.p2p.size(); i++)
+    if (pending[i] && count++ < 4) list += (list.empty() ? "" : "; ") + describe(f.work.p2p[i]);
+  if (count == 0) {  // only collectives wait: they have no timeout
+    f.deadline.restart();
+    return Status::kPending;
   }
   char message[1024];
   snprintf(message, sizeof message, "%s: %d point-to-point operation(s) made no progress for "
            "%g s (QNCCL_HOST_INIT_TIMEOUT): %s%s. Did the peers post the matching "
            "ncclSend/ncclRecv? The communicator is now unusable: destroy it with ncclCommAbort",
-           fn, count, timeout_s, list.c_str(), count > 4 ? "; ..." : "");
-  abandon(work, posted, message);
-  return set_error(ncclSystemError, "%s", message);
+           f.fn, count, f.comms.front()->timeout_s, list.c_str(), count > 4 ? "; ..." : "");
+  fail(f, ncclSystemError, message);
+  return Status::kFailed;
 }
 
-/* Waits while requests keep completing; timeout_s without any is an error. */
-ncclResult_t wait_all(const Work& work, Requests* posted, const char* fn) {
-  double timeout_s = 0;
-  for (const P2p& op : work.p2p) timeout_s = std::max(timeout_s, op.comm->timeout_s);
-  std::vector<int> done(posted->requests.size());
-  for (Deadline deadline(timeout_s);; deadline.pause()) {
-    int ndone;
-    int rc = MPI_Testsome((int)posted->requests.size(), posted->requests.data(), &ndone,
-                          done.data(), MPI_STATUSES_IGNORE);
-    if (rc != MPI_SUCCESS) {
-      ncclResult_t result = mpi_result(rc, fn, "MPI_Testsome");
-      abandon(work, posted, last_error());
-      return result;
+/* ---- the progress thread of nonblocking communicators -------------------- */
+
+class Progress {
+ public:
+  static Progress& get() {
+    static Progress* progress = new Progress();  // its thread outlives exit
+    return *progress;
+  }
+
+  void submit(std::unique_ptr<Flight> flight) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    incoming_.push_back(std::move(flight));
+    if (!started_) {
+      started_ = true;
+      std::thread([this] { loop(); }).detach();
     }
-    if (ndone == MPI_UNDEFINED) return ncclSuccess;  // none left
-    if (ndone > 0) {
-      deadline.restart();
-    } else if (deadline.passed()) {
-      return timed_out(work, posted, timeout_s, fn);
+    wake_.notify_one();
+  }
+
+ private:
+  void loop() {
+    std::list<std::unique_ptr<Flight>> flights;
+    Deadline idle(0);
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        // Idle, the thread makes no MPI call: the application may finalize MPI.
+        wake_.wait(lock, [&] { return !flights.empty() || !incoming_.empty(); });
+        for (auto& f : incoming_) flights.push_back(std::move(f));
+        incoming_.clear();
+      }
+      bool progressed = false;
+      for (auto it = flights.begin(); it != flights.end();) {
+        const size_t before = pending_requests(**it);
+        const Status status = step(**it);
+        progressed |= status != Status::kPending || pending_requests(**it) != before;
+        if (status == Status::kPending) {
+          ++it;
+          continue;
+        }
+        complete(**it);
+        it = flights.erase(it);
+      }
+      if (progressed) {
+        idle.restart();
+      } else {
+        idle.pause();
+      }
     }
   }
-}
+
+  static size_t pending_requests(const Flight& f) {
+    return std::count_if(f.requests.begin(), f.requests.end(),
+                         [](MPI_Request r) { return r != MPI_REQUEST_NULL; });
+  }
+
+  /* The flight ended (its failure is already recorded): each communicator is
+   * ready again once none of its operations is in flight. */
+  static void complete(const Flight& f) {
+    for (const CommRef& comm : f.comms) {
+      if (--comm->pending > 0) continue;
+      ncclResult_t expected = ncclInProgress;
+      comm->state.compare_exchange_strong(expected, ncclSuccess);
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::vector<std::unique_ptr<Flight>> incoming_;
+  bool started_ = false;
+};
 
 ncclResult_t check_still_usable(const Work& work, const char* fn) {
-  for (const P2p& op : work.p2p) QNCCL_CHECK(check_usable(op.comm, fn));
-  for (const Collective& c : work.collectives) QNCCL_CHECK(check_usable(c.comm, fn));
+  CommRef ref;
+  for (const P2p& op : work.p2p) QNCCL_CHECK(acquire_usable(op.comm.get(), fn, &ref));
+  for (const Collective& c : work.collectives) QNCCL_CHECK(acquire_usable(c.comm.get(), fn, &ref));
   return ncclSuccess;
 }
 
-ncclResult_t run(const Work& work, const char* fn) {
+/* Runs `work`: waits for it on blocking communicators, hands it to the
+ * progress thread (ncclInProgress) on nonblocking ones. */
+ncclResult_t run(Work work, const char* fn) {
   QNCCL_CHECK(check_still_usable(work, fn));
-  Requests posted;
-  ncclResult_t result = ncclSuccess;
-  for (size_t i = 0; i < work.p2p.size() && result == ncclSuccess; i++) {
-    result = post(work.p2p[i], i, fn, &posted);
+  auto flight = std::make_unique<Flight>(std::move(work), fn);
+  if (flight->comms.empty()) return ncclSuccess;
+  const bool blocking = flight->comms.front()->blocking;
+  for (const CommRef& comm : flight->comms) {
+    if (comm->blocking != blocking)
+      return set_error(ncclInvalidArgument, "%s: blocking and nonblocking communicators are not "
+                       "allowed in the same group (as in NCCL)", fn);
   }
-  for (size_t i = 0; i < work.collectives.size() && result == ncclSuccess; i++) {
-    result = work.collectives[i].run();
+  QNCCL_CHECK(start(*flight));
+  if (blocking) {
+    for (Deadline pace(0);; pace.pause()) {
+      switch (step(*flight)) {
+        case Status::kDone: return ncclSuccess;
+        case Status::kFailed: return flight->error;
+        case Status::kPending: break;
+      }
+    }
   }
-  if (result != ncclSuccess) {
-    abandon(work, &posted, last_error());
-    return result;
+  for (const CommRef& comm : flight->comms) {
+    comm->pending++;
+    ncclResult_t expected = ncclSuccess;
+    comm->state.compare_exchange_strong(expected, ncclInProgress);
   }
-  return wait_all(work, &posted, fn);
+  Progress::get().submit(std::move(flight));
+  return ncclInProgress;
 }
 
 ncclResult_t p2p(bool send, void* buf, size_t count, ncclDataType_t type, int peer,
-                 ncclComm* comm, const char* fn) {
-  QNCCL_CHECK(check_usable(comm, fn));
+                 ncclComm* handle, const char* fn) {
+  CommRef comm;
+  QNCCL_CHECK(acquire_usable(handle, fn, &comm));
   P2p op{comm, send, buf, count, type, MPI_DATATYPE_NULL, peer};
   QNCCL_CHECK(mpi_type(type, fn, &op.mpi_type));
   if (peer < 0 || peer >= comm->nranks) {
@@ -171,26 +332,34 @@ ncclResult_t p2p(bool send, void* buf, size_t count, ncclDataType_t type, int pe
                      send ? "sendbuff" : "recvbuff", count);
   }
   if (group.depth > 0) {
-    group.work.p2p.push_back(op);
+    group.work.p2p.push_back(std::move(op));
     return ncclSuccess;
   }
-  return run(Work{{op}, {}}, fn);
+  Work work;
+  work.p2p.push_back(std::move(op));
+  return run(std::move(work), fn);
 }
 
 }  // namespace
 
 ncclResult_t note_group_error(ncclResult_t code) {
-  if (code != ncclSuccess && group.depth > 0 && group.error == ncclSuccess) {
+  if (code != ncclSuccess && code != ncclInProgress && group.depth > 0 &&
+      group.error == ncclSuccess) {
     group.error = code;
     group.message = last_error();
   }
   return code;
 }
 
-ncclResult_t submit_collective(ncclComm* comm, std::function<ncclResult_t()> run_now) {
-  if (group.depth == 0) return run_now();
-  group.work.collectives.push_back({comm, std::move(run_now)});
-  return ncclSuccess;
+ncclResult_t submit_collective(const CommRef& comm, const char* fn, PostCollective post) {
+  Collective c{comm, std::move(post)};
+  if (group.depth > 0) {
+    group.work.collectives.push_back(std::move(c));
+    return ncclSuccess;
+  }
+  Work work;
+  work.collectives.push_back(std::move(c));
+  return run(std::move(work), fn);
 }
 
 }  // namespace host
@@ -217,7 +386,7 @@ QNCCL_EXPORT ncclResult_t ncclGroupEnd(void) {
     return set_error(error, "ncclGroupEnd: the group was dropped: one of its calls failed: %s",
                      group.message.c_str());
   }
-  return run(work, "ncclGroupEnd");
+  return run(std::move(work), "ncclGroupEnd");
 }
 
 QNCCL_EXPORT ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype,

@@ -1,7 +1,9 @@
 /* Internals of the host backend: the NCCL API for host memory on top of MPI
  * (docs/host-backend.md). A communicator is an MPI communicator whose ranks
- * are the NCCL ranks; every call completes before it returns, or at the
- * outermost ncclGroupEnd when issued inside a group. */
+ * are the NCCL ranks. Blocking communicators complete every call before it
+ * returns (or at the outermost ncclGroupEnd inside a group); nonblocking ones
+ * answer ncclInProgress and complete in the background, readiness showing in
+ * ncclCommGetAsyncError, as NVIDIA's NCCL does. */
 #ifndef QNCCL_HOST_BACKEND_HOST_H_
 #define QNCCL_HOST_BACKEND_HOST_H_
 
@@ -11,11 +13,15 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "common/error.h"
 
@@ -25,20 +31,34 @@ struct PreMulSum {
   unsigned char scalar[8];
 };
 
+/* A communicator. The handle the application holds is its address; the
+ * backend keeps it alive through shared references (the registry of live
+ * communicators, every call in progress on it, background work), so that a
+ * destroy or an abort from another thread never frees it under a call. */
 struct ncclComm {
-  MPI_Comm mpi;
-  int rank;
-  int nranks;
-  double timeout_s;  // QNCCL_HOST_INIT_TIMEOUT, read when the communicator was made
-  bool finalized = false;
-  ncclResult_t async_error = ncclSuccess;  // set when a failure left the communicator unusable
-  std::string async_message;
+  ~ncclComm();
+  MPI_Comm mpi = MPI_COMM_NULL;  // MPI_COMM_NULL until a nonblocking creation completes
+  int rank = 0;
+  int nranks = 0;
+  double timeout_s = 0;  // QNCCL_HOST_INIT_TIMEOUT, read when the communicator was made
+  bool blocking = true;
+  /* What ncclCommGetAsyncError reports: ncclSuccess, ncclInProgress while a
+   * nonblocking creation or operation runs, or the error that made the
+   * communicator unusable (sticky; `message` says what happened). */
+  std::atomic<ncclResult_t> state{ncclSuccess};
+  std::atomic<int> pending{0};       // nonblocking operations not complete yet
+  std::atomic<bool> aborted{false};  // ncclCommAbort was called: stop waiting for anything
+  std::atomic<bool> finalized{false};
+  std::mutex mutex;                  // guards the members below
+  std::string message;
   std::map<int, PreMulSum> premul_ops;  // ncclRedOp_t value -> op
   int next_op = ncclNumOps;  // index of the next PreMulSum op; its value is spread (datatypes.cc)
 };
 
 namespace qnccl {
 namespace host {
+
+using CommRef = std::shared_ptr<ncclComm>;
 
 /* The NCCL release whose ABI the backend implements (ncclGetVersion). */
 constexpr int kNcclVersionCode = QNCCL_NCCL_VERSION_CODE(2, 32, 3);
@@ -52,15 +72,27 @@ constexpr size_t kMaxMessageBytes = size_t(1) << 30;
 /* Initializes MPI unless it already is, and the backend's MPI types and ops. */
 ncclResult_t ensure_mpi(const char* fn);
 
-/* Fails unless `comm` is a communicator this process created and has not
- * destroyed (queries are allowed on finalized or failed communicators). */
-ncclResult_t check_live(const ncclComm* comm, const char* fn);
+/* A reference to `handle` when it is a communicator this process created and
+ * has not destroyed or aborted; ncclInvalidArgument naming `fn` otherwise. */
+ncclResult_t acquire(const ncclComm* handle, const char* fn, CommRef* out);
 
-/* check_live, and the communicator may still run operations. */
-ncclResult_t check_usable(const ncclComm* comm, const char* fn);
+/* acquire(), and the communicator is ready: no nonblocking creation or
+ * operation of it is in progress (NCCL answers ncclInvalidArgument to any
+ * call made before ncclCommGetAsyncError reported ncclSuccess). Queries and
+ * op creation need this. */
+ncclResult_t acquire_ready(const ncclComm* handle, const char* fn, CommRef* out);
 
-/* Marks `comm` unusable after a failure; later operations report `message`. */
+/* acquire_ready(), and the communicator may still run operations: not
+ * finalized, not failed. */
+ncclResult_t acquire_usable(const ncclComm* handle, const char* fn, CommRef* out);
+
+/* Marks `comm` unusable after a failure (the first failure wins); later
+ * operations and ncclCommGetAsyncError report `code` and `message`. */
 void mark_unusable(ncclComm* comm, ncclResult_t code, const std::string& message);
+
+/* The process's MPI thread level is MPI_THREAD_MULTIPLE: background progress
+ * (nonblocking communicators) and MPI calls from a second thread need it. */
+bool mpi_thread_multiple();
 
 /* Turns an MPI return code into ncclSystemError with MPI's message. */
 ncclResult_t mpi_result(int rc, const char* fn, const char* what);
@@ -122,10 +154,24 @@ void premultiply(const Reduction& red, const void* in, void* out, size_t count);
 /* buf[i] /= nranks (integers: truncating division, as NCCL's ncclAvg). */
 void divide(ncclDataType_t type, void* buf, size_t count, int nranks);
 
-/* ---- groups (group.cc) -------------------------------------------------- */
+/* ---- groups and execution (group.cc) ------------------------------------ */
 
-/* Runs a collective now, or at the outermost ncclGroupEnd inside a group. */
-ncclResult_t submit_collective(ncclComm* comm, std::function<ncclResult_t()> run);
+/* What a collective put in flight: its MPI requests, what to do once all of
+ * them completed (ncclAvg's division, copying out of a temporary), and the
+ * temporaries that must live until then. */
+struct Posted {
+  std::vector<MPI_Request> requests;
+  std::function<void()> finish;
+  std::vector<std::shared_ptr<void>> keep;
+};
+
+/* Posts a collective's nonblocking MPI operations. */
+using PostCollective = std::function<ncclResult_t(Posted*)>;
+
+/* Runs a collective of `comm` now, or at the outermost ncclGroupEnd inside a
+ * group: on a blocking communicator it completes before this returns, on a
+ * nonblocking one it returns ncclInProgress and completes in the background. */
+ncclResult_t submit_collective(const CommRef& comm, const char* fn, PostCollective post);
 
 /* Inside a group, records the first error of the group's calls: the group
  * then fails as a whole at ncclGroupEnd. Returns `code`. */

@@ -92,7 +92,7 @@ thread_local int group_depth = 0;
 thread_local std::vector<Deferred> deferred;
 
 ncclResult_t run(const Deferred& c) {
-  CommState* st;
+  std::shared_ptr<CommState> st;
   QNCCL_CHECK(comm_state(c.comm, nullptr, &st));
   return run_allreduce(c.send, c.recv, c.count, c.type, c.reduction, c.config, c.comm, c.stream,
                        *st);
@@ -102,7 +102,7 @@ ncclResult_t all_reduce(const void* send, void* recv, size_t count, ncclDataType
                         ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
   const NcclApi* nccl;
   if (real_nccl(&nccl) != ncclSuccess) return fail(ncclSystemError);
-  CommState* st;
+  std::shared_ptr<CommState> st;
   if (comm == nullptr) return nccl->allReduce(send, recv, count, type, op, comm, stream);
   if (comm_state(comm, nullptr, &st) != ncclSuccess) return fail(ncclInvalidArgument);
   const Decision d = decide(*st, count, type, op);
@@ -120,7 +120,7 @@ ncclResult_t all_reduce(const void* send, void* recv, size_t count, ncclDataType
     return ncclSuccess;
   }
   const ncclResult_t res = run(call);
-  return res == ncclSuccess ? res : fail(res);
+  return res == ncclSuccess || res == ncclInProgress ? res : fail(res);
 }
 
 }  // namespace
@@ -145,18 +145,37 @@ QNCCL_EXPORT ncclResult_t ncclGroupStart(void) {
   return res;
 }
 
+/* The real group end first: it flushes the group's pass-through calls. On a
+ * nonblocking communicator it answers ncclInProgress; the deferred quantized
+ * calls then wait until their communicators are ready (NCCL allows no call
+ * before), run, and the answer stays ncclInProgress (ncclCommGetAsyncError
+ * then reports ncclSuccess). Only a group that failed as a whole, where the
+ * real NCCL ran none of it, drops its quantized calls too. */
 QNCCL_EXPORT ncclResult_t ncclGroupEnd(void) {
   const NcclApi* nccl;
   if (real_nccl(&nccl) != ncclSuccess) return fail(ncclSystemError);
-  ncclResult_t res = nccl->groupEnd();
+  const ncclResult_t end = nccl->groupEnd();
   if (group_depth > 0) group_depth--;
-  if (group_depth > 0) return res;
+  if (group_depth > 0) return end;
   std::vector<Deferred> calls;
   calls.swap(deferred);
-  for (const Deferred& call : calls) {
-    if (res != ncclSuccess) break;
-    res = run(call);
-    if (res != ncclSuccess) fail(res);
+  if (calls.empty() || (end != ncclSuccess && end != ncclInProgress)) return end;
+  bool in_progress = end == ncclInProgress;
+  if (in_progress) {
+    for (const Deferred& call : calls) {
+      std::shared_ptr<CommState> st;
+      if (comm_state(call.comm, nullptr, &st) != ncclSuccess) return fail(ncclInvalidArgument);
+      const ncclResult_t ready = wait_until_ready(*nccl, call.comm, *st);
+      if (ready != ncclSuccess) return fail(ready);
+    }
   }
-  return res;
+  for (const Deferred& call : calls) {
+    const ncclResult_t res = run(call);
+    if (res == ncclInProgress) {
+      in_progress = true;
+    } else if (res != ncclSuccess) {
+      return fail(res);
+    }
+  }
+  return in_progress ? ncclInProgress : ncclSuccess;
 }

@@ -19,13 +19,15 @@ ncclResult_t prepare(const NcclApi** nccl, qncclEnvConfig_t* config) {
 
 ncclResult_t finish_init(ncclResult_t res, const ncclComm_t* comms, int n,
                          const qncclEnvConfig_t& config) {
-  if (res == ncclSuccess)
+  // A nonblocking creation's handle is valid at once (a split's child may
+  // appear only later: it is adopted at its first call, from the environment).
+  if (res == ncclSuccess || res == ncclInProgress)
     for (int i = 0; i < n; i++) adopt_comm(comms[i], config);
   return res;
 }
 
 void report_stats(ncclComm_t comm) {
-  CommState* state;
+  std::shared_ptr<CommState> state;
   if (comm == nullptr || comm_state(comm, nullptr, &state) != ncclSuccess) return;
   const qncclStats_t s = comm_stats(*state);
   info(comm, *state,
@@ -34,6 +36,22 @@ void report_stats(ncclComm_t comm) {
        (unsigned long long)s.callsCompressed, (unsigned long long)s.callsPassedThrough,
        (unsigned long long)s.bytesIn, (unsigned long long)s.bytesOnWire,
        (unsigned long long)s.residualBuffers, (unsigned long long)s.residualBytes);
+}
+
+/* Destroy and abort may come from another thread (PyTorch's watchdog) while
+ * a quantized call runs on the communicator: the call sees `aborted` at its
+ * next step and ends with an error; taking `api` waits for it to leave the
+ * real NCCL (a call there returns promptly), so nothing of QNCCL uses the
+ * communicator once the real NCCL tears it down. */
+ncclResult_t release(ncclComm_t comm, ncclResult_t (*real)(ncclComm_t)) {
+  report_stats(comm);
+  if (std::shared_ptr<CommState> state = existing_comm_state(comm)) {
+    state->aborted = true;
+    std::lock_guard<std::mutex> lock(state->api);
+  }
+  const ncclResult_t res = real(comm);
+  forget_comm(comm);  // device memory goes with the last reference to the state
+  return res;
 }
 
 }  // namespace
@@ -70,21 +88,30 @@ QNCCL_EXPORT ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncc
   return finish_init(nccl->commSplit(comm, color, key, newcomm, ncclConfig), newcomm, 1, config);
 }
 
+
 QNCCL_EXPORT ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   const NcclApi* nccl;
   if (real_nccl(&nccl) != ncclSuccess) return fail(ncclSystemError);
-  report_stats(comm);
-  forget_comm(comm);
-  return nccl->commDestroy(comm);
+  return release(comm, nccl->commDestroy);
 }
 
 QNCCL_EXPORT ncclResult_t ncclCommAbort(ncclComm_t comm) {
   const NcclApi* nccl;
   if (real_nccl(&nccl) != ncclSuccess) return fail(ncclSystemError);
-  report_stats(comm);
-  // Abort first: forgetting frees device memory, which waits for the
-  // device, and the work of an aborted communicator may never finish.
-  const ncclResult_t res = nccl->commAbort(comm);
-  forget_comm(comm);
-  return res;
+  return release(comm, nccl->commAbort);
+}
+
+/* The real NCCL's answer, unless a quantized call failed on the communicator:
+ * then that failure, so a framework polling here (PyTorch's watchdog) learns
+ * of it and aborts the communicator. From any thread. */
+QNCCL_EXPORT ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {
+  const NcclApi* nccl;
+  if (real_nccl(&nccl) != ncclSuccess) return fail(ncclSystemError);
+  const ncclResult_t res = nccl->commGetAsyncError(comm, asyncError);
+  if (res != ncclSuccess || asyncError == nullptr) return res;
+  std::shared_ptr<CommState> state = existing_comm_state(comm);
+  if (state != nullptr && state->failure != ncclSuccess &&
+      (*asyncError == ncclSuccess || *asyncError == ncclInProgress))
+    *asyncError = state->failure;
+  return ncclSuccess;
 }

@@ -27,7 +27,7 @@ QNCCL_EXPORT ncclResult_t qncclRedOpCreateQuantized(ncclRedOp_t* op,
   int nranks = 0;
   if (nccl->commCount(comm, &nranks) != ncclSuccess)
     return set_error(ncclInvalidArgument, "%s: comm is not a communicator of %s", fn, nccl->path);
-  CommState* st;
+  std::shared_ptr<CommState> st;
   QNCCL_CHECK(comm_state(comm, nullptr, &st));
   // Outside ncclAllReduce the op stays what the real NCCL made: an exact sum or average.
   float scalar = config->reduction == ncclAvg ? 1.0f / (float)nranks : 1.0f;
@@ -45,7 +45,7 @@ QNCCL_EXPORT ncclResult_t qncclRedOpCreateQuantized(ncclRedOp_t* op,
 QNCCL_EXPORT ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm) {
   const NcclApi* nccl;
   if (real_nccl(&nccl) != ncclSuccess) return fail(ncclSystemError);
-  CommState* st;
+  std::shared_ptr<CommState> st;
   if (comm != nullptr && comm_state(comm, nullptr, &st) == ncclSuccess) st->ops.erase((int)op);
   return nccl->redOpDestroy(op, comm);  // frees the PreMulSum behind a quantized op too
 }

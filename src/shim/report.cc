@@ -49,7 +49,7 @@ const char* op_name(ncclRedOp_t op) {
 }
 
 void adopt_comm(ncclComm_t comm, const qncclEnvConfig_t& config) {
-  CommState* state;
+  std::shared_ptr<CommState> state;
   if (comm == nullptr || comm_state(comm, &config, &state) != ncclSuccess) return;
   const NcclApi* nccl;
   int nranks = 0;

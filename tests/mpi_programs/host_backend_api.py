@@ -330,19 +330,6 @@ def subset(members, root):
     check(lib.ncclCommDestroy(comm))
 
 
-def init_with_config():
-    """ncclCommInitRankConfig with a non-blocking config: still done on return."""
-    config = ffi.new("ncclConfig_t*")
-    config.size, config.magic, config.version = ffi.sizeof("ncclConfig_t"), 0xCAFEBEEF, 23203
-    config.blocking = 0
-    uid = new_id(0, range(N))
-    comm = ffi.new("ncclComm_t*")
-    check(lib.ncclCommInitRankConfig(comm, N, uid[0], RANK, config), "ncclCommInitRankConfig")
-    queries(comm[0], N, RANK)
-    sum_of_ranks(comm[0], (RANK, N * (N - 1) // 2), "ncclCommInitRankConfig")
-    check(lib.ncclCommDestroy(comm[0]))
-
-
 def init_all():
     comm = ffi.new("ncclComm_t*")
     check(lib.ncclCommInitAll(comm, 1, NULL), "ncclCommInitAll")
@@ -371,7 +358,6 @@ def main():
     if N >= 4:  # two subsets at once, each with its own root
         subset(list(range(0, N, 2)), root=0)
         subset(list(range(1, N, 2)), root=N - 1)
-    init_with_config()
     init_all()
     check(lib.ncclCommFinalize(comm), "ncclCommFinalize")
     check(lib.ncclCommDestroy(comm), "ncclCommDestroy")

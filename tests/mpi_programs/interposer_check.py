@@ -106,8 +106,12 @@ def new_id():
 
 
 def nccl_config():
-    """An ncclConfig_t as NCCL_CONFIG_INITIALIZER makes it (NCCL 2.32.3)."""
+    """An ncclConfig_t as NCCL_CONFIG_INITIALIZER makes it (NCCL 2.32.3): every
+    int field NCCL_CONFIG_UNDEF_INT, so `blocking` is the default (blocking)."""
     config = ffi.new("ncclConfig_t*")
+    for name, field in ffi.typeof("ncclConfig_t").fields:
+        if field.type.cname == "int":
+            setattr(config, name, -2**31)
     config.size, config.magic, config.version = ffi.sizeof("ncclConfig_t"), 0xCAFEBEEF, 23203
     return config
 

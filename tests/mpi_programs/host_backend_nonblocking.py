@@ -1,0 +1,255 @@
+"""The host backend's nonblocking communicators and calls from a second thread,
+as NVIDIA's NCCL specifies them, on every rank of this MPI job.
+
+    host_backend_nonblocking.py SECTION
+
+Sections (one per pytest case):
+
+protocol  ncclCommInitRankConfig with blocking = 0 answers ncclInProgress and
+          the communicator reports ncclInProgress until its rendezvous ends;
+          a query or a collective before that is refused (ncclInvalidArgument,
+          "not ready"). Ungrouped collectives, grouped sends and receives and
+          a group of collectives answer ncclInProgress, results appear once
+          ncclCommGetAsyncError says ncclSuccess, and match numpy; a group
+          mixing blocking and nonblocking communicators is refused.
+          ncclCommSplit answers ncclInProgress, leaves *newcomm NULL until the
+          parent is ready (as NCCL does), and the child inherits the mode.
+          ncclCommFinalize answers ncclInProgress, then ncclSuccess.
+          NCCL_COMM_BLOCKING=0 makes ncclCommInitRank nonblocking.
+abort     ncclCommAbort from a second thread while the first waits in a
+          blocking receive its peer never sends: the wait ends within seconds
+          with an error. The same for a nonblocking receive, its progress in
+          the background: ncclCommGetAsyncError reports the error.
+watchdog  a thread polls ncclCommGetAsyncError on every communicator while the
+          main thread runs collectives on them (run under ThreadSanitizer by
+          `make sanitize`).
+
+Counts every ncclInProgress answer and prints it; exits non-zero on any failure.
+"""
+import os
+import sys
+import threading
+import time
+
+import numpy as np
+
+from host_backend_lib import NULL, WORLD, Failures, check, ffi, lib, new_id, ptr, run
+
+F = Failures()
+RANK, N = WORLD.rank, WORLD.size
+SUCCESS, IN_PROGRESS = lib.ncclSuccess, lib.ncclInProgress
+answered_in_progress = 0
+
+
+def config(blocking):
+    """An ncclConfig_t as NCCL_CONFIG_INITIALIZER makes it, with `blocking` set."""
+    c = ffi.new("ncclConfig_t*")
+    for name, field in ffi.typeof("ncclConfig_t").fields:
+        if field.type.cname == "int":
+            setattr(c, name, -2**31)  # NCCL_CONFIG_UNDEF_INT
+    c.size, c.magic, c.version = ffi.sizeof("ncclConfig_t"), 0xCAFEBEEF, 23203
+    c.blocking = blocking
+    return c
+
+
+def answered(code, what, allowed=(IN_PROGRESS,)):
+    """Checks a call's answer; counts ncclInProgress."""
+    global answered_in_progress
+    answered_in_progress += code == IN_PROGRESS
+    F.expect(code in allowed, f"{what} answered {code}, expected one of {allowed}")
+    return code
+
+
+def wait_ready(comm, what, timeout=30.0):
+    """Polls ncclCommGetAsyncError until the communicator leaves ncclInProgress."""
+    state = ffi.new("ncclResult_t*")
+    deadline = time.monotonic() + timeout
+    polls = 0
+    while True:
+        check(lib.ncclCommGetAsyncError(comm, state), "ncclCommGetAsyncError")
+        polls += 1
+        if state[0] != IN_PROGRESS or time.monotonic() > deadline:
+            break
+        time.sleep(0.0005)
+    F.expect(state[0] == SUCCESS, f"{what}: ncclCommGetAsyncError reports {state[0]} after "
+                                  f"{polls} polls, expected ncclSuccess")
+    return polls
+
+
+def make_comm(blocking, uid=None):
+    uid = uid if uid is not None else new_id(0, range(N))
+    comm = ffi.new("ncclComm_t*")
+    code = lib.ncclCommInitRankConfig(comm, N, uid[0], RANK, config(blocking))
+    if blocking:
+        check(code, "ncclCommInitRankConfig (blocking)")
+    else:
+        answered(code, "ncclCommInitRankConfig (blocking = 0)")
+    return comm[0]
+
+
+def rank_values(rank, count=1000):
+    return (np.arange(count, dtype=np.float32) % 7) + rank
+
+
+def protocol():
+    comm = make_comm(0)
+    count = ffi.new("int*")
+    code = lib.ncclCommCount(comm, count)
+    # The rendezvous may have ended already on a fast machine: then the query works.
+    F.expect(code in (SUCCESS, lib.ncclInvalidArgument), f"ncclCommCount while in progress: {code}")
+    if code == lib.ncclInvalidArgument:
+        F.expect("not ready" in ffi.string(lib.ncclGetLastError(NULL)).decode(),
+                 "the refusal of a call before readiness says the communicator is not ready")
+    wait_ready(comm, "nonblocking creation")
+    check(lib.ncclCommCount(comm, count), "ncclCommCount")
+    F.expect(count[0] == N, f"ncclCommCount {count[0]} != {N}")
+
+    x = rank_values(RANK)
+    answered(lib.ncclAllReduce(ptr(x), ptr(x), x.size, lib.ncclFloat32, lib.ncclSum, comm, NULL),
+             "ungrouped ncclAllReduce")
+    y = rank_values(RANK)
+    code = lib.ncclAllReduce(ptr(y), ptr(y), y.size, lib.ncclFloat32, lib.ncclSum, comm, NULL)
+    F.expect(code in (lib.ncclInvalidArgument, IN_PROGRESS),
+             f"a second call before readiness answered {code}")
+    if code == IN_PROGRESS:  # the first had completed already: this one runs too
+        wait_ready(comm, "second ncclAllReduce")
+    else:
+        wait_ready(comm, "ncclAllReduce")
+    want = sum(rank_values(r) for r in range(N))
+    F.expect(np.array_equal(x, want), "nonblocking ncclAllReduce: result differs from numpy")
+
+    # A ring of sends and receives and a group of two collectives.
+    send = rank_values(RANK, 257)
+    recv = np.zeros_like(send)
+    check(lib.ncclGroupStart())
+    check(lib.ncclSend(ptr(send), send.size, lib.ncclFloat32, (RANK + 1) % N, comm, NULL))
+    check(lib.ncclRecv(ptr(recv), recv.size, lib.ncclFloat32, (RANK - 1) % N, comm, NULL))
+    answered(lib.ncclGroupEnd(), "ncclGroupEnd of sends and receives")
+    wait_ready(comm, "grouped send/recv")
+    F.expect(np.array_equal(recv, rank_values((RANK - 1) % N, 257)), "grouped recv: wrong bytes")
+    a, b = rank_values(RANK, 64), rank_values(RANK, 64) * 2
+    check(lib.ncclGroupStart())
+    check(lib.ncclAllReduce(ptr(a), ptr(a), a.size, lib.ncclFloat32, lib.ncclMax, comm, NULL))
+    check(lib.ncclAllReduce(ptr(b), ptr(b), b.size, lib.ncclFloat32, lib.ncclAvg, comm, NULL))
+    answered(lib.ncclGroupEnd(), "ncclGroupEnd of two collectives")
+    wait_ready(comm, "group of collectives")
+    F.expect(np.array_equal(a, rank_values(N - 1, 64)), "grouped max: wrong result")
+    F.expect(np.array_equal(b, sum(rank_values(r, 64) * 2 for r in range(N)) / np.float32(N)),
+             "grouped avg: wrong result")
+
+    blocking = make_comm(1)
+    check(lib.ncclGroupStart())
+    check(lib.ncclAllReduce(ptr(a), ptr(a), a.size, lib.ncclFloat32, lib.ncclSum, comm, NULL))
+    check(lib.ncclAllReduce(ptr(b), ptr(b), b.size, lib.ncclFloat32, lib.ncclSum, blocking, NULL))
+    code = lib.ncclGroupEnd()
+    F.expect(code == lib.ncclInvalidArgument and "not allowed in the same group" in
+             ffi.string(lib.ncclGetLastError(NULL)).decode(),
+             f"a group mixing blocking and nonblocking communicators answered {code}")
+    check(lib.ncclCommDestroy(blocking), "ncclCommDestroy (blocking)")
+
+    child = ffi.new("ncclComm_t*")
+    answered(lib.ncclCommSplit(comm, 0, N - RANK, child, NULL), "ncclCommSplit")
+    wait_ready(comm, "the parent of a nonblocking split")
+    F.expect(child[0] != NULL, "the split's communicator is still NULL once the parent is ready")
+    wait_ready(child[0], "the split's communicator")
+    z = rank_values(RANK, 10)
+    answered(lib.ncclAllReduce(ptr(z), ptr(z), z.size, lib.ncclFloat32, lib.ncclSum, child[0],
+                               NULL), "ncclAllReduce on the split (nonblocking, inherited)")
+    wait_ready(child[0], "ncclAllReduce on the split")
+    F.expect(np.array_equal(z, sum(rank_values(r, 10) for r in range(N))), "split: wrong sum")
+    answered(lib.ncclCommFinalize(child[0]), "ncclCommFinalize")
+    wait_ready(child[0], "ncclCommFinalize")
+    check(lib.ncclCommDestroy(child[0]), "ncclCommDestroy (split)")
+    answered(lib.ncclCommFinalize(comm), "ncclCommFinalize")
+    wait_ready(comm, "ncclCommFinalize")
+    check(lib.ncclCommDestroy(comm), "ncclCommDestroy")
+
+    os.environ["NCCL_COMM_BLOCKING"] = "0"
+    uid = new_id(0, range(N))
+    plain = ffi.new("ncclComm_t*")
+    answered(lib.ncclCommInitRank(plain, N, uid[0], RANK), "ncclCommInitRank, NCCL_COMM_BLOCKING=0")
+    del os.environ["NCCL_COMM_BLOCKING"]
+    wait_ready(plain[0], "ncclCommInitRank with NCCL_COMM_BLOCKING=0")
+    check(lib.ncclCommDestroy(plain[0]))
+
+
+def abort_from_thread(blocking):
+    """Rank 0 receives from rank 1, which never sends; a second thread of rank 0
+    aborts the communicator after 0.3 s."""
+    comm = make_comm(blocking)
+    if not blocking:
+        wait_ready(comm, "creation")
+    if RANK == 0 and N > 1:
+        buf = np.zeros(16, np.float32)
+        took = []
+
+        def abort():
+            begin = time.monotonic()
+            check(lib.ncclCommAbort(comm), "ncclCommAbort")
+            took.append(time.monotonic() - begin)
+        aborter = threading.Timer(0.3, abort)
+        aborter.start()
+        start = time.monotonic()
+        code = lib.ncclRecv(ptr(buf), buf.size, lib.ncclFloat32, 1, comm, NULL)
+        if blocking:
+            elapsed = time.monotonic() - start
+            F.expect(code != SUCCESS and elapsed < 5,
+                     f"blocking receive during an abort from another thread: answered {code} "
+                     f"after {elapsed:.2f} s (expected an error within seconds)")
+        else:
+            answered(code, "nonblocking ncclRecv")
+        aborter.join()
+        F.expect(took and took[0] < 2, f"ncclCommAbort took {took} s with a receive in flight")
+        state = ffi.new("ncclResult_t*")
+        F.expect(lib.ncclCommGetAsyncError(comm, state) == lib.ncclInvalidArgument,
+                 "the handle of an aborted communicator still answers")
+    WORLD.Barrier()
+    if RANK != 0:
+        check(lib.ncclCommDestroy(comm), "ncclCommDestroy")
+
+
+def watchdog():
+    comms = [make_comm(0), make_comm(1)]
+    wait_ready(comms[0], "creation")
+    stop = threading.Event()
+    polls = [0]
+
+    def poll():
+        state = ffi.new("ncclResult_t*")
+        while not stop.is_set():
+            for c in comms:
+                check(lib.ncclCommGetAsyncError(c, state), "ncclCommGetAsyncError (watchdog)")
+                F.expect(state[0] in (SUCCESS, IN_PROGRESS), f"watchdog saw {state[0]}")
+                polls[0] += 1
+    thread = threading.Thread(target=poll)
+    thread.start()
+    for step in range(20):
+        for c in comms:
+            x = rank_values(RANK, 500) + step
+            code = lib.ncclAllReduce(ptr(x), ptr(x), x.size, lib.ncclFloat32, lib.ncclSum, c, NULL)
+            if code == IN_PROGRESS:
+                answered(code, "ncclAllReduce")
+                wait_ready(c, "ncclAllReduce")
+            else:
+                check(code, "ncclAllReduce (blocking)")
+            F.expect(np.array_equal(x, sum(rank_values(r, 500) + step for r in range(N))),
+                     f"step {step}: wrong sum")
+    stop.set()
+    thread.join()
+    F.expect(polls[0] > 0, "the watchdog thread never polled")
+    for c in comms:
+        check(lib.ncclCommDestroy(c))
+
+
+def main():
+    section = sys.argv[1]
+    {"protocol": protocol, "abort": lambda: (abort_from_thread(1), abort_from_thread(0)),
+     "watchdog": watchdog}[section]()
+    total = WORLD.reduce(answered_in_progress, root=0)
+    if RANK == 0:
+        print(f"ncclInProgress answers: {total}")
+    return F.report()
+
+
+if __name__ == "__main__":
+    run(main)
