@@ -25,13 +25,15 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
+import zlib
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import mpi
-from conftest import cuda_device_count, sent_bytes, widen
+from conftest import cuda_device_count, from_float32, sent_bytes, widen
 from mpi import HOST_NCCL, REPO
 from qnccl import cli
 from qnccl.emulate import allreduce as emulate_allreduce
@@ -50,7 +52,8 @@ CONFIG_VARIABLES = tuple(variable for _, variable, _ in cli.RUN_OPTIONS) + (
 # What libqnccl.so must export to stand in for NCCL, and its own API for it.
 INTERPOSED = ("ncclAllReduce", "pncclAllReduce", "ncclCommInitRank", "ncclCommInitRankConfig",
               "ncclCommInitAll", "ncclCommSplit", "ncclCommDestroy", "ncclCommAbort",
-              "ncclGroupStart", "ncclGroupEnd", "ncclRedOpDestroy", "qncclConfigFromEnv",
+              "ncclGroupStart", "ncclGroupEnd", "ncclRedOpDestroy", "ncclCommGetAsyncError",
+              "qncclConfigFromEnv",
               "qncclRedOpCreateQuantized", "qncclCommGetStats")
 
 
@@ -563,3 +566,97 @@ def test_info_gpu_driver_row():
     row = cli.cuda_driver()
     assert row.startswith(f"{devices} device(s)") if devices else row.startswith(
         ("no CUDA driver", "CUDA driver present, no usable device"))
+
+
+# ---- the way PyTorch's ProcessGroupNCCL drives NCCL ------------------------------------
+
+PROCESS_GROUP = TESTS / "mpi_programs" / "process_group_check.py"
+PG_BUCKETS = (("b0", "float32", 70001), ("b1", "float16", 40000), ("b2", "bfloat16", 9000),
+              ("b3", "float32", 1000), ("b4", "float16", 300))
+PG_MIN_BYTES = 16 << 10
+
+
+def run_process_group(nprocs, mode, outdir):
+    argv = [*QNCCL, "run", "--bits", "4", "--min-bytes", "16K", "--", sys.executable,
+            str(PROCESS_GROUP), mode, str(outdir)]
+    result = mpi.run(nprocs, argv, timeout=180)
+    assert f"SUMMARY process group ({mode}): {nprocs} ranks, 0 failures" in result.stdout, \
+        result.stdout[-6000:]
+    return int(re.search(r"ncclInProgress answers: (\d+)", result.stdout).group(1))
+
+
+def pg_output(outdir, name, rank, dtype):
+    return np.fromfile(outdir / f"{name}.r{rank}.bin", STORAGE[dtype])
+
+
+@pytest.mark.parametrize("nprocs", [1, 2, 4])
+def test_process_group_nonblocking_matches_blocking(interposer, tmp_path, nprocs):
+    """mpi_programs/process_group_check.py under `qnccl run --bits 4`, once with
+    blocking and once with nonblocking communicators: nonblocking creation and
+    split polled to readiness, a watchdog thread polling every communicator,
+    coalesced in-place ncclAvg buckets over several steps (quantized ones and
+    ones below QNCCL_MIN_BYTES in one group), a PreMulSum average, the child
+    aborted while the parent keeps working, finalize and destroy. Every output
+    is bit-identical across ranks and between the two runs; quantized buckets
+    are the emulator's bytes (call numbers in issue order per communicator);
+    the PreMulSum average is exact (passed through); the host backend answered
+    ncclInProgress during the nonblocking run."""
+    runs = {}
+    for mode in ("blocking", "nonblocking"):
+        (tmp_path / mode).mkdir()
+        runs[mode] = run_process_group(nprocs, mode, tmp_path / mode)
+    assert runs["blocking"] == 0 and runs["nonblocking"] >= 10 * nprocs, runs
+
+    def inputs(label, step, name, dtype, count):
+        rng = lambda r: np.random.default_rng([zlib.crc32(name.encode()), step,
+                                               r]).standard_normal(count)
+        return [from_float32(rng(r).astype(np.float32), dtype) for r in ranks(label)]
+
+    def ranks(label):  # in the communicator's rank order (the child's is reversed)
+        return list(range(nprocs)) if label == "parent" else list(reversed(range(nprocs)))
+
+    for label, steps in (("parent", range(6)), ("child", range(4))):
+        call = 0
+        for step in steps:
+            for name, dtype, count in PG_BUCKETS:
+                key = f"{label}.s{step}.{name}"
+                outs = {mode: [pg_output(tmp_path / mode, key, r, dtype) for r in range(nprocs)]
+                        for mode in runs}
+                for mode, per_rank in outs.items():
+                    assert all(np.array_equal(per_rank[0], o) for o in per_rank), \
+                        f"{key} ({mode}): ranks disagree"
+                assert np.array_equal(outs["blocking"][0], outs["nonblocking"][0]), \
+                    f"{key}: the nonblocking run differs from the blocking one"
+                nbytes = count * np.dtype(STORAGE[dtype]).itemsize
+                if nbytes >= PG_MIN_BYTES:
+                    want = emulate_allreduce(inputs(label, step, name, dtype, count), bits=4,
+                                             op="avg", call=call, dtype=dtype)[0]
+                    assert np.array_equal(outs["blocking"][0].view(np.uint8),
+                                          np.asarray(want).view(np.uint8)), \
+                        f"{key}: not the emulator's bytes (call {call})"
+                    call += 1
+        premul = [pg_output(tmp_path / mode, f"{label}.premul", r, "float32")
+                  for mode in runs for r in range(nprocs)]
+        assert all(np.array_equal(premul[0], p) for p in premul), f"{label} PreMulSum differs"
+        exact = sum(widen(x, "float32") for x in inputs(label, 0, "premul", "float32", 40000))
+        assert np.max(np.abs(premul[0] - exact / nprocs)) <= 1e-6 * np.max(np.abs(exact)), \
+            f"{label}: the PreMulSum average is not exact (it must pass through)"
+
+
+
+def test_fault_on_one_rank_fails_the_others_within_the_timeout(interposer):
+    """Rank 1's quantized call fails before any transfer (QNCCL_HOST_ISA names no
+    instruction set, set on rank 1 alone): it returns the error at once and
+    ncclCommGetAsyncError reports it there; ranks 0, 2, 3 fail with a message
+    within QNCCL_HOST_INIT_TIMEOUT (3 s) instead of waiting forever. Then a
+    quantized call waiting for a rank that never joins ends within seconds
+    when a second thread aborts its communicator."""
+    argv = [*QNCCL, "run", "--bits", "4", "--min-bytes", "16K", "--", sys.executable,
+            str(PROCESS_GROUP), "fault", "3"]
+    started = time.monotonic()
+    result = mpi.run(4, argv, timeout=120, env={"QNCCL_HOST_INIT_TIMEOUT": "3"})
+    assert "SUMMARY process group (fault): 4 ranks, 0 failures" in result.stdout, \
+        result.stdout[-6000:]
+    assert "no-such-isa" in result.stdout and "made no progress for 3 s" in result.stdout, \
+        result.stdout[-6000:]
+    assert time.monotonic() - started < 60

@@ -52,6 +52,7 @@ Resolved resolve() {
                   bind(h, "ncclCommAbort", &a.commAbort, r.error, sizeof r.error) &&
                   bind(h, "ncclCommGetAsyncError", &a.commGetAsyncError, r.error,
                        sizeof r.error) &&
+                  bind(h, "ncclGetLastError", &a.getLastError, r.error, sizeof r.error) &&
                   bind(h, "ncclAllReduce", &a.allReduce, r.error, sizeof r.error) &&
                   bind(h, "ncclCommInitRank", &a.commInitRank, r.error, sizeof r.error) &&
                   bind(h, "ncclCommInitRankConfig", &a.commInitRankConfig, r.error,

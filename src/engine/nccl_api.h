@@ -18,6 +18,7 @@ struct NcclApi {
   ncclResult_t (*commDestroy)(ncclComm_t);
   ncclResult_t (*commAbort)(ncclComm_t);
   ncclResult_t (*commGetAsyncError)(ncclComm_t, ncclResult_t*);
+  const char* (*getLastError)(ncclComm_t);
   // Entry points libqnccl.so interposes and forwards (src/shim/).
   ncclResult_t (*allReduce)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t,
                             cudaStream_t);

@@ -156,16 +156,14 @@ ncclResult_t Segment::exchange(const Transfer* sends, int nsends, const Transfer
     in_progress = true;
     res = wait_ready();
   }
-  if (res != ncclSuccess)
-    return set_error(res, "qncclAllReduce: the NCCL transfer of rank %d failed (%d): %s", rank,
-                     (int)res, last_error());
-  return ncclSuccess;
+  if (res == ncclSuccess) return ncclSuccess;
+  if (state->aborted) return aborted();
+  const char* why = nccl->getLastError(comm);
+  return set_error(res, "qncclAllReduce: the NCCL transfer of rank %d failed (%d): %s", rank,
+                   (int)res, why != nullptr && why[0] != '\0' ? why : "no message");
 }
 
-ncclResult_t Segment::wait_ready() const {
-  const ncclResult_t res = wait_until_ready(*nccl, comm, *state);
-  return res == ncclInvalidUsage && state->aborted ? aborted() : res;
-}
+ncclResult_t Segment::wait_ready() const { return wait_until_ready(*nccl, comm, *state); }
 
 ncclResult_t wait_until_ready(const NcclApi& nccl, ncclComm_t comm, CommState& state) {
   for (int polls = 0;; polls++) {
