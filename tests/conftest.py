@@ -66,6 +66,19 @@ def run_gpu_binary(binary, *args, env=None):
     return run
 
 
+def nccl_config(ffi, blocking=None):
+    """An ncclConfig_t as NCCL_CONFIG_INITIALIZER makes it (NCCL 2.32.3): every
+    int field NCCL_CONFIG_UNDEF_INT, then `blocking` when given."""
+    config = ffi.new("ncclConfig_t*")
+    for name, field in ffi.typeof("ncclConfig_t").fields:
+        if field.type.cname == "int":
+            setattr(config, name, -2**31)
+    config.size, config.magic, config.version = ffi.sizeof("ncclConfig_t"), 0xCAFEBEEF, 23203
+    if blocking is not None:
+        config.blocking = blocking
+    return config
+
+
 @pytest.fixture
 def rng(request):
     """A generator seeded from the test's id: reproducible, different per test."""

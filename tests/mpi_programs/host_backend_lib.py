@@ -15,6 +15,7 @@ import numpy as np
 from mpi4py import MPI
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tests"))  # conftest's helpers
 
 ffi = cffi.FFI()
 ffi.cdef((REPO / "build" / "include" / "qnccl_cdef.h").read_text())

@@ -34,22 +34,12 @@ import time
 import numpy as np
 
 from host_backend_lib import NULL, WORLD, Failures, check, ffi, lib, new_id, ptr, run
+from conftest import nccl_config  # noqa: E402  (tests/ is on the path once host_backend_lib is in)
 
 F = Failures()
 RANK, N = WORLD.rank, WORLD.size
 SUCCESS, IN_PROGRESS = lib.ncclSuccess, lib.ncclInProgress
 answered_in_progress = 0
-
-
-def config(blocking):
-    """An ncclConfig_t as NCCL_CONFIG_INITIALIZER makes it, with `blocking` set."""
-    c = ffi.new("ncclConfig_t*")
-    for name, field in ffi.typeof("ncclConfig_t").fields:
-        if field.type.cname == "int":
-            setattr(c, name, -2**31)  # NCCL_CONFIG_UNDEF_INT
-    c.size, c.magic, c.version = ffi.sizeof("ncclConfig_t"), 0xCAFEBEEF, 23203
-    c.blocking = blocking
-    return c
 
 
 def answered(code, what, allowed=(IN_PROGRESS,)):
@@ -79,7 +69,7 @@ def wait_ready(comm, what, timeout=30.0):
 def make_comm(blocking, uid=None):
     uid = uid if uid is not None else new_id(0, range(N))
     comm = ffi.new("ncclComm_t*")
-    code = lib.ncclCommInitRankConfig(comm, N, uid[0], RANK, config(blocking))
+    code = lib.ncclCommInitRankConfig(comm, N, uid[0], RANK, nccl_config(ffi, blocking))
     if blocking:
         check(code, "ncclCommInitRankConfig (blocking)")
     else:

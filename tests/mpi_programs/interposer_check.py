@@ -52,7 +52,7 @@ import numpy as np
 from allreduce_check import (COMM, NRANKS, NCCL_TYPES, OPS, RANK, UNWRITTEN, Case, Failures,
                              bits_of, check_case, check_nccl, ffi, lib, make_config, nccl,
                              rank_input)
-from conftest import from_float32, sent_bytes
+from conftest import from_float32, nccl_config, sent_bytes
 from qnccl.emulate import allreduce as emulate_allreduce
 
 TYPES = dict(NCCL_TYPES, int32=lib.ncclInt32)
@@ -105,24 +105,13 @@ def new_id():
     return uid[0]
 
 
-def nccl_config():
-    """An ncclConfig_t as NCCL_CONFIG_INITIALIZER makes it (NCCL 2.32.3): every
-    int field NCCL_CONFIG_UNDEF_INT, so `blocking` is the default (blocking)."""
-    config = ffi.new("ncclConfig_t*")
-    for name, field in ffi.typeof("ncclConfig_t").fields:
-        if field.type.cname == "int":
-            setattr(config, name, -2**31)
-    config.size, config.magic, config.version = ffi.sizeof("ncclConfig_t"), 0xCAFEBEEF, 23203
-    return config
-
-
 def init_comm(with_config=False, **settings):
     """(result, communicator) of libqnccl's ncclCommInitRank (ncclCommInitRankConfig
     `with_config`) over all ranks, made under the QNCCL_* `settings`."""
     uid, comm = new_id(), ffi.new("ncclComm_t*")
     with qnccl_env(**settings):
         if with_config:
-            result = lib.ncclCommInitRankConfig(comm, NRANKS, uid, RANK, nccl_config())
+            result = lib.ncclCommInitRankConfig(comm, NRANKS, uid, RANK, nccl_config(ffi))
         else:
             result = lib.ncclCommInitRank(comm, NRANKS, uid, RANK)
     return result, comm[0]

@@ -42,6 +42,7 @@ from pathlib import Path
 import numpy as np
 
 from allreduce_check import COMM, NRANKS, RANK, ffi, lib, nccl
+from conftest import nccl_config
 
 SUCCESS, IN_PROGRESS = lib.ncclSuccess, lib.ncclInProgress
 TYPES = {"float32": (lib.ncclFloat32, np.float32), "float16": (lib.ncclFloat16, np.float16),
@@ -85,23 +86,13 @@ def wait_ready(comm, what, timeout=60):
         COMM.Abort(1)
 
 
-def config(blocking):
-    c = ffi.new("ncclConfig_t*")
-    for name, field in ffi.typeof("ncclConfig_t").fields:
-        if field.type.cname == "int":
-            setattr(c, name, -2**31)  # NCCL_CONFIG_UNDEF_INT
-    c.size, c.magic, c.version = ffi.sizeof("ncclConfig_t"), 0xCAFEBEEF, 23203
-    c.blocking = blocking
-    return c
-
-
 def new_comm(blocking):
     uid = ffi.new("ncclUniqueId*")
     if RANK == 0 and nccl.ncclGetUniqueId(uid) != SUCCESS:
         COMM.Abort(1)
     ffi.memmove(uid, COMM.bcast(bytes(ffi.buffer(uid)), root=0), ffi.sizeof("ncclUniqueId"))
     comm = ffi.new("ncclComm_t*")
-    answered(lib.ncclCommInitRankConfig(comm, NRANKS, uid[0], RANK, config(blocking)),
+    answered(lib.ncclCommInitRankConfig(comm, NRANKS, uid[0], RANK, nccl_config(ffi, blocking)),
              "ncclCommInitRankConfig")
     wait_ready(comm[0], "creation")
     return comm[0]
