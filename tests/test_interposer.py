@@ -595,7 +595,8 @@ def test_process_group_nonblocking_matches_blocking(interposer, tmp_path, nprocs
     blocking and once with nonblocking communicators: nonblocking creation and
     split polled to readiness, a watchdog thread polling every communicator,
     coalesced in-place ncclAvg buckets over several steps (quantized ones and
-    ones below QNCCL_MIN_BYTES in one group), a PreMulSum average, the child
+    ones below QNCCL_MIN_BYTES in one group; one group over both communicators,
+    issued in opposite orders on even and odd ranks), a PreMulSum average, the child
     aborted while the parent keeps working, finalize and destroy. Every output
     is bit-identical across ranks and between the two runs; quantized buckets
     are the emulator's bytes (call numbers in issue order per communicator);
@@ -615,7 +616,7 @@ def test_process_group_nonblocking_matches_blocking(interposer, tmp_path, nprocs
     def ranks(label):  # in the communicator's rank order (the child's is reversed)
         return list(range(nprocs)) if label == "parent" else list(reversed(range(nprocs)))
 
-    for label, steps in (("parent", range(6)), ("child", range(4))):
+    for label, steps in (("parent", range(7)), ("child", range(5))):
         call = 0
         for step in steps:
             for name, dtype, count in PG_BUCKETS:

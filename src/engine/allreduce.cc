@@ -267,7 +267,7 @@ ncclResult_t run_call(Segment& s, const void* sendbuff, void* recvbuff, size_t c
 ncclResult_t run_allreduce(const void* sendbuff, void* recvbuff, size_t count,
                            ncclDataType_t datatype, ncclRedOp_t op,
                            const qncclAllReduceConfig_t& config, ncclComm_t comm,
-                           cudaStream_t stream, CommState& state) {
+                           cudaStream_t stream, CommState& state, Lockstep* lockstep) {
   if (const ncclResult_t failed = state.failure; failed != ncclSuccess) {
     std::lock_guard<std::mutex> lock(state.api);
     return set_error(failed, "quantized allreduce: an earlier quantized call on this "
@@ -276,6 +276,7 @@ ncclResult_t run_allreduce(const void* sendbuff, void* recvbuff, size_t count,
   }
   Segment s;
   s.state = &state;
+  s.lockstep = lockstep;
   const ncclResult_t res = run_call(s, sendbuff, recvbuff, count, datatype, op, config, comm,
                                     stream, state);
   if (res == ncclSuccess) return s.in_progress ? ncclInProgress : ncclSuccess;

@@ -12,6 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <string>
 #include <vector>
 
 #include "codec/codec.h"
@@ -61,6 +62,7 @@ class WorkArea {
 uint64_t stream_id(uint64_t call, uint64_t segment, uint64_t rank, uint64_t step);
 
 struct CommState;
+class Lockstep;
 
 /* One segment of one call: everything an algorithm needs. */
 class Segment {
@@ -69,6 +71,7 @@ class Segment {
   const NcclApi* nccl;
   ncclComm_t comm;
   CommState* state;     // abort flag and the lock around calls into the real NCCL
+  Lockstep* lockstep = nullptr;  // set when the call runs in step with others (run_allreduces)
   mutable bool in_progress = false;  // the real NCCL answered ncclInProgress (nonblocking comm)
   cudaStream_t stream;
   Compute compute;     // host code or CUDA kernels, by where the buffers live
@@ -114,10 +117,14 @@ class Segment {
   void add_decoded(const uint8_t* wire, size_t n, float* acc) const;  // acc = acc + D(wire)
 
   /* Transport primitive: one group of sends and receives (zero-length ones
-   * are skipped on both sides alike). On a nonblocking communicator, whose
-   * group end answers ncclInProgress, it waits (polling the real NCCL's
-   * ncclCommGetAsyncError) until the transfers are done, so their bytes can
-   * be used; an abort of the communicator ends the wait with an error. */
+   * are skipped on both sides alike; a step with none makes no group, but
+   * still counts as a step in lock-step). On a nonblocking communicator,
+   * whose group end answers ncclInProgress, it waits (polling the real
+   * NCCL's ncclCommGetAsyncError) until the transfers are done, so their
+   * bytes can be used; an abort of the communicator ends the wait with an
+   * error. Every rank of a call takes the same number of steps, and step k
+   * of one rank only meets step k of its peers: that lets calls on several
+   * communicators run in lock-step (run_allreduces). */
   ncclResult_t exchange(const Transfer* sends, int nsends, const Transfer* recvs, int nrecvs) const;
   /* Transport primitive: an all-to-all, to_peer[k] sent to rank k and
    * from_peer[k] received from it (entries for this rank are ignored), as
@@ -129,8 +136,6 @@ class Segment {
   mutable ncclResult_t status = ncclSuccess;
 
  private:
-  ncclResult_t wait_ready() const;  // polls the real NCCL until the comm leaves ncclInProgress
-  ncclResult_t aborted() const;     // the error of a call on an aborted communicator
   void record(ncclResult_t res) const {
     if (status == ncclSuccess) status = res;
   }
@@ -138,6 +143,27 @@ class Segment {
    * error feedback then e[r] = (v - D(wire)) * scale (non-finite: 0). */
   void quantize_float(Range r, const float* v, uint64_t step, float scale, uint8_t* wire);
 };
+
+/* The transfers of one step of one call, and how they ended. */
+struct Post {
+  Post(const Segment* s, const Transfer* out, int nout, const Transfer* in, int nin)
+      : segment(s), sends(out), nsends(nout), recvs(in), nrecvs(nin) {}
+  const Segment* segment;
+  const Transfer* sends;
+  int nsends;
+  const Transfer* recvs;
+  int nrecvs;
+  ncclResult_t result = ncclSuccess;
+  std::string message;  // of a failure
+
+  bool carries_bytes() const;
+};
+
+/* Issues the posts' sends and receives in one real group, waits out
+ * ncclInProgress on each of their communicators, and sets each post's
+ * result (a failure with its message). The one place bytes reach the real
+ * NCCL's point-to-point calls. */
+void transfer(Post* const* posts, size_t n);
 
 /* The workspace a call needs (docs/allreduce.md, "Workspace"), computed for
  * its first segment, the largest: float32 accumulator values, then wire
@@ -216,7 +242,28 @@ ncclResult_t wait_until_ready(const NcclApi& nccl, ncclComm_t comm, CommState& s
 ncclResult_t run_allreduce(const void* sendbuff, void* recvbuff, size_t count,
                            ncclDataType_t type, ncclRedOp_t op,
                            const qncclAllReduceConfig_t& config, ncclComm_t comm,
-                           cudaStream_t stream, CommState& state);
+                           cudaStream_t stream, CommState& state, Lockstep* lockstep = nullptr);
+
+/* A checked quantized allreduce, as a group defers it. */
+struct AllReduceCall {
+  const void* sendbuff;
+  void* recvbuff;
+  size_t count;
+  ncclDataType_t type;
+  ncclRedOp_t op;
+  qncclAllReduceConfig_t config;
+  ncclComm_t comm;
+  cudaStream_t stream;
+};
+
+/* Runs the quantized calls one group deferred (engine/lockstep.cc): the
+ * calls of one communicator one after another in issue order, those of
+ * different communicators in lock-step, every step of each inside one real
+ * group, so that calls on several communicators of one process (one process
+ * driving several GPUs, or ranks that issue a group's calls in different
+ * orders) never wait for one another. Answers ncclInProgress where the real
+ * NCCL did; the first failure, in issue order, otherwise. */
+ncclResult_t run_allreduces(const std::vector<AllReduceCall>& calls);
 
 }  // namespace qnccl
 

@@ -15,6 +15,7 @@
 #include "common/error.h"
 #include "engine/comm_state.h"
 #include "engine/engine.h"
+#include "engine/lockstep.h"
 
 namespace qnccl {
 
@@ -131,39 +132,82 @@ void Segment::widen_input(Range r, float* acc) const {
                          residual != nullptr ? residual + r.begin : nullptr, acc));
 }
 
+bool Post::carries_bytes() const {
+  for (int i = 0; i < nsends; i++)
+    if (sends[i].len > 0) return true;
+  for (int i = 0; i < nrecvs; i++)
+    if (recvs[i].len > 0) return true;
+  return false;
+}
+
 ncclResult_t Segment::exchange(const Transfer* sends, int nsends, const Transfer* recvs,
                                int nrecvs) const {
   if (status != ncclSuccess) return status;  // a compute step failed: send nothing
-  ncclResult_t res = ncclSuccess, end = ncclSuccess;
-  {
-    std::lock_guard<std::mutex> lock(state->api);
-    if (state->aborted) return aborted();
-    res = nccl->groupStart();
-    for (int i = 0; i < nsends && res == ncclSuccess; i++) {
-      if (sends[i].len == 0) continue;
-      res = nccl->send(sends[i].bytes, sends[i].len, ncclUint8, sends[i].peer, comm, stream);
-      *wire_sent += sends[i].len;
-    }
-    for (int i = 0; i < nrecvs && res == ncclSuccess; i++)
-      if (recvs[i].len > 0)
-        res = nccl->recv(recvs[i].bytes, recvs[i].len, ncclUint8, recvs[i].peer, comm, stream);
-  }
-  // Outside the lock: on a blocking communicator the group end may wait for
-  // the peers, and an abort from another thread must still get through.
-  end = nccl->groupEnd();  // always close the group we opened
-  if (res == ncclSuccess) res = end;
-  if (res == ncclInProgress) {
-    in_progress = true;
-    res = wait_ready();
-  }
-  if (res == ncclSuccess) return ncclSuccess;
-  if (state->aborted) return aborted();
-  const char* why = nccl->getLastError(comm);
-  return set_error(res, "qncclAllReduce: the NCCL transfer of rank %d failed (%d): %s", rank,
-                   (int)res, why != nullptr && why[0] != '\0' ? why : "no message");
+  if (lockstep != nullptr) return lockstep->exchange(*this, sends, nsends, recvs, nrecvs);
+  Post post(this, sends, nsends, recvs, nrecvs);
+  if (!post.carries_bytes()) return ncclSuccess;
+  Post* one = &post;
+  transfer(&one, 1);
+  return post.result;  // its message is this thread's last error
 }
 
-ncclResult_t Segment::wait_ready() const { return wait_until_ready(*nccl, comm, *state); }
+namespace {
+
+/* One post's sends and receives into the open group, under its
+ * communicator's lock (an abort waits for them). */
+ncclResult_t post_transfers(const Post& p) {
+  const Segment& s = *p.segment;
+  std::lock_guard<std::mutex> lock(s.state->api);
+  if (s.state->aborted) return ncclInvalidUsage;
+  for (int i = 0; i < p.nsends; i++) {
+    if (p.sends[i].len == 0) continue;
+    const Transfer& t = p.sends[i];
+    QNCCL_CHECK(s.nccl->send(t.bytes, t.len, ncclUint8, t.peer, s.comm, s.stream));
+    *s.wire_sent += t.len;
+  }
+  for (int i = 0; i < p.nrecvs; i++) {
+    if (p.recvs[i].len == 0) continue;
+    const Transfer& t = p.recvs[i];
+    QNCCL_CHECK(s.nccl->recv(t.bytes, t.len, ncclUint8, t.peer, s.comm, s.stream));
+  }
+  return ncclSuccess;
+}
+
+}  // namespace
+
+void transfer(Post* const* posts, size_t n) {
+  if (n == 0) return;
+  const NcclApi& nccl = *posts[0]->segment->nccl;
+  const ncclResult_t start = nccl.groupStart();
+  for (size_t i = 0; i < n; i++)
+    posts[i]->result = start == ncclSuccess ? post_transfers(*posts[i]) : start;
+  // Outside the locks: on a blocking communicator the group end may wait for
+  // the peers, and an abort from another thread must still get through.
+  if (start == ncclSuccess) {
+    const ncclResult_t end = nccl.groupEnd();  // always close the group we opened
+    for (size_t i = 0; i < n; i++)
+      if (posts[i]->result == ncclSuccess) posts[i]->result = end;
+  }
+  for (size_t i = 0; i < n; i++) {
+    Post& p = *posts[i];
+    const Segment& s = *p.segment;
+    if (p.result == ncclInProgress) {
+      s.in_progress = true;
+      p.result = wait_until_ready(nccl, s.comm, *s.state);
+    }
+    if (p.result == ncclSuccess) continue;
+    if (s.state->aborted) {
+      set_error(ncclInvalidUsage, "qncclAllReduce: the communicator was aborted (ncclCommAbort) "
+                "during the call on rank %d", s.rank);
+      p.result = ncclInvalidUsage;
+    } else {
+      const char* why = nccl.getLastError(s.comm);
+      set_error(p.result, "qncclAllReduce: the NCCL transfer of rank %d failed (%d): %s", s.rank,
+                (int)p.result, why != nullptr && why[0] != '\0' ? why : "no message");
+    }
+    p.message = last_error();
+  }
+}
 
 ncclResult_t wait_until_ready(const NcclApi& nccl, ncclComm_t comm, CommState& state) {
   for (int polls = 0;; polls++) {
@@ -182,11 +226,6 @@ ncclResult_t wait_until_ready(const NcclApi& nccl, ncclComm_t comm, CommState& s
     else
       std::this_thread::sleep_for(std::chrono::microseconds(100));
   }
-}
-
-ncclResult_t Segment::aborted() const {
-  return set_error(ncclInvalidUsage, "qncclAllReduce: the communicator was aborted "
-                   "(ncclCommAbort) during the call on rank %d", rank);
 }
 
 ncclResult_t Segment::all_to_all(const Transfer* to_peer, const Transfer* from_peer) const {

@@ -2,7 +2,8 @@
  * everything else goes to the real NCCL unchanged (DESIGN invariant 5).
  * Inside a group, eligible calls wait for the outermost ncclGroupEnd, which
  * first lets the real NCCL flush the group's pass-through operations, then
- * runs them in issue order. */
+ * runs them: in issue order per communicator, in lock-step across
+ * communicators (engine/lockstep.cc). */
 #include <stdio.h>
 
 #include <vector>
@@ -77,26 +78,8 @@ void report_kind(ncclComm_t comm, CommState& st, ncclDataType_t type, ncclRedOp_
     info(comm, st, ": ncclAllReduce %s", kind);
 }
 
-struct Deferred {
-  const void* send;
-  void* recv;
-  size_t count;
-  ncclDataType_t type;
-  ncclRedOp_t reduction;
-  qncclAllReduceConfig_t config;
-  ncclComm_t comm;
-  cudaStream_t stream;
-};
-
 thread_local int group_depth = 0;
-thread_local std::vector<Deferred> deferred;
-
-ncclResult_t run(const Deferred& c) {
-  std::shared_ptr<CommState> st;
-  QNCCL_CHECK(comm_state(c.comm, nullptr, &st));
-  return run_allreduce(c.send, c.recv, c.count, c.type, c.reduction, c.config, c.comm, c.stream,
-                       *st);
-}
+thread_local std::vector<AllReduceCall> deferred;
 
 ncclResult_t all_reduce(const void* send, void* recv, size_t count, ncclDataType_t type,
                         ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
@@ -114,12 +97,12 @@ ncclResult_t all_reduce(const void* send, void* recv, size_t count, ncclDataType
   if (check_allreduce("ncclAllReduce", send, recv, count, type, d.reduction, &d.config, comm) !=
       ncclSuccess)
     return fail(ncclInvalidArgument);
-  const Deferred call = {send, recv, count, type, d.reduction, d.config, comm, stream};
+  const AllReduceCall call = {send, recv, count, type, d.reduction, d.config, comm, stream};
   if (group_depth > 0) {
     deferred.push_back(call);
     return ncclSuccess;
   }
-  const ncclResult_t res = run(call);
+  const ncclResult_t res = run_allreduces({call});
   return res == ncclSuccess || res == ncclInProgress ? res : fail(res);
 }
 
@@ -157,25 +140,18 @@ QNCCL_EXPORT ncclResult_t ncclGroupEnd(void) {
   const ncclResult_t end = nccl->groupEnd();
   if (group_depth > 0) group_depth--;
   if (group_depth > 0) return end;
-  std::vector<Deferred> calls;
+  std::vector<AllReduceCall> calls;
   calls.swap(deferred);
   if (calls.empty() || (end != ncclSuccess && end != ncclInProgress)) return end;
-  bool in_progress = end == ncclInProgress;
-  if (in_progress) {
-    for (const Deferred& call : calls) {
+  if (end == ncclInProgress) {
+    for (const AllReduceCall& call : calls) {
       std::shared_ptr<CommState> st;
       if (comm_state(call.comm, nullptr, &st) != ncclSuccess) return fail(ncclInvalidArgument);
       const ncclResult_t ready = wait_until_ready(*nccl, call.comm, *st);
       if (ready != ncclSuccess) return fail(ready);
     }
   }
-  for (const Deferred& call : calls) {
-    const ncclResult_t res = run(call);
-    if (res == ncclInProgress) {
-      in_progress = true;
-    } else if (res != ncclSuccess) {
-      return fail(res);
-    }
-  }
-  return in_progress ? ncclInProgress : ncclSuccess;
+  const ncclResult_t res = run_allreduces(calls);
+  if (res != ncclSuccess && res != ncclInProgress) return fail(res);
+  return end == ncclInProgress ? ncclInProgress : res;
 }

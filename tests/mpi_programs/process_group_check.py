@@ -16,8 +16,10 @@ QNCCL_BITS=4 and QNCCL_MIN_BYTES=16K set by the test:
   communicator until the end and fails on any error;
 - runs 4 steps of coalesced in-place ncclAvg buckets (ncclGroupStart, five
   allreduces of float32/float16/bfloat16, three above QNCCL_MIN_BYTES and two
-  below, ncclGroupEnd, then polling to ncclSuccess), and a float32 PreMulSum
-  average (ncclRedOpCreatePreMulSum by 1/N), on the parent and the child;
+  below, ncclGroupEnd, then polling to ncclSuccess) on the parent and the
+  child, a fifth step with the buckets of both in one group (the parent's
+  first on even ranks, the child's first on odd ones), and a float32
+  PreMulSum average (ncclRedOpCreatePreMulSum by 1/N) on each;
 - aborts the child from the watchdog thread while the parent keeps working
   (2 more steps), then ncclCommFinalize (polled) and ncclCommDestroy.
 
@@ -139,19 +141,24 @@ class Watchdog(threading.Thread):
                 fail(f"ncclCommAbort of {name} answered {result[0]}")
 
 
-def coalesced_step(comm, label, step, outdir):
-    buffers = [values(name, dtype, count, step, RANK) for name, dtype, count in BUCKETS]
+def coalesced_step(comms, step, outdir):
+    """One group of every bucket on each of `comms` ({label: comm}, issued in
+    that order), then polled to readiness."""
+    buffers = {label: [values(name, dtype, count, step, RANK) for name, dtype, count in BUCKETS]
+               for label in comms}
     if lib.ncclGroupStart() != SUCCESS:
         COMM.Abort(1)
-    for (name, dtype, count), x in zip(BUCKETS, buffers):
-        code = lib.ncclAllReduce(ffi.from_buffer(x), ffi.from_buffer(x), count, TYPES[dtype][0],
-                                 lib.ncclAvg, comm, ffi.NULL)
-        if code != SUCCESS:
-            fail(f"grouped ncclAllReduce {name}: {code}")
+    for label, comm in comms.items():
+        for (name, dtype, count), x in zip(BUCKETS, buffers[label]):
+            code = lib.ncclAllReduce(ffi.from_buffer(x), ffi.from_buffer(x), count,
+                                     TYPES[dtype][0], lib.ncclAvg, comm, ffi.NULL)
+            if code != SUCCESS:
+                fail(f"grouped ncclAllReduce {label} {name}: {code}")
     answered(lib.ncclGroupEnd(), "ncclGroupEnd")
-    wait_ready(comm, f"{label} step {step}")
-    for (name, _, _), x in zip(BUCKETS, buffers):
-        x.tofile(outdir / f"{label}.s{step}.{name}.r{RANK}.bin")
+    for label, comm in comms.items():
+        wait_ready(comm, f"{label} step {step}")
+        for (name, _, _), x in zip(BUCKETS, buffers[label]):
+            x.tofile(outdir / f"{label}.s{step}.{name}.r{RANK}.bin")
 
 
 def premul_average(comm, label, nranks, outdir):
@@ -181,13 +188,17 @@ def process_group(mode, outdir):
     watchdog.comms.update(parent=parent, child=child[0])
     watchdog.start()
     for step in range(4):
-        coalesced_step(parent, "parent", step, outdir)
-        coalesced_step(child[0], "child", step, outdir)
+        coalesced_step({"parent": parent}, step, outdir)
+        coalesced_step({"child": child[0]}, step, outdir)
+    # One group over both communicators, issued in another order on odd ranks:
+    # run communicator after communicator, it would deadlock.
+    both = {"parent": parent, "child": child[0]}
+    coalesced_step(both if RANK % 2 == 0 else dict(reversed(both.items())), 4, outdir)
     premul_average(parent, "parent", NRANKS, outdir)
     premul_average(child[0], "child", NRANKS, outdir)
     watchdog.abort("child")  # the parent keeps working
-    for step in range(4, 6):
-        coalesced_step(parent, "parent", step, outdir)
+    for step in range(5, 7):
+        coalesced_step({"parent": parent}, step, outdir)
     watchdog.stop.set()
     watchdog.join()
     answered(nccl.ncclCommFinalize(parent), "ncclCommFinalize")

@@ -1,0 +1,122 @@
+/* run_allreduces: a group's deferred quantized calls, those of different
+ * communicators in lock-step (engine/lockstep.h). */
+#include "engine/lockstep.h"
+
+#include <map>
+#include <memory>
+#include <string>
+#include <system_error>
+#include <thread>
+
+#include "common/error.h"
+#include "engine/comm_state.h"
+
+namespace qnccl {
+
+ncclResult_t Lockstep::exchange(const Segment& s, const Transfer* sends, int nsends,
+                                const Transfer* recvs, int nrecvs) {
+  Post post(&s, sends, nsends, recvs, nrecvs);
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    const uint64_t round = round_;
+    posted_.push_back(&post);
+    changed_.notify_all();
+    changed_.wait(lock, [&] { return round_ != round; });
+  }
+  if (post.result == ncclSuccess) return ncclSuccess;
+  return set_error(post.result, "%s", post.message.c_str());  // into this thread's last error
+}
+
+void Lockstep::finished() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  running_--;
+  changed_.notify_all();
+}
+
+void Lockstep::drive() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  for (;;) {
+    changed_.wait(lock, [&] { return posted_.size() == running_; });
+    if (running_ == 0) return;
+    std::vector<Post*> round;
+    round.swap(posted_);
+    lock.unlock();
+    transfer(round.data(), round.size());
+    lock.lock();
+    round_++;
+    changed_.notify_all();
+  }
+}
+
+namespace {
+
+/* The calls of one communicator, in issue order, and how they ended. */
+struct Sequence {
+  std::vector<const AllReduceCall*> calls;
+  ncclResult_t result = ncclSuccess;
+  bool in_progress = false;
+  size_t failed_at = 0;  // issue index of the failed call
+  std::string message;
+};
+
+/* Runs `seq` (on `lockstep` unless it is null); stops at its first failure. */
+void run_sequence(Sequence& seq, const std::vector<AllReduceCall>& all, Lockstep* lockstep) {
+  for (const AllReduceCall* c : seq.calls) {
+    std::shared_ptr<CommState> state;
+    ncclResult_t res = comm_state(c->comm, nullptr, &state);
+    if (res == ncclSuccess)
+      res = run_allreduce(c->sendbuff, c->recvbuff, c->count, c->type, c->op, c->config, c->comm,
+                          c->stream, *state, lockstep);
+    if (res == ncclInProgress) {
+      seq.in_progress = true;
+    } else if (res != ncclSuccess) {
+      seq.result = res;
+      seq.failed_at = (size_t)(c - all.data());
+      seq.message = last_error();
+      break;
+    }
+  }
+  if (lockstep != nullptr) lockstep->finished();
+}
+
+}  // namespace
+
+ncclResult_t run_allreduces(const std::vector<AllReduceCall>& calls) {
+  std::vector<Sequence> seqs;
+  std::map<ncclComm_t, size_t> of_comm;
+  for (const AllReduceCall& c : calls) {
+    auto it = of_comm.emplace(c.comm, seqs.size()).first;
+    if (it->second == seqs.size()) seqs.emplace_back();
+    seqs[it->second].calls.push_back(&c);
+  }
+  if (seqs.size() == 1) {
+    run_sequence(seqs[0], calls, nullptr);
+  } else {
+    Lockstep lockstep(seqs.size());
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < seqs.size(); i++) {
+      try {
+        threads.emplace_back(run_sequence, std::ref(seqs[i]), std::cref(calls), &lockstep);
+      } catch (const std::system_error& e) {
+        seqs[i].result = ncclSystemError;
+        seqs[i].failed_at = (size_t)(seqs[i].calls[0] - calls.data());
+        seqs[i].message = std::string("quantized allreduce: could not start a thread for the "
+                                      "group's calls on another communicator: ") + e.what();
+        lockstep.finished();
+      }
+    }
+    lockstep.drive();
+    for (std::thread& t : threads) t.join();
+  }
+  const Sequence* failed = nullptr;
+  bool in_progress = false;
+  for (const Sequence& s : seqs) {
+    in_progress = in_progress || s.in_progress;
+    if (s.result != ncclSuccess && (failed == nullptr || s.failed_at < failed->failed_at))
+      failed = &s;
+  }
+  if (failed != nullptr) return set_error(failed->result, "%s", failed->message.c_str());
+  return in_progress ? ncclInProgress : ncclSuccess;
+}
+
+}  // namespace qnccl
