@@ -1,10 +1,12 @@
 # QNCCL build.
 #   make          libqnccl.so (+ CUDA kernels when nvcc is found), cffi header, perf binaries
 #   make setup    install what building and testing need (idempotent)
-#   make test     setup + build + the test suite
+#   make test     setup + build + the test suite + make sanitize
 #   make bench    setup + build + the benchmark
 #   make accuracy setup + build + the training-accuracy benchmark
-# Knobs: CXX, NVCC (empty: no CUDA), CUDA_HOME, NVCC_GENCODE, NCCL_INCLUDE, BUILD, PYTHON, JOBS.
+#   make sanitize setup + ThreadSanitizer and AddressSanitizer/UBSan builds + the tests of each
+# Knobs: CXX, NVCC (empty: no CUDA), CUDA_HOME, NVCC_GENCODE, NCCL_INCLUDE, BUILD, PYTHON, JOBS,
+#        SANITIZE (e.g. thread, or address,undefined: an instrumented build, CPU only).
 
 BUILD   ?= build
 CXX     ?= g++
@@ -26,12 +28,18 @@ CXXFLAGS += -std=c++17 -fPIC -ffp-contract=off -fno-fast-math -fno-trapping-math
 NVCCFLAGS ?= -O3
 NVCCFLAGS += -std=c++17 -fmad=false -prec-div=true -ftz=false -Xcompiler -fPIC,-fvisibility=hidden \
              -Werror all-warnings -Isrc/include -Isrc $(NVCC_GENCODE)
+ifneq ($(strip $(SANITIZE)),)
+  NVCC :=
+  CXXFLAGS += -fsanitize=$(SANITIZE) -fno-sanitize-recover=all -fno-omit-frame-pointer
+  SAN_LDFLAGS := -fsanitize=$(SANITIZE)
+endif
 # -Bsymbolic-functions: calls between our own exported functions stay inside
 # the library even when another one (the interposer) exports the same names.
-LDFLAGS += -shared -Wl,--no-undefined -Wl,-soname,libqnccl.so -Wl,-Bsymbolic-functions
+LDFLAGS += $(SAN_LDFLAGS) -shared -Wl,--no-undefined -Wl,-soname,libqnccl.so -Wl,-Bsymbolic-functions
 
 LIB_SRCS := src/common/error.cc src/common/env.cc src/codec/host_isa.cc src/codec/codec_api.cc \
-            $(wildcard src/engine/*.cc) $(wildcard src/shim/*.cc) $(wildcard src/config/*.cc)
+            $(wildcard src/engine/*.cc) $(wildcard src/shim/*.cc) $(wildcard src/config/*.cc) \
+            $(wildcard src/api/*.cc)
 # The host backend: the NCCL API for host memory over MPI (its own libnccl.so.2).
 MPICXX  ?= mpicxx
 HOST_SRCS := $(wildcard src/host_backend/*.cc)
@@ -74,7 +82,7 @@ PERF_CXXFLAGS = $(filter-out -fvisibility=hidden,$(CXXFLAGS)) -Iperf -I$(NCCL_IN
                 -DOMPI_SKIP_MPICXX -DMPICH_SKIP_MPICXX
 GPU_TESTS := $(if $(strip $(NVCC)),$(BUILD)/bin/codec_gpu_test $(BUILD)/bin/allreduce_gpu_test)
 
-.PHONY: all setup test bench accuracy clean
+.PHONY: all setup test bench accuracy sanitize clean
 all: $(LIB) $(HOST_LIB) $(CDEF) $(PERF_BINS) $(GPU_TESTS)
 
 # Objects depend on the compilers and flags they were built with: a build
@@ -107,7 +115,7 @@ $(BUILD)/obj/host/%.o: src/host_backend/%.cc $(HEADERS) $(FLAGS_STAMP)
 $(HOST_LIB): $(HOST_SRCS:src/host_backend/%.cc=$(BUILD)/obj/host/%.o) $(BUILD)/obj/src/common/error.o \
              $(BUILD)/obj/src/common/env.o src/host_backend/exports.map
 	@mkdir -p $(dir $@)
-	$(MPICXX) -shared -Wl,--no-undefined -Wl,-soname,libnccl.so.2 -Wl,-Bsymbolic-functions \
+	$(MPICXX) $(SAN_LDFLAGS) -shared -Wl,--no-undefined -Wl,-soname,libnccl.so.2 -Wl,-Bsymbolic-functions \
 	  -Wl,--version-script=src/host_backend/exports.map -o $@ $(filter %.o,$^)
 	ln -sf libnccl.so.2 $(BUILD)/host/libnccl.so
 
@@ -154,6 +162,7 @@ JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 test: setup
 	@$(MAKE) --no-print-directory -j$(JOBS) all
 	$(PYTHON) -m pytest tests
+	@$(MAKE) --no-print-directory sanitize
 
 bench: setup
 	@$(MAKE) --no-print-directory -j$(JOBS) all
@@ -163,6 +172,16 @@ bench: setup
 accuracy: setup
 	@$(MAKE) --no-print-directory -j$(JOBS) all
 	$(PYTHON) perf/accuracy_bench.py
+
+# The concurrency tests under ThreadSanitizer, the interposer's under
+# AddressSanitizer + UBSan (scripts/sanitize.sh; docs/host-backend.md).
+SAN_TARGETS = lib/libqnccl.so host/libnccl.so.2 include/qnccl_cdef.h
+sanitize: setup
+	@$(MAKE) --no-print-directory -j$(JOBS) BUILD=build/tsan SANITIZE=thread \
+	  $(SAN_TARGETS:%=build/tsan/%)
+	@$(MAKE) --no-print-directory -j$(JOBS) BUILD=build/asan SANITIZE=address,undefined \
+	  $(SAN_TARGETS:%=build/asan/%)
+	@bash scripts/sanitize.sh
 
 clean:
 	rm -rf $(BUILD)

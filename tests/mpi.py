@@ -17,7 +17,12 @@ import pytest
 from qnccl import bench
 
 REPO = Path(__file__).resolve().parents[1]
-HOST_NCCL = REPO / "build" / "host" / "libnccl.so.2"
+# The build the tests run against, and what every rank preloads first: `make
+# sanitize` (scripts/sanitize.sh) points them at a sanitized build and its
+# sanitizer runtime; by default `make`'s build, nothing preloaded.
+BUILD = Path(os.environ.get("QNCCL_TEST_BUILD") or REPO / "build")
+RANK_PRELOAD = os.environ.get("QNCCL_TEST_RANK_PRELOAD", "")
+HOST_NCCL = BUILD / "host" / "libnccl.so.2"
 
 # Open MPI as root in a container, more ranks than cores, no busy waiting,
 # shared memory between the ranks of this machine.
@@ -37,8 +42,11 @@ def run(nprocs, argv, timeout, env=None, check=True):
     A job that outlives `timeout` seconds is killed with its whole process
     group and the test fails saying so. With `check`, a non-zero exit fails
     the test with the job's output."""
-    cmd = [mpirun(), "-np", str(nprocs), *argv]
+    preload = ["-x", f"LD_PRELOAD={RANK_PRELOAD}"] if RANK_PRELOAD else []
+    cmd = [mpirun(), "-np", str(nprocs), *preload, *argv]
     job_env = dict(os.environ, **MPI_ENV, **(env or {}))
+    if RANK_PRELOAD:  # the ranks preload it (-x), mpirun itself does not
+        job_env.pop("LD_PRELOAD", None)
     proc = subprocess.Popen(cmd, env=job_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
     try:

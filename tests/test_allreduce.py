@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 import mpi
-from mpi import HOST_NCCL, REPO
+from mpi import BUILD, HOST_NCCL, REPO
 
 PROGRAM = Path(__file__).resolve().parent / "mpi_programs" / "allreduce_check.py"
-LIBQNCCL = REPO / "build" / "lib" / "libqnccl.so"
+LIBQNCCL = BUILD / "lib" / "libqnccl.so"
 
 
 def _missing_build():

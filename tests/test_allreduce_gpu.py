@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 
 from conftest import run_gpu_binary
+from mpi import BUILD
 
 REPO = Path(__file__).resolve().parents[1]
-BINARY = REPO / "build" / "bin" / "allreduce_gpu_test"
+BINARY = BUILD / "bin" / "allreduce_gpu_test"
 CAPTURE_WARNING = "during CUDA graph capture"
 
 
@@ -24,7 +25,7 @@ def nvidia_nccl():
     """Path (or soname) of NVIDIA's libnccl.so.2: QNCCL_NCCL_LIB, the
     nvidia-nccl-cu* wheel's copy, or one the dynamic linker knows; None if
     there is none. QNCCL's host backend (build/host) never counts."""
-    host_backend = REPO / "build" / "host"
+    host_backend = BUILD / "host"
     candidates = [os.environ.get("QNCCL_NCCL_LIB")]
     candidates += [str(Path(p) / "nvidia" / "nccl" / "lib" / "libnccl.so.2") for p in sys.path]
     for candidate in candidates:

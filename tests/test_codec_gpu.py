@@ -1,13 +1,12 @@
 """The CUDA codec against the host codec, byte for byte, through the public
 API: runs tests/gpu/codec_gpu_test.cc (built by `make` when nvcc is found as
 build/bin/codec_gpu_test) on a CUDA device."""
-from pathlib import Path
-
 import pytest
 
 from conftest import run_gpu_binary
+from mpi import BUILD
 
-BINARY = Path(__file__).resolve().parents[1] / "build" / "bin" / "codec_gpu_test"
+BINARY = BUILD / "bin" / "codec_gpu_test"
 
 
 @pytest.mark.gpu

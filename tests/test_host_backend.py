@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 import mpi
-from mpi import HOST_NCCL, REPO
+from mpi import BUILD, HOST_NCCL, REPO
 
 PROGRAMS = Path(__file__).resolve().parent / "mpi_programs"
-CDEF = REPO / "build" / "include" / "qnccl_cdef.h"
+CDEF = BUILD / "include" / "qnccl_cdef.h"
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -55,6 +55,19 @@ int is_device_pointer(const void* ptr);
 const char* device_error_string(int err);
 #endif
 
+/* Behind the C API (src/api/api.cc); `fn` names the entry point in
+ * messages. codec_dequantize is qncclDequantize, or with `accumulate`
+ * qncclDequantizeAccumulate. */
+ncclResult_t codec_compressed_size(const char* fn, size_t count, const qncclCodecConfig_t* config,
+                                   size_t* bytes);
+ncclResult_t codec_quantize(const char* fn, const void* src, size_t count, ncclDataType_t datatype,
+                            const qncclCodecConfig_t* config, uint64_t randomStream, void* dst,
+                            size_t dstBytes, cudaStream_t stream);
+ncclResult_t codec_dequantize(const char* fn, const void* src, size_t srcBytes, size_t count,
+                              const qncclCodecConfig_t* config, void* dst, ncclDataType_t datatype,
+                              cudaStream_t stream, bool accumulate);
+ncclResult_t host_codec_isa(const char* fn, const char** isa);
+
 }  // namespace qnccl
 
 #endif

@@ -1,12 +1,11 @@
-/* Public codec entry points: validate every argument, then run the host or
- * the CUDA implementation according to where the buffers live. */
+/* The codec behind the C API (src/api/api.cc): validate every argument,
+ * then run the host or the CUDA implementation according to where the
+ * buffers live. */
 #include <stdint.h>
 
 #include "codec/codec.h"
 #include "codec/codec_math.h"
 #include "common/error.h"
-
-using namespace qnccl;
 
 namespace qnccl {
 
@@ -34,8 +33,6 @@ ncclResult_t check_codec_type(const char* fn, const char* arg, ncclDataType_t ty
                    fn, arg, (int)type, type_name(type), (int)ncclFloat32, (int)ncclFloat16,
                    (int)ncclBfloat16);
 }
-
-}  // namespace qnccl
 
 namespace {
 
@@ -99,9 +96,46 @@ ncclResult_t cuda_result(const char* fn, int err) {
 }
 #endif
 
-ncclResult_t dequantize_common(const char* fn, const void* src, size_t srcBytes, size_t count,
-                               const qncclCodecConfig_t* config, void* dst,
-                               ncclDataType_t datatype, cudaStream_t stream, bool accumulate) {
+
+}  // namespace
+
+ncclResult_t codec_compressed_size(const char* fn, size_t count, const qncclCodecConfig_t* config,
+                                   size_t* bytes) {
+  QNCCL_CHECK(check_codec_config(fn, config));
+  QNCCL_CHECK(check_count(fn, count));
+  if (bytes == nullptr) return set_error(ncclInvalidArgument, "%s: bytes is NULL; pass a size_t*", fn);
+  *bytes = compressed_bytes(count, config->bits, config->bucketSize);
+  return ncclSuccess;
+}
+
+ncclResult_t codec_quantize(const char* fn, const void* src, size_t count, ncclDataType_t datatype,
+                            const qncclCodecConfig_t* config, uint64_t randomStream, void* dst,
+                            size_t dstBytes, cudaStream_t stream) {
+  QNCCL_CHECK(check_codec_config(fn, config));
+  QNCCL_CHECK(check_codec_type(fn, "datatype", datatype));
+  QNCCL_CHECK(check_count(fn, count));
+  if (count == 0) return ncclSuccess;
+  QNCCL_CHECK(check_buffer(fn, "src", src, count));
+  QNCCL_CHECK(check_buffer(fn, "dst", dst, count));
+  QNCCL_CHECK(check_bytes(fn, "dstBytes", dstBytes, count, config));
+  QNCCL_CHECK(check_disjoint(fn, dst, dstBytes, src, count * float_type_size(datatype)));
+  CodecParams p = params_of(config, randomStream);
+#ifdef QNCCL_WITH_CUDA
+  bool on_device = false;
+  QNCCL_CHECK(locate(fn, src, dst, &on_device));
+  if (on_device) return cuda_result(fn, device_quantize(src, count, datatype, p, dst, stream));
+#else
+  (void)stream;
+#endif
+  const HostCodec* host;
+  QNCCL_CHECK(host_codec(&host));
+  host->quantize(src, count, datatype, p, dst);
+  return ncclSuccess;
+}
+
+ncclResult_t codec_dequantize(const char* fn, const void* src, size_t srcBytes, size_t count,
+                              const qncclCodecConfig_t* config, void* dst, ncclDataType_t datatype,
+                              cudaStream_t stream, bool accumulate) {
   QNCCL_CHECK(check_codec_config(fn, config));
   QNCCL_CHECK(check_codec_type(fn, "datatype", datatype));
   QNCCL_CHECK(check_count(fn, count));
@@ -125,83 +159,13 @@ ncclResult_t dequantize_common(const char* fn, const void* src, size_t srcBytes,
   return ncclSuccess;
 }
 
-}  // namespace
-
-QNCCL_EXPORT const char* qncclGetLastError(void) { return last_error(); }
-
-QNCCL_EXPORT ncclResult_t qncclGetVersion(int* version) {
-  if (version == nullptr)
-    return set_error(ncclInvalidArgument, "qncclGetVersion: version is NULL; pass an int*");
-  *version = QNCCL_VERSION_CODE;
-  return ncclSuccess;
-}
-
-QNCCL_EXPORT ncclResult_t qncclCudaCompiled(int* compiled) {
-  if (compiled == nullptr)
-    return set_error(ncclInvalidArgument, "qncclCudaCompiled: compiled is NULL; pass an int*");
-#ifdef QNCCL_WITH_CUDA
-  *compiled = 1;
-#else
-  *compiled = 0;
-#endif
-  return ncclSuccess;
-}
-
-QNCCL_EXPORT ncclResult_t qncclHostCodecIsa(const char** isa) {
+ncclResult_t host_codec_isa(const char* fn, const char** isa) {
   if (isa == nullptr)
-    return set_error(ncclInvalidArgument, "qncclHostCodecIsa: isa is NULL; pass a const char**");
+    return set_error(ncclInvalidArgument, "%s: isa is NULL; pass a const char**", fn);
   const HostCodec* host;
   QNCCL_CHECK(host_codec(&host));
   *isa = host->isa;
   return ncclSuccess;
 }
 
-QNCCL_EXPORT ncclResult_t qncclCompressedSize(size_t count, const qncclCodecConfig_t* config,
-                                              size_t* bytes) {
-  const char* fn = "qncclCompressedSize";
-  QNCCL_CHECK(check_codec_config(fn, config));
-  QNCCL_CHECK(check_count(fn, count));
-  if (bytes == nullptr) return set_error(ncclInvalidArgument, "%s: bytes is NULL; pass a size_t*", fn);
-  *bytes = compressed_bytes(count, config->bits, config->bucketSize);
-  return ncclSuccess;
-}
-
-QNCCL_EXPORT ncclResult_t qncclQuantize(const void* src, size_t count, ncclDataType_t datatype,
-                                        const qncclCodecConfig_t* config, uint64_t randomStream,
-                                        void* dst, size_t dstBytes, cudaStream_t stream) {
-  const char* fn = "qncclQuantize";
-  QNCCL_CHECK(check_codec_config(fn, config));
-  QNCCL_CHECK(check_codec_type(fn, "datatype", datatype));
-  QNCCL_CHECK(check_count(fn, count));
-  if (count == 0) return ncclSuccess;
-  QNCCL_CHECK(check_buffer(fn, "src", src, count));
-  QNCCL_CHECK(check_buffer(fn, "dst", dst, count));
-  QNCCL_CHECK(check_bytes(fn, "dstBytes", dstBytes, count, config));
-  QNCCL_CHECK(check_disjoint(fn, dst, dstBytes, src, count * float_type_size(datatype)));
-  CodecParams p = params_of(config, randomStream);
-#ifdef QNCCL_WITH_CUDA
-  bool on_device = false;
-  QNCCL_CHECK(locate(fn, src, dst, &on_device));
-  if (on_device) return cuda_result(fn, device_quantize(src, count, datatype, p, dst, stream));
-#else
-  (void)stream;
-#endif
-  const HostCodec* host;
-  QNCCL_CHECK(host_codec(&host));
-  host->quantize(src, count, datatype, p, dst);
-  return ncclSuccess;
-}
-
-QNCCL_EXPORT ncclResult_t qncclDequantize(const void* src, size_t srcBytes, size_t count,
-                                          const qncclCodecConfig_t* config, void* dst,
-                                          ncclDataType_t datatype, cudaStream_t stream) {
-  return dequantize_common("qncclDequantize", src, srcBytes, count, config, dst, datatype, stream,
-                           false);
-}
-
-QNCCL_EXPORT ncclResult_t qncclDequantizeAccumulate(const void* src, size_t srcBytes, size_t count,
-                                                    const qncclCodecConfig_t* config, void* acc,
-                                                    ncclDataType_t datatype, cudaStream_t stream) {
-  return dequantize_common("qncclDequantizeAccumulate", src, srcBytes, count, config, acc,
-                           datatype, stream, true);
-}
+}  // namespace qnccl

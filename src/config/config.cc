@@ -129,10 +129,3 @@ const char* algo_name(qncclAlgo_t algo) {
 }
 
 }  // namespace qnccl
-
-QNCCL_EXPORT ncclResult_t qncclConfigFromEnv(qncclEnvConfig_t* config) {
-  if (config == nullptr)
-    return qnccl::set_error(ncclInvalidArgument,
-                            "qncclConfigFromEnv: config is NULL; pass a qncclEnvConfig_t*");
-  return qnccl::config_from_env(config);
-}

@@ -10,7 +10,7 @@
 #include "common/error.h"
 #include "engine/comm_state.h"
 #include "engine/engine.h"
-#include "shim/shim.h"
+#include "engine/report.h"
 
 namespace qnccl {
 namespace {
@@ -288,25 +288,19 @@ ncclResult_t run_allreduce(const void* sendbuff, void* recvbuff, size_t count,
   return res;
 }
 
-}  // namespace qnccl
-
-using namespace qnccl;
-
-QNCCL_EXPORT ncclResult_t qncclAutoAlgo(size_t count, ncclDataType_t datatype, int nranks,
-                                        qncclAlgo_t* algo) {
-  QNCCL_CHECK(check_codec_type("qncclAutoAlgo", "datatype", datatype));
-  if (nranks < 1)
-    return set_error(ncclInvalidArgument, "qncclAutoAlgo: nranks = %d; allowed: >= 1", nranks);
+ncclResult_t choose_algo(const char* fn, size_t count, ncclDataType_t datatype, int nranks,
+                         qncclAlgo_t* algo) {
+  QNCCL_CHECK(check_codec_type(fn, "datatype", datatype));
+  if (nranks < 1) return set_error(ncclInvalidArgument, "%s: nranks = %d; allowed: >= 1", fn, nranks);
   if (algo == nullptr)
-    return set_error(ncclInvalidArgument, "qncclAutoAlgo: algo is NULL; pass a qncclAlgo_t*");
+    return set_error(ncclInvalidArgument, "%s: algo is NULL; pass a qncclAlgo_t*", fn);
   *algo = auto_algo(count, datatype, nranks);
   return ncclSuccess;
 }
 
-QNCCL_EXPORT ncclResult_t qncclAllReduceWorkspaceSize(size_t count, ncclDataType_t datatype,
-                                                      const qncclAllReduceConfig_t* config,
-                                                      int nranks, size_t* bytes) {
-  const char* fn = "qncclAllReduceWorkspaceSize";
+ncclResult_t allreduce_workspace_size(const char* fn, size_t count, ncclDataType_t datatype,
+                                      const qncclAllReduceConfig_t* config, int nranks,
+                                      size_t* bytes) {
   // The op does not change the workspace: check the rest as a sum would be.
   QNCCL_CHECK(check_allreduce_config(fn, count, datatype, ncclSum, config));
   if (nranks < 1) return set_error(ncclInvalidArgument, "%s: nranks = %d; allowed: >= 1", fn, nranks);
@@ -316,23 +310,23 @@ QNCCL_EXPORT ncclResult_t qncclAllReduceWorkspaceSize(size_t count, ncclDataType
   return ncclSuccess;
 }
 
-QNCCL_EXPORT ncclResult_t qncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
-                                         ncclDataType_t datatype, ncclRedOp_t op,
-                                         const qncclAllReduceConfig_t* config, ncclComm_t comm,
-                                         cudaStream_t stream) {
-  QNCCL_CHECK(check_allreduce("qncclAllReduce", sendbuff, recvbuff, count, datatype, op, config,
-                              comm));
+ncclResult_t allreduce(const char* fn, const void* sendbuff, void* recvbuff, size_t count,
+                       ncclDataType_t datatype, ncclRedOp_t op,
+                       const qncclAllReduceConfig_t* config, ncclComm_t comm,
+                       cudaStream_t stream) {
+  QNCCL_CHECK(check_allreduce(fn, sendbuff, recvbuff, count, datatype, op, config, comm));
   std::shared_ptr<CommState> state;
   QNCCL_CHECK(comm_state(comm, nullptr, &state));
   return run_allreduce(sendbuff, recvbuff, count, datatype, op, *config, comm, stream, *state);
 }
 
-QNCCL_EXPORT ncclResult_t qncclCommGetStats(ncclComm_t comm, qncclStats_t* stats) {
+ncclResult_t get_stats(const char* fn, ncclComm_t comm, qncclStats_t* stats) {
   if (comm == nullptr || stats == nullptr)
-    return set_error(ncclInvalidArgument, "qncclCommGetStats: %s is NULL",
-                     comm == nullptr ? "comm" : "stats");
+    return set_error(ncclInvalidArgument, "%s: %s is NULL", fn, comm == nullptr ? "comm" : "stats");
   std::shared_ptr<CommState> state;
   QNCCL_CHECK(comm_state(comm, nullptr, &state));
   *stats = comm_stats(*state);
   return ncclSuccess;
 }
+
+}  // namespace qnccl

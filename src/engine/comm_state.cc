@@ -1,22 +1,18 @@
 #include "engine/comm_state.h"
 
 #include <memory>
-#include <mutex>
+#include <vector>
 
 #include "common/error.h"
+#include "common/registry.h"
 #include "config/config.h"
 #include "engine/compute.h"
 
 namespace qnccl {
 namespace {
 
-struct Registry {
-  std::mutex mutex;
-  std::unordered_map<ncclComm_t, std::shared_ptr<CommState>> comms;
-};
-
-Registry& registry() {
-  static Registry r;
+CommRegistry<CommState>& registry() {
+  static CommRegistry<CommState> r;
   return r;
 }
 
@@ -24,55 +20,44 @@ Registry& registry() {
 
 ncclResult_t comm_state(ncclComm_t comm, const qncclEnvConfig_t* config,
                         std::shared_ptr<CommState>* state) {
-  Registry& r = registry();
-  std::lock_guard<std::mutex> lock(r.mutex);
-  std::shared_ptr<CommState>& slot = r.comms[comm];
-  if (!slot) {
-    qncclEnvConfig_t c;
-    if (config != nullptr) {
-      c = *config;
-    } else if (ncclResult_t res = config_from_env(&c); res != ncclSuccess) {
-      r.comms.erase(comm);
-      return res;
-    }
-    slot.reset(new CommState());
-    slot->config = c;
-  }
-  *state = slot;
-  return ncclSuccess;
+  return registry().get(
+      comm,
+      [config](CommState& made) {
+        qncclEnvConfig_t c;
+        if (config != nullptr) {
+          c = *config;
+        } else if (ncclResult_t res = config_from_env(&c); res != ncclSuccess) {
+          return res;
+        }
+        made.debug = c.debug;
+        return ncclSuccess;
+      },
+      state);
 }
 
 qncclStats_t comm_stats(const CommState& state) {
-  qncclStats_t stats = state.stats;
-  stats.residualBuffers = state.residuals.size();
-  for (const auto& entry : state.residuals) stats.residualBytes += entry.second->bytes();
-  return stats;
+  const CommState::Counters& c = state.stats;
+  return qncclStats_t{c.callsCompressed,  c.callsPassedThrough, c.bytesIn,
+                      c.bytesOnWire,      c.residualBuffers,    c.residualBytes};
+}
+
+void clear_residuals(CommState& state) {
+  state.residuals.clear();
+  state.stats.residualBuffers = 0;
+  state.stats.residualBytes = 0;
 }
 
 void reset_all_error_feedback() {
-  std::vector<ResidualStore> dropped;  // freed after the lock: cudaFree waits for the device
-  Registry& r = registry();
-  std::lock_guard<std::mutex> lock(r.mutex);
-  for (auto& entry : r.comms) dropped.push_back(std::move(entry.second->residuals));
-  for (auto& entry : r.comms) entry.second->residuals.clear();
+  std::vector<ResidualStore> dropped;  // freed after the registry's lock: cudaFree waits
+  registry().for_each([&](CommState& s) {
+    dropped.push_back(std::move(s.residuals));
+    clear_residuals(s);
+  });
 }
 
-std::shared_ptr<CommState> existing_comm_state(ncclComm_t comm) {
-  Registry& r = registry();
-  std::lock_guard<std::mutex> lock(r.mutex);
-  auto it = r.comms.find(comm);
-  return it == r.comms.end() ? nullptr : it->second;
-}
+std::shared_ptr<CommState> existing_comm_state(ncclComm_t comm) { return registry().find(comm); }
 
-void forget_comm(ncclComm_t comm) {
-  std::shared_ptr<CommState> state;  // the last reference may go here: outside the lock
-  Registry& r = registry();
-  std::lock_guard<std::mutex> lock(r.mutex);
-  auto it = r.comms.find(comm);
-  if (it == r.comms.end()) return;
-  state = std::move(it->second);
-  r.comms.erase(it);
-}
+void forget_comm(ncclComm_t comm) { registry().take(comm); }
 
 CommState::~CommState() {
 #ifdef QNCCL_WITH_CUDA

@@ -1,7 +1,8 @@
-/* What QNCCL keeps per communicator: its configuration (read from the
- * environment when it was created, or at its first call), its call count,
- * statistics and quantized ops. Created on first use, dropped by
- * ncclCommDestroy/ncclCommAbort (exported by libqnccl.so). */
+/* What the engine keeps per communicator: its call count, statistics,
+ * device workspace, error-feedback residuals, and its abort and failure
+ * flags. Created on first use, dropped by ncclCommDestroy/ncclCommAbort
+ * (exported by libqnccl.so). What only the interposer needs (the QNCCL_*
+ * configuration, eligibility counters, quantized ops) is in shim/shim.h. */
 #ifndef QNCCL_ENGINE_COMM_STATE_H_
 #define QNCCL_ENGINE_COMM_STATE_H_
 
@@ -11,10 +12,8 @@
 #include <map>
 #include <mutex>
 #include <memory>
-#include <set>
 #include <string>
 #include <tuple>
-#include <unordered_map>
 #include <vector>
 
 #include "qnccl.h"
@@ -73,7 +72,7 @@ using ResidualStore = std::map<ResidualKey, std::unique_ptr<Residual>>;
 
 struct CommState {
   ~CommState();
-  qncclEnvConfig_t config;
+  qncclDebugLevel_t debug = qncclDebugWarn;  // QNCCL_DEBUG when the state was made
   /* Set by ncclCommAbort (from any thread) before the real NCCL aborts the
    * communicator: a quantized call in flight stops at its next step, and
    * none starts; `api` is held around each call into the real NCCL, so the
@@ -86,22 +85,22 @@ struct CommState {
   std::atomic<ncclResult_t> failure{ncclSuccess};
   std::string failure_message;  // under `api`
   uint64_t calls = 0;            // compressed calls so far: the `call` of the random streams
-  uint64_t eligible_calls = 0;   // eligible calls so far (warm-up counts these)
-  qncclStats_t stats = {};
-  std::set<std::string> logged;  // call kinds already reported at QNCCL_DEBUG=INFO
-  std::unordered_map<int, qncclQuantizedOpConfig_t> ops;  // quantized ops by value
+  /* qncclStats_t's counters: updated by the calls, read from any thread
+   * (qncclCommGetStats, the report of an abort from PyTorch's watchdog). */
+  struct Counters {
+    std::atomic<uint64_t> callsCompressed{0}, callsPassedThrough{0}, bytesIn{0}, bytesOnWire{0},
+        residualBuffers{0}, residualBytes{0};
+  } stats;
   DeviceWorkspace device;        // calls on device buffers
   ResidualStore residuals;       // error feedback
   bool warned_residual_capture = false;  // the pass-through during capture was reported
   bool warned_feedback_ring = false;     // error feedback on a low-bit ring was reported
 };
 
-/* The state of `comm`, made on first use with `config` (nullptr: from the
- * environment; fails when the environment is bad). A shared reference: a
- * call holds it while it runs, so an abort or destroy from another thread
- * (PyTorch's watchdog) never frees the state under it. Like NCCL, one thread
- * at a time issues operations on a communicator; any thread may poll or
- * abort it. */
+/* The state of `comm`, made on first use with the debug level of `config`
+ * (nullptr: from the environment; fails when the environment is bad). A
+ * shared reference (common/registry.h). Like NCCL, one thread at a time
+ * issues operations on a communicator; any thread may poll or abort it. */
 ncclResult_t comm_state(ncclComm_t comm, const qncclEnvConfig_t* config,
                         std::shared_ptr<CommState>* state);
 
@@ -123,8 +122,17 @@ ncclResult_t residual_for_call(ncclComm_t comm, CommState& state, const void* se
                                size_t count, ncclDataType_t type, int device,
                                cudaStream_t stream, float** values);
 
+/* Frees the residuals of `state` (keeping the counters right). */
+void clear_residuals(CommState& state);
+
 /* Frees the residuals of every communicator (qncclResetErrorFeedback). */
 void reset_all_error_feedback();
+
+/* qncclCommResetErrorFeedback and qncclCommGetResidual; `fn` names the
+ * caller in messages. */
+ncclResult_t reset_error_feedback(const char* fn, ncclComm_t comm);
+ncclResult_t get_residual(const char* fn, ncclComm_t comm, const void* sendbuff, size_t count,
+                          ncclDataType_t datatype, float* residual);
 
 /* The statistics of `state`, its residuals' figures filled in. */
 qncclStats_t comm_stats(const CommState& state);

@@ -12,6 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <atomic>
 #include <string>
 #include <vector>
 
@@ -81,7 +82,7 @@ class Segment {
   bool average;
   int rank, nranks;
   uint64_t call;
-  uint64_t* wire_sent;  // bytes this rank has sent (statistics)
+  std::atomic<uint64_t>* wire_sent;  // bytes this rank has sent (statistics)
   // This segment.
   uint64_t index;
   const char* x;  // this rank's input values of the segment
@@ -264,6 +265,22 @@ struct AllReduceCall {
  * orders) never wait for one another. Answers ncclInProgress where the real
  * NCCL did; the first failure, in issue order, otherwise. */
 ncclResult_t run_allreduces(const std::vector<AllReduceCall>& calls);
+
+/* Behind the C API (src/api/api.cc); `fn` names the entry point in
+ * messages. */
+ncclResult_t choose_algo(const char* fn, size_t count, ncclDataType_t datatype, int nranks,
+                         qncclAlgo_t* algo);                          // qncclAutoAlgo
+ncclResult_t allreduce_workspace_size(const char* fn, size_t count, ncclDataType_t datatype,
+                                      const qncclAllReduceConfig_t* config, int nranks,
+                                      size_t* bytes);
+ncclResult_t allreduce(const char* fn, const void* sendbuff, void* recvbuff, size_t count,
+                       ncclDataType_t datatype, ncclRedOp_t op,
+                       const qncclAllReduceConfig_t* config, ncclComm_t comm,
+                       cudaStream_t stream);                          // qncclAllReduce
+ncclResult_t get_stats(const char* fn, ncclComm_t comm, qncclStats_t* stats);
+ncclResult_t allreduce_error_bound(const char* fn, size_t count, ncclDataType_t datatype,
+                                   ncclRedOp_t op, const qncclAllReduceConfig_t* config,
+                                   int nranks, double inputAbsMax, double* bound);
 
 }  // namespace qnccl
 

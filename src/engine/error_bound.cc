@@ -115,15 +115,10 @@ ncclResult_t check_bound_args(const char* fn, int nranks, double inputAbsMax, do
 }
 
 }  // namespace
-}  // namespace qnccl
 
-using namespace qnccl;
-
-QNCCL_EXPORT ncclResult_t qncclAllReduceErrorBound(size_t count, ncclDataType_t datatype,
-                                                   ncclRedOp_t op,
-                                                   const qncclAllReduceConfig_t* config,
-                                                   int nranks, double inputAbsMax, double* bound) {
-  const char* fn = "qncclAllReduceErrorBound";
+ncclResult_t allreduce_error_bound(const char* fn, size_t count, ncclDataType_t datatype,
+                                   ncclRedOp_t op, const qncclAllReduceConfig_t* config,
+                                   int nranks, double inputAbsMax, double* bound) {
   QNCCL_CHECK(check_allreduce_config(fn, count, datatype, op, config));
   QNCCL_CHECK(check_bound_args(fn, nranks, inputAbsMax, bound));
   if (config->errorFeedback)
@@ -137,3 +132,5 @@ QNCCL_EXPORT ncclResult_t qncclAllReduceErrorBound(size_t count, ncclDataType_t 
   *bound = error_bound(algo, datatype, op == ncclAvg, config->codec, nranks, inputAbsMax);
   return ncclSuccess;
 }
+
+}  // namespace qnccl

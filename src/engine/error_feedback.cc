@@ -7,7 +7,7 @@
 #include "common/error.h"
 #include "engine/comm_state.h"
 #include "engine/compute.h"
-#include "shim/shim.h"
+#include "engine/report.h"
 
 namespace qnccl {
 
@@ -61,19 +61,22 @@ ncclResult_t residual_for_call(ncclComm_t comm, CommState& state, const void* se
   std::unique_ptr<Residual> made;
   QNCCL_CHECK(Residual::make(count, device, stream, &made));
   *values = made->values();
-  state.residuals[ResidualKey{sendbuff, count, type}] = std::move(made);  // replaces a stale one
+  std::unique_ptr<Residual>& slot = state.residuals[ResidualKey{sendbuff, count, type}];
+  if (slot != nullptr) {  // a stale one, on another device
+    state.stats.residualBuffers--;
+    state.stats.residualBytes -= slot->bytes();
+  }
+  state.stats.residualBuffers++;
+  state.stats.residualBytes += made->bytes();
+  slot = std::move(made);
   const qncclStats_t stats = comm_stats(state);
-  info(comm, state,
+  info(comm, state.debug,
        ": error feedback: new residual for buffer %p (%zu values, %zu bytes of %s memory); "
        "%llu buffers, %llu bytes in all",
        sendbuff, count, count * sizeof(float), device < 0 ? "host" : "device",
        (unsigned long long)stats.residualBuffers, (unsigned long long)stats.residualBytes);
   return ncclSuccess;
 }
-
-}  // namespace qnccl
-
-using namespace qnccl;
 
 namespace {
 
@@ -85,22 +88,15 @@ ncclResult_t checked_comm_state(const char* fn, ncclComm_t comm,
 
 }  // namespace
 
-QNCCL_EXPORT ncclResult_t qncclCommResetErrorFeedback(ncclComm_t comm) {
+ncclResult_t reset_error_feedback(const char* fn, ncclComm_t comm) {
   std::shared_ptr<CommState> state;
-  QNCCL_CHECK(checked_comm_state("qncclCommResetErrorFeedback", comm, &state));
-  state->residuals.clear();
+  QNCCL_CHECK(checked_comm_state(fn, comm, &state));
+  clear_residuals(*state);
   return ncclSuccess;
 }
 
-QNCCL_EXPORT ncclResult_t qncclResetErrorFeedback(void) {
-  reset_all_error_feedback();
-  return ncclSuccess;
-}
-
-QNCCL_EXPORT ncclResult_t qncclCommGetResidual(ncclComm_t comm, const void* sendbuff,
-                                               size_t count, ncclDataType_t datatype,
-                                               float* residual) {
-  const char* fn = "qncclCommGetResidual";
+ncclResult_t get_residual(const char* fn, ncclComm_t comm, const void* sendbuff, size_t count,
+                          ncclDataType_t datatype, float* residual) {
   std::shared_ptr<CommState> state;
   QNCCL_CHECK(checked_comm_state(fn, comm, &state));
   if (residual == nullptr)
@@ -124,3 +120,5 @@ QNCCL_EXPORT ncclResult_t qncclCommGetResidual(ncclComm_t comm, const void* send
   return ncclInternalError;  // no device residuals without CUDA
 #endif
 }
+
+}  // namespace qnccl

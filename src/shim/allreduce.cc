@@ -12,7 +12,9 @@
 #include "common/error.h"
 #include "config/config.h"
 #include "engine/engine.h"
+#include "engine/comm_state.h"
 #include "engine/nccl_api.h"
+#include "engine/report.h"
 #include "shim/shim.h"
 
 using namespace qnccl;
@@ -28,7 +30,7 @@ struct Decision {
 
 bool is_float(ncclDataType_t t) { return t == ncclFloat32 || t == ncclFloat16 || t == ncclBfloat16; }
 
-Decision decide(CommState& st, size_t count, ncclDataType_t type, ncclRedOp_t op) {
+Decision decide(ShimComm& st, size_t count, ncclDataType_t type, ncclRedOp_t op) {
   Decision d;
   const qncclEnvConfig_t& c = st.config;
   auto quantized = st.ops.find((int)op);
@@ -57,7 +59,7 @@ Decision decide(CommState& st, size_t count, ncclDataType_t type, ncclRedOp_t op
 
 /* One report per kind of call (type, op, decision) and communicator; at
  * QNCCL_DEBUG=TRACE one per call, with its size. */
-void report_kind(ncclComm_t comm, CommState& st, ncclDataType_t type, ncclRedOp_t op,
+void report_kind(ncclComm_t comm, ShimComm& st, ncclDataType_t type, ncclRedOp_t op,
                  const Decision& d, size_t count, const NcclApi& nccl) {
   if (st.config.debug < qncclDebugInfo) return;
   char kind[256];
@@ -73,9 +75,9 @@ void report_kind(ncclComm_t comm, CommState& st, ncclDataType_t type, ncclRedOp_
              d.why);
   }
   if (st.config.debug >= qncclDebugTrace)
-    info(comm, st, ": ncclAllReduce %zu values %s", count, kind);
+    info(comm, st.config.debug, ": ncclAllReduce %zu values %s", count, kind);
   else if (st.logged.insert(kind).second)
-    info(comm, st, ": ncclAllReduce %s", kind);
+    info(comm, st.config.debug, ": ncclAllReduce %s", kind);
 }
 
 thread_local int group_depth = 0;
@@ -85,11 +87,14 @@ ncclResult_t all_reduce(const void* send, void* recv, size_t count, ncclDataType
                         ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
   const NcclApi* nccl;
   if (real_nccl(&nccl) != ncclSuccess) return fail(ncclSystemError);
-  std::shared_ptr<CommState> st;
   if (comm == nullptr) return nccl->allReduce(send, recv, count, type, op, comm, stream);
-  if (comm_state(comm, nullptr, &st) != ncclSuccess) return fail(ncclInvalidArgument);
-  const Decision d = decide(*st, count, type, op);
-  report_kind(comm, *st, type, op, d, count, *nccl);
+  std::shared_ptr<ShimComm> shim;
+  std::shared_ptr<CommState> st;
+  if (shim_comm(comm, nullptr, &shim) != ncclSuccess ||
+      comm_state(comm, &shim->config, &st) != ncclSuccess)
+    return fail(ncclInvalidArgument);
+  const Decision d = decide(*shim, count, type, op);
+  report_kind(comm, *shim, type, op, d, count, *nccl);
   if (!d.compress) {
     st->stats.callsPassedThrough++;
     return nccl->allReduce(send, recv, count, type, op, comm, stream);

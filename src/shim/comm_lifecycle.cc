@@ -3,7 +3,9 @@
  * fails the creation), and drops QNCCL's state when it ends. */
 #include "common/error.h"
 #include "config/config.h"
+#include "engine/comm_state.h"
 #include "engine/nccl_api.h"
+#include "engine/report.h"
 #include "shim/shim.h"
 
 using namespace qnccl;
@@ -27,10 +29,10 @@ ncclResult_t finish_init(ncclResult_t res, const ncclComm_t* comms, int n,
 }
 
 void report_stats(ncclComm_t comm) {
-  std::shared_ptr<CommState> state;
-  if (comm == nullptr || comm_state(comm, nullptr, &state) != ncclSuccess) return;
+  const std::shared_ptr<CommState> state = existing_comm_state(comm);
+  if (state == nullptr) return;
   const qncclStats_t s = comm_stats(*state);
-  info(comm, *state,
+  info(comm, state->debug,
        ": compressed=%llu passed_through=%llu bytes_in=%llu bytes_on_wire=%llu "
        "residual_buffers=%llu residual_bytes=%llu",
        (unsigned long long)s.callsCompressed, (unsigned long long)s.callsPassedThrough,
@@ -50,6 +52,7 @@ ncclResult_t release(ncclComm_t comm, ncclResult_t (*real)(ncclComm_t)) {
     std::lock_guard<std::mutex> lock(state->api);
   }
   const ncclResult_t res = real(comm);
+  forget_shim_comm(comm);
   forget_comm(comm);  // device memory goes with the last reference to the state
   return res;
 }

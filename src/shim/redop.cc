@@ -11,10 +11,8 @@
 
 using namespace qnccl;
 
-QNCCL_EXPORT ncclResult_t qncclRedOpCreateQuantized(ncclRedOp_t* op,
-                                                    const qncclQuantizedOpConfig_t* config,
-                                                    ncclComm_t comm) {
-  const char* fn = "qncclRedOpCreateQuantized";
+ncclResult_t qnccl::create_quantized_op(const char* fn, ncclRedOp_t* op,
+                                        const qncclQuantizedOpConfig_t* config, ncclComm_t comm) {
   if (op == nullptr || config == nullptr || comm == nullptr)
     return set_error(ncclInvalidArgument, "%s: %s is NULL", fn,
                      op == nullptr ? "op" : config == nullptr ? "config" : "comm");
@@ -27,8 +25,8 @@ QNCCL_EXPORT ncclResult_t qncclRedOpCreateQuantized(ncclRedOp_t* op,
   int nranks = 0;
   if (nccl->commCount(comm, &nranks) != ncclSuccess)
     return set_error(ncclInvalidArgument, "%s: comm is not a communicator of %s", fn, nccl->path);
-  std::shared_ptr<CommState> st;
-  QNCCL_CHECK(comm_state(comm, nullptr, &st));
+  std::shared_ptr<ShimComm> st;
+  QNCCL_CHECK(shim_comm(comm, nullptr, &st));
   // Outside ncclAllReduce the op stays what the real NCCL made: an exact sum or average.
   float scalar = config->reduction == ncclAvg ? 1.0f / (float)nranks : 1.0f;
   ncclRedOp_t value;
@@ -45,7 +43,7 @@ QNCCL_EXPORT ncclResult_t qncclRedOpCreateQuantized(ncclRedOp_t* op,
 QNCCL_EXPORT ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm) {
   const NcclApi* nccl;
   if (real_nccl(&nccl) != ncclSuccess) return fail(ncclSystemError);
-  std::shared_ptr<CommState> st;
-  if (comm != nullptr && comm_state(comm, nullptr, &st) == ncclSuccess) st->ops.erase((int)op);
+  std::shared_ptr<ShimComm> st;
+  if (comm != nullptr && shim_comm(comm, nullptr, &st) == ncclSuccess) st->ops.erase((int)op);
   return nccl->redOpDestroy(op, comm);  // frees the PreMulSum behind a quantized op too
 }

@@ -1,19 +1,38 @@
-/* The interposer's shared pieces: reporting to stderr per QNCCL_DEBUG, and
- * the names used in those reports. */
+/* The interposer (libqnccl.so's NCCL entry points): what it keeps per
+ * communicator, and its shared pieces. */
 #ifndef QNCCL_SHIM_SHIM_H_
 #define QNCCL_SHIM_SHIM_H_
 
-#include "engine/comm_state.h"
+#include <stdint.h>
+
+#include <memory>
+#include <set>
+#include <string>
+#include <unordered_map>
+
+#include "qnccl.h"
 
 namespace qnccl {
 
-/* "QNCCL INFO comm <hex> rank <r>" followed by the text (which starts with
- * ": " or "/<n>: ") when the communicator's QNCCL_DEBUG is INFO or TRACE. */
-void info(ncclComm_t comm, const CommState& state, const char* fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+/* What the interposer keeps per communicator, beside the engine's state
+ * (engine/comm_state.h): the QNCCL_* configuration read when it was made,
+ * the eligible calls so far (warm-up counts these), the call kinds already
+ * reported, and its quantized ops by value. Made when the communicator is
+ * created (or at its first call, from the environment), dropped by
+ * ncclCommDestroy/ncclCommAbort. */
+struct ShimComm {
+  qncclEnvConfig_t config;
+  uint64_t eligible_calls = 0;
+  std::set<std::string> logged;
+  std::unordered_map<int, qncclQuantizedOpConfig_t> ops;
+};
 
-/* "QNCCL WARN ...": always printed (the job is about to fail, or degrade). */
-void warn(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+/* The interposer's state of `comm`, made on first use with `config`
+ * (nullptr: from the environment; fails when it is bad). */
+ncclResult_t shim_comm(ncclComm_t comm, const qncclEnvConfig_t* config,
+                       std::shared_ptr<ShimComm>* state);
+/* Drops it (ncclCommDestroy/ncclCommAbort). */
+void forget_shim_comm(ncclComm_t comm);
 
 /* Reports and returns a failure of an interposed call: the application sees
  * NCCL's error code and the message on stderr. */
@@ -23,9 +42,13 @@ ncclResult_t fail(ncclResult_t res);
 const char* short_type_name(ncclDataType_t type);
 const char* op_name(ncclRedOp_t op);
 
-/* Creates the state of a communicator the real NCCL just made, from the
+/* Makes the states of a communicator the real NCCL just made, from the
  * environment read before it was made, and reports its configuration. */
 void adopt_comm(ncclComm_t comm, const qncclEnvConfig_t& config);
+
+/* qncclRedOpCreateQuantized (src/api/api.cc). */
+ncclResult_t create_quantized_op(const char* fn, ncclRedOp_t* op,
+                                 const qncclQuantizedOpConfig_t* config, ncclComm_t comm);
 
 }  // namespace qnccl
 

@@ -42,8 +42,10 @@ from mpi4py import MPI
 
 TESTS = Path(__file__).resolve().parents[1]
 REPO = TESTS.parent
-HOST_NCCL = REPO / "build" / "host" / "libnccl.so.2"
 sys.path[:0] = [str(REPO), str(TESTS)]
+from mpi import BUILD  # noqa: E402  (the build under test)
+
+HOST_NCCL = BUILD / "host" / "libnccl.so.2"
 
 from conftest import from_float32, make_values, widen  # noqa: E402  (the codec tests' data)
 from qnccl import _lib  # noqa: E402

@@ -17,9 +17,11 @@ from mpi4py import MPI
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests"))  # conftest's helpers
 
+from mpi import BUILD  # noqa: E402  (the build under test)
+
 ffi = cffi.FFI()
-ffi.cdef((REPO / "build" / "include" / "qnccl_cdef.h").read_text())
-lib = ffi.dlopen(str(REPO / "build" / "host" / "libnccl.so.2"))
+ffi.cdef((BUILD / "include" / "qnccl_cdef.h").read_text())
+lib = ffi.dlopen(str(BUILD / "host" / "libnccl.so.2"))
 
 WORLD = MPI.COMM_WORLD
 NULL = ffi.NULL

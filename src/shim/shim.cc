@@ -1,34 +1,37 @@
-#include <stdarg.h>
-#include <stdio.h>
-
+/* The interposer's per-communicator state, its reports, and the adoption of
+ * the communicators the real NCCL makes. */
 #include "common/error.h"
+#include "common/registry.h"
 #include "config/config.h"
+#include "engine/comm_state.h"
 #include "engine/nccl_api.h"
+#include "engine/report.h"
 #include "shim/shim.h"
 
 namespace qnccl {
 
-void info(ncclComm_t comm, const CommState& state, const char* fmt, ...) {
-  if (state.config.debug < qncclDebugInfo) return;
-  const NcclApi* nccl;
-  int rank = -1;
-  if (real_nccl(&nccl) == ncclSuccess) nccl->commUserRank(comm, &rank);
-  char text[1024];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(text, sizeof text, fmt, ap);
-  va_end(ap);
-  fprintf(stderr, "QNCCL INFO comm %p rank %d%s\n", (void*)comm, rank, text);
+namespace {
+
+CommRegistry<ShimComm>& registry() {
+  static CommRegistry<ShimComm> r;
+  return r;
 }
 
-void warn(const char* fmt, ...) {
-  char text[1024];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(text, sizeof text, fmt, ap);
-  va_end(ap);
-  fprintf(stderr, "QNCCL WARN %s\n", text);
+}  // namespace
+
+ncclResult_t shim_comm(ncclComm_t comm, const qncclEnvConfig_t* config,
+                       std::shared_ptr<ShimComm>* state) {
+  return registry().get(
+      comm,
+      [config](ShimComm& made) {
+        if (config == nullptr) return config_from_env(&made.config);
+        made.config = *config;
+        return ncclSuccess;
+      },
+      state);
 }
+
+void forget_shim_comm(ncclComm_t comm) { registry().take(comm); }
 
 ncclResult_t fail(ncclResult_t res) {
   warn("%s", last_error());
@@ -49,14 +52,17 @@ const char* op_name(ncclRedOp_t op) {
 }
 
 void adopt_comm(ncclComm_t comm, const qncclEnvConfig_t& config) {
+  std::shared_ptr<ShimComm> shim;
   std::shared_ptr<CommState> state;
-  if (comm == nullptr || comm_state(comm, &config, &state) != ncclSuccess) return;
+  if (comm == nullptr || shim_comm(comm, &config, &shim) != ncclSuccess ||
+      comm_state(comm, &config, &state) != ncclSuccess)
+    return;
   const NcclApi* nccl;
   int nranks = 0;
   if (real_nccl(&nccl) != ncclSuccess) return;
   nccl->commCount(comm, &nranks);
   const qncclCodecConfig_t& c = config.allreduce.codec;
-  info(comm, *state,
+  info(comm, config.debug,
        "/%d: bits=%d bucket=%zu rounding=%s algo=%s min_bytes=%zu seed=%llu warmup=%llu "
        "error_feedback=%d enable=%d nccl=%s",
        nranks, c.bits, c.bucketSize, rounding_name(c.rounding), algo_name(config.allreduce.algo),

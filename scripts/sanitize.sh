@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# make sanitize: runs the tests that exercise QNCCL's threads under
+# ThreadSanitizer, and the interposer's tests under AddressSanitizer + UBSan,
+# each against its own instrumented build (build/tsan, build/asan; `make
+# sanitize` builds them first). pytest and every MPI rank preload the
+# sanitizer's runtime (Python itself is not instrumented; mpirun does not);
+# a report fails its process, so the test fails with the report in its output.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-.venv/bin/python}
+
+runtime() {  # the shared sanitizer runtime the compiler links against
+  local path
+  path=$(${CXX:-g++} -print-file-name="$1")
+  [ -f "$path" ] || { echo "[sanitize] $1 not found: install the compiler's sanitizer runtimes" >&2; exit 1; }
+  readlink -f "$path"
+}
+
+run() {  # run BUILD PRELOAD PYTEST-ARGS...
+  local build=$1 preload=$2
+  shift 2
+  echo "[sanitize] $build: ${*}"
+  QNCCL_TEST_BUILD=$PWD/$build QNCCL_TEST_RANK_PRELOAD=$preload LD_PRELOAD=$preload \
+    QNCCL_LIB=$PWD/$build/lib/libqnccl.so QNCCL_CDEF=$PWD/$build/include/qnccl_cdef.h \
+    "$PYTHON" -m pytest -p no:cacheprovider -q "$@"
+}
+
+# ThreadSanitizer: nonblocking communicators (progress and watchdog threads,
+# abort from another thread), the ProcessGroupNCCL-style job (watchdog,
+# groups over two communicators in lock-step), a fault on one rank.
+TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 report_signal_unsafe=0 \
+suppressions=$PWD/scripts/tsan.supp" \
+  run build/tsan "$(runtime libtsan.so)" \
+  tests/test_host_backend.py tests/test_interposer.py \
+  -k "nonblocking or another_thread or process_group or fault_on_one_rank"
+
+# AddressSanitizer + UBSan: the interposer's tests, but those that replace
+# LD_PRELOAD themselves (the runtime must stay preloaded). Python leaks by
+# design (interned objects at exit): leak checking is off.
+ASAN_OPTIONS="detect_leaks=0 verify_asan_link_order=0 abort_on_error=1" \
+UBSAN_OPTIONS="print_stacktrace=1 halt_on_error=1" \
+  run build/asan "$(runtime libasan.so)" tests/test_interposer.py -k "not ld_preload"
