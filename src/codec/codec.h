@@ -19,6 +19,12 @@ struct CodecParams {
   qncclRounding_t rounding;
   uint64_t seed;
   uint64_t stream;
+  /* Device only: when set, the stream is stream_id(*call, segment, rank,
+   * step) (codec/rng.h), read by the kernel when it runs, so each replay of
+   * a captured CUDA graph draws the call number a kernel of that replay
+   * wrote there (docs/allreduce.md, "CUDA graph capture"). */
+  const uint64_t* call;
+  uint64_t segment, rank, step;
 };
 
 /* Argument checks shared by every entry point that takes a codec config or
@@ -50,8 +56,12 @@ int device_quantize(const void* src, size_t count, ncclDataType_t type, const Co
                     void* dst, cudaStream_t stream);
 int device_dequantize(const void* src, size_t count, const CodecParams& p, void* dst,
                       ncclDataType_t type, bool accumulate, cudaStream_t stream);
-/* 1: device memory, 0: host memory (also when no driver or device exists). */
-int is_device_pointer(const void* ptr);
+/* Where `ptr` points: *device is its device (device or managed memory), or
+ * -1 for host memory, which is also every pointer when the machine has no
+ * CUDA driver or no device. A pointer the CUDA runtime cannot classify (a
+ * driver older than the runtime, a broken context) is an error naming the
+ * cause, never taken for host memory. `fn` names the caller. */
+ncclResult_t pointer_device(const char* fn, const void* ptr, int* device);
 const char* device_error_string(int err);
 #endif
 

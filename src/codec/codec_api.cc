@@ -72,20 +72,23 @@ ncclResult_t check_disjoint(const char* fn, const void* a, size_t abytes, const 
 }
 
 CodecParams params_of(const qncclCodecConfig_t* config, uint64_t stream) {
-  return CodecParams{config->bits, config->bucketSize, config->rounding, config->seed, stream};
+  return CodecParams{config->bits, config->bucketSize, config->rounding, config->seed, stream,
+                     nullptr, 0, 0, 0};
 }
 
 #ifdef QNCCL_WITH_CUDA
 /* Where the buffers live decides who computes: both on the device, or both
  * on the host. Sets *on_device. */
 ncclResult_t locate(const char* fn, const void* a, const void* b, bool* on_device) {
-  int da = is_device_pointer(a), db = is_device_pointer(b);
-  if (da != db)
+  int da = -1, db = -1;
+  QNCCL_CHECK(pointer_device(fn, a, &da));
+  QNCCL_CHECK(pointer_device(fn, b, &db));
+  if ((da >= 0) != (db >= 0))
     return set_error(ncclInvalidArgument,
                      "%s: one buffer is in device memory and the other in host memory; pass both "
                      "on the same side",
                      fn);
-  *on_device = da != 0;
+  *on_device = da >= 0;
   return ncclSuccess;
 }
 

@@ -29,6 +29,7 @@
 
 #include "codec/codec.h"
 #include "codec/codec_math.h"
+#include "common/error.h"
 
 namespace qnccl {
 namespace {
@@ -301,12 +302,23 @@ struct EncodeArgs {
   RngKey key;
   bool src_vectors;   // src is 16-byte aligned
   bool wire_aligned;  // meta (and so codes) is 8-byte aligned
+  // CodecParams::call and what goes with it: the key is read when the kernel runs.
+  const uint64_t* call;
+  uint64_t seed, segment, rank, step;
 };
+
+/* The random key of an encode: fixed when it was enqueued, or derived from
+ * the call number in device memory when it runs. */
+template <class Type>
+QNCCL_HD RngKey key_of(const EncodeArgs<Type>& a) {
+  return a.call == nullptr ? a.key
+                           : rng_key(a.seed, stream_id(*a.call, a.segment, a.rank, a.step));
+}
 
 /* Codes of values [8g, 8g + 8) (those below count), packed: BITS bytes in
  * the low bytes of the result, zero past count. */
 template <class Type, int BITS, bool STOCHASTIC>
-QNCCL_HD uint64_t encode_group(const EncodeArgs<Type>& a, size_t g) {
+QNCCL_HD uint64_t encode_group(const EncodeArgs<Type>& a, RngKey key, size_t g) {
   const size_t first = g * kGroup;
   const int len = (int)min_size(kGroup, a.count - first);
   float x[kGroup];
@@ -327,7 +339,7 @@ QNCCL_HD uint64_t encode_group(const EncodeArgs<Type>& a, size_t g) {
     uint32_t q = 0;  // a non-finite bucket's codes are zero
     if (!bp.nonfinite) {
       if constexpr (STOCHASTIC)
-        q = encode_stochastic(bp, x[j], rng_uniform(a.key, first + j));
+        q = encode_stochastic(bp, x[j], rng_uniform(key, first + j));
       else
         q = encode_nearest(bp, x[j]);
     }
@@ -377,10 +389,11 @@ __global__ void __launch_bounds__(kBlockThreads) encode_kernel(const EncodeArgs<
   const size_t tiles = ceil_div(groups, kWarp);
   const size_t warp = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) / kWarp;
   const size_t warps = gridDim.x * (size_t)blockDim.x / kWarp;
+  const RngKey key = key_of(a);
   // `t` is the same in all lanes: every lane reaches every __syncwarp.
   for (size_t t = warp; t < tiles; t += warps) {
     const size_t g = t * kWarp + lane;
-    const uint64_t packed = g < groups ? encode_group<Type, BITS, STOCHASTIC>(a, g) : 0;
+    const uint64_t packed = g < groups ? encode_group<Type, BITS, STOCHASTIC>(a, key, g) : 0;
     stage_group<BITS>(tile_words, lane, packed);
     __syncwarp();
     store_tile<BITS>(tile_words, a.codes, a.code_bytes, t, lane, a.wire_aligned);
@@ -465,7 +478,12 @@ EncodeArgs<Type> plan_encode(const typename Type::T* src, size_t count, const Co
                           code_bytes(count, p.bits),
                           rng_key(p.seed, p.stream),
                           aligned_to(src, 16),
-                          aligned_to(wire, 8)};
+                          aligned_to(wire, 8),
+                          p.call,
+                          p.seed,
+                          p.segment,
+                          p.rank,
+                          p.step};
 }
 
 template <class Type>
@@ -545,13 +563,34 @@ int device_dequantize(const void* src, size_t count, const CodecParams& p, void*
   return err;
 }
 
-int is_device_pointer(const void* ptr) {
+ncclResult_t pointer_device(const char* fn, const void* ptr, int* device) {
+  *device = -1;
   cudaPointerAttributes attr;
-  if (cudaPointerGetAttributes(&attr, ptr) != cudaSuccess) {
-    (void)cudaGetLastError();  // no driver or device: everything is host memory
-    return 0;
+  const cudaError_t err = cudaPointerGetAttributes(&attr, ptr);
+  if (err == cudaSuccess) {
+    if (attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged)
+      *device = attr.device;
+    return ncclSuccess;
   }
-  return attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
+  (void)cudaGetLastError();
+  int driver = 0;
+  if (err == cudaErrorNoDevice || cudaDriverGetVersion(&driver) != cudaSuccess || driver == 0)
+    return ncclSuccess;  // no GPU, or no driver: every buffer is host memory
+  int runtime = 0;
+  cudaRuntimeGetVersion(&runtime);
+  if (err == cudaErrorInsufficientDriver)
+    return set_error(ncclUnhandledCudaError,
+                     "%s: cannot tell whether %p is device memory: the CUDA driver (CUDA %d.%d) "
+                     "is older than the runtime libqnccl.so was built with (CUDA %d.%d); update "
+                     "the driver, or build QNCCL with a CUDA toolkit the driver supports "
+                     "(`qnccl info` shows both)",
+                     fn, ptr, driver / 1000, driver % 1000 / 10, runtime / 1000,
+                     runtime % 1000 / 10);
+  return set_error(ncclUnhandledCudaError,
+                   "%s: cannot tell whether %p is device memory: cudaPointerGetAttributes failed "
+                   "with CUDA error %d (%s); a buffer QNCCL cannot place is never taken for host "
+                   "memory",
+                   fn, ptr, (int)err, cudaGetErrorString(err));
 }
 
 const char* device_error_string(int err) { return cudaGetErrorString((cudaError_t)err); }

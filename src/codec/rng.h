@@ -54,6 +54,12 @@ QNCCL_HD float rng_uniform(RngKey key, uint64_t i) {
   return rng_uniform_split(key, (uint32_t)i, (uint32_t)(i >> 32));
 }
 
+/* stream(call, segment, rank, step) of docs/allreduce.md: the random stream
+ * of one quantization of a quantized allreduce. */
+QNCCL_HD uint64_t stream_id(uint64_t call, uint64_t segment, uint64_t rank, uint64_t step) {
+  return mix64(mix64(mix64(call) ^ segment) ^ (rank << 32 | step));
+}
+
 }  // namespace qnccl
 
 #endif

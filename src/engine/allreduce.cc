@@ -118,7 +118,8 @@ ncclResult_t run_on_device(Segment& s, int device, qncclAlgo_t algo, const Works
                          "(%d)", s.nccl->path, (int)res);
       return ncclSuccess;
     case DevicePlan::kGrow:
-      QNCCL_CHECK(grow_device_workspace(ws, device, grown_bytes(ws.bytes, need.bytes())));
+      QNCCL_CHECK(grow_device_workspace(ws, device, grown_bytes(ws.bytes, need.bytes()),
+                                        state.calls, s.stream));
       break;
     case DevicePlan::kRun:
       break;
@@ -126,16 +127,20 @@ ncclResult_t run_on_device(Segment& s, int device, qncclAlgo_t algo, const Works
   s.compute = device_compute(s.stream);
   Workspace w;
   w.assign(ws.memory, need);
-  // A graph replays without the host: its stream order is the application's.
-  if (!capturing) QNCCL_CHECK(device_call_begin(ws, s.stream));
+  // Ordered after the communicator's previous call, with a call number from
+  // the device counter (each graph replay takes a new one). Only a call of
+  // nothing on a communicator without a workspace has neither.
+  const bool counted = ws.calls != nullptr;
+  if (counted) QNCCL_CHECK(device_call_begin(ws, s.stream, capturing));
+  s.device_call = counted ? ws.calls + 1 : nullptr;
   float* residual = nullptr;
   ncclResult_t res = ncclSuccess;
   if (config.errorFeedback && count > 0)
     res = residual_for_call(s.comm, state, sendbuff, count, s.type, device, s.stream, &residual);
   if (res == ncclSuccess)
     res = run_segments(s, w, algo, sendbuff, recvbuff, count, config, residual, state);
-  if (!capturing) {
-    const ncclResult_t end = device_call_end(ws, s.stream);
+  if (counted) {
+    const ncclResult_t end = device_call_end(ws, s.stream, capturing);
     if (res == ncclSuccess) res = end;
   }
   return res;
@@ -191,7 +196,9 @@ ncclResult_t check_allreduce(const char* fn, const void* sendbuff, void* recvbuf
                      fn);
 #ifdef QNCCL_WITH_CUDA
   if (count > 0 && s != r) {
-    const int ds = buffer_device(sendbuff), dr = buffer_device(recvbuff);
+    int ds = -1, dr = -1;
+    QNCCL_CHECK(pointer_device(fn, sendbuff, &ds));
+    QNCCL_CHECK(pointer_device(fn, recvbuff, &dr));
     if ((ds >= 0) != (dr >= 0))
       return set_error(ncclInvalidArgument,
                        "%s: sendbuff is in %s memory and recvbuff in %s memory; pass both in "
@@ -231,7 +238,7 @@ ncclResult_t run_call(Segment& s, const void* sendbuff, void* recvbuff, size_t c
   s.comm = comm;
   s.stream = stream;
   s.params = CodecParams{config.codec.bits, config.codec.bucketSize, config.codec.rounding,
-                         config.codec.seed, 0};
+                         config.codec.seed, 0, nullptr, 0, 0, 0};
   s.type = datatype;
   s.type_size = float_type_size(datatype);
   s.average = op == ncclAvg;
@@ -248,7 +255,8 @@ ncclResult_t run_call(Segment& s, const void* sendbuff, void* recvbuff, size_t c
   const WorkspaceSize need = workspace_size(algo, count, config, s.nranks);
 #ifdef QNCCL_WITH_CUDA
   // check_allreduce made sure both buffers are on the same side.
-  const int device = count > 0 ? buffer_device(sendbuff) : -1;
+  int device = -1;
+  if (count > 0) QNCCL_CHECK(pointer_device("quantized allreduce", sendbuff, &device));
   if (device >= 0)
     return run_on_device(s, device, algo, need, sendbuff, recvbuff, count, op, config, state);
 #endif

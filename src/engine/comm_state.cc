@@ -1,7 +1,6 @@
 #include "engine/comm_state.h"
 
 #include <memory>
-#include <vector>
 
 #include "common/error.h"
 #include "common/registry.h"
@@ -48,11 +47,7 @@ void clear_residuals(CommState& state) {
 }
 
 void reset_all_error_feedback() {
-  std::vector<ResidualStore> dropped;  // freed after the registry's lock: cudaFree waits
-  registry().for_each([&](CommState& s) {
-    dropped.push_back(std::move(s.residuals));
-    clear_residuals(s);
-  });
+  registry().for_each([](CommState& s) { clear_residuals(s); });
 }
 
 std::shared_ptr<CommState> existing_comm_state(ncclComm_t comm) { return registry().find(comm); }
@@ -60,6 +55,7 @@ std::shared_ptr<CommState> existing_comm_state(ncclComm_t comm) { return registr
 void forget_comm(ncclComm_t comm) { registry().take(comm); }
 
 CommState::~CommState() {
+  residuals.clear();  // device ones are freed on the workspace's stream: before it goes
 #ifdef QNCCL_WITH_CUDA
   release_device_workspace(device);
 #endif

@@ -21,15 +21,21 @@
 namespace qnccl {
 
 /* The workspace of the communicator's calls on device buffers
- * (engine/compute_cuda.cu): device memory that only grows, so repeated calls
- * allocate nothing and a CUDA graph captured with it stays valid; freed when
- * the communicator is forgotten. */
+ * (engine/compute_cuda.cu, docs/allreduce.md "Device buffers"): device
+ * memory that only grows, so repeated calls allocate nothing and a CUDA
+ * graph captured with it stays valid. Made, with its private stream, event
+ * and call counter, by the first call that needs memory (never during a
+ * capture); freed when the communicator is forgotten, ordered after its
+ * calls on the private stream, without waiting for the device. */
 struct DeviceWorkspace {
   int device = -1;               // the device it lives on (-1: none yet)
   void* memory = nullptr;
   size_t bytes = 0;
   std::vector<void*> retired;    // outgrown buffers: a captured graph may still use them
-  void* done = nullptr;          // cudaEvent_t recorded after each uncaptured call
+  void* stream = nullptr;        // cudaStream_t of its frees (non-blocking, private)
+  void* done = nullptr;          // cudaEvent_t recorded after each call (and graph replay)
+  uint64_t* calls = nullptr;     // device memory: [0] the next call number, [1] the current one
+  bool async_alloc = false;      // the device has stream-ordered allocation (cudaMallocAsync)
   bool warned_capture = false;   // the pass-through during capture was reported
 };
 
@@ -38,9 +44,10 @@ struct DeviceWorkspace {
  * `device`; freed with the communicator or by a reset. */
 class Residual {
  public:
-  /* Zeroed residuals: in host memory for device < 0, else on `device`,
-   * cleared on `stream` (engine/compute_cuda.cu). */
-  static ncclResult_t make(size_t count, int device, cudaStream_t stream,
+  /* Zeroed residuals: in host memory for device < 0, else on `device` in
+   * the communicator's workspace `ws`, cleared on `stream`
+   * (engine/compute_cuda.cu). */
+  static ncclResult_t make(size_t count, int device, cudaStream_t stream, DeviceWorkspace* ws,
                            std::unique_ptr<Residual>* out);
   ~Residual();
   Residual(const Residual&) = delete;
@@ -52,11 +59,12 @@ class Residual {
   size_t bytes() const { return count_ * sizeof(float); }
 
  private:
-  Residual(float* values, size_t count, int device)
-      : values_(values), count_(count), device_(device) {}
+  Residual(float* values, size_t count, int device, DeviceWorkspace* ws)
+      : values_(values), count_(count), device_(device), ws_(ws) {}
   float* values_;
   size_t count_;
-  int device_;  // -1: host memory
+  int device_;          // -1: host memory
+  DeviceWorkspace* ws_;  // device: the workspace whose stream frees it
 };
 
 /* Residuals by the buffer they belong to: (sendbuff, count, datatype). */
@@ -108,8 +116,8 @@ ncclResult_t comm_state(ncclComm_t comm, const qncclEnvConfig_t* config,
 std::shared_ptr<CommState> existing_comm_state(ncclComm_t comm);
 
 /* Drops the state of a communicator that ends; a new one that reuses its
- * handle starts from call 0. The last reference frees its device workspace
- * with cudaFree, which waits for the device's queued work. */
+ * handle starts from call 0. The last reference frees its device memory,
+ * ordered after its calls, without waiting for the device. */
 void forget_comm(ncclComm_t comm);
 
 /* The residual of a buffer in memory of `device` (-1: host), or nullptr. */

@@ -51,10 +51,6 @@ Compute device_compute(cudaStream_t stream);
 
 struct DeviceWorkspace;  // engine/comm_state.h
 
-/* The device `ptr` points into, or -1 for host memory (also when there is no
- * driver or device). */
-int buffer_device(const void* ptr);
-
 /* Makes `device` the current device; *previous is the one to restore, or -1
  * when it already was current. */
 ncclResult_t set_current_device(int device, int* previous);
@@ -63,31 +59,43 @@ void restore_current_device(int previous);
 /* Whether `stream` is being captured into a CUDA graph. */
 ncclResult_t stream_capturing(cudaStream_t stream, bool* capturing);
 
-/* Gives `ws` `bytes` of new memory on the current device (cudaMalloc, in
- * relaxed capture mode so another thread's capture neither fails it nor is
- * invalidated by it). The old buffer is retired, not freed: a captured graph
- * may still use it, and cudaFree would wait for the device. Never called
- * while the caller's stream is being captured. */
-ncclResult_t grow_device_workspace(DeviceWorkspace& ws, int device, size_t bytes);
+/* Gives `ws` `bytes` of new memory on the current device (`device`),
+ * allocated in stream order on the caller's `stream` where the device can
+ * (cudaMallocAsync), in relaxed capture mode so another thread's capture
+ * neither fails it nor is invalidated by it. The first time it also makes
+ * the workspace's private stream, its `done` event and its call counter,
+ * which starts at `next_call`. The old buffer is retired, not freed: a
+ * captured graph may still use it. Never called while the caller's stream
+ * is being captured: nothing is allocated or created during a capture. */
+ncclResult_t grow_device_workspace(DeviceWorkspace& ws, int device, size_t bytes,
+                                   uint64_t next_call, cudaStream_t stream);
 
-/* Before an uncaptured call's work: makes `stream` wait for the previous
- * uncaptured call's work, which may have used the workspace on another
- * stream (an event, no host synchronization). */
-ncclResult_t device_call_begin(DeviceWorkspace& ws, cudaStream_t stream);
-/* After an uncaptured call's work: records that point on `stream`. */
-ncclResult_t device_call_end(DeviceWorkspace& ws, cudaStream_t stream);
+/* Before a call's work on `stream`: waits for the communicator's previous
+ * call, which may have used the workspace on another stream (an event, no
+ * host synchronization; during a capture an external-event wait node, so
+ * each replay waits for the call before it), then a one-thread kernel takes
+ * the next call number from the counter into ws.calls[1], where the codec's
+ * kernels read it (a replay takes a new one). */
+ncclResult_t device_call_begin(DeviceWorkspace& ws, cudaStream_t stream, bool capturing);
+/* After a call's work: records `done` on `stream` (during a capture an
+ * external-event record node). */
+ncclResult_t device_call_end(DeviceWorkspace& ws, cudaStream_t stream, bool capturing);
 
-/* Frees the workspace's buffers and event (cudaFree waits for the device's
- * queued work first). */
+/* Frees the workspace's memory, stream, event and counter once the calls
+ * queued before it are done, without waiting for them (cudaFreeAsync on the
+ * private stream after `done`; where the device lacks stream-ordered
+ * allocation, cudaFree, which waits). */
 void release_device_workspace(DeviceWorkspace& ws);
+/* The same for one buffer of the workspace's device (a residual). */
+void release_device_memory(DeviceWorkspace& ws, void* memory);
 
-/* Error feedback's residuals on the current device (`device`, for
- * messages): `count` float32 zeros, cleared on `stream`. */
-ncclResult_t alloc_device_residual(size_t count, int device, cudaStream_t stream, float** values);
-/* cudaFree on `device` (waits for the device's queued work first). */
-void free_device_residual(float* values, int device);
-/* cudaMemcpy to or from a residual on `device`, after all its queued work. */
-ncclResult_t copy_device_residual(void* dst, const void* src, size_t bytes, int device);
+/* Error feedback's residuals on the workspace's device (the current one):
+ * `count` float32 zeros, allocated and cleared on `stream`. */
+ncclResult_t alloc_device_residual(DeviceWorkspace& ws, size_t count, cudaStream_t stream,
+                                   float** values);
+/* Copies a residual to or from host memory once the communicator's calls
+ * queued so far are done (its own event: not the whole device's work). */
+ncclResult_t copy_device_residual(DeviceWorkspace& ws, void* dst, const void* src, size_t bytes);
 #endif
 
 }  // namespace qnccl

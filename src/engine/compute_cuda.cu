@@ -41,6 +41,11 @@ __global__ void __launch_bounds__(kBlockThreads) divide_kernel(float* acc, size_
     acc[i] = div_rn(acc[i], divisor);
 }
 
+/* The call counter of a workspace: calls[0] the next number, calls[1] the
+ * current call's (read by the codec's kernels). */
+__global__ void set_calls_kernel(uint64_t* calls, uint64_t next) { calls[0] = next; }
+__global__ void take_call_kernel(uint64_t* calls) { calls[1] = calls[0]++; }
+
 __global__ void __launch_bounds__(kBlockThreads)
     residual_kernel(const float* __restrict__ v, float* __restrict__ e, size_t n, float scale) {
   const size_t threads = gridDim.x * (size_t)blockDim.x;
@@ -103,16 +108,6 @@ Compute device_compute(cudaStream_t stream) {
   return Compute{"device", nullptr, stream, quantize, dequantize, widen, divide, residual};
 }
 
-int buffer_device(const void* ptr) {
-  cudaPointerAttributes attr;
-  if (cudaPointerGetAttributes(&attr, ptr) != cudaSuccess) {
-    (void)cudaGetLastError();  // no driver or device: everything is host memory
-    return -1;
-  }
-  if (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged) return -1;
-  return attr.device;
-}
-
 ncclResult_t set_current_device(int device, int* previous) {
   *previous = -1;
   int current = -1;
@@ -136,13 +131,65 @@ ncclResult_t stream_capturing(cudaStream_t stream, bool* capturing) {
   return ncclSuccess;
 }
 
-ncclResult_t grow_device_workspace(DeviceWorkspace& ws, int device, size_t bytes) {
-  void* memory = nullptr;
+namespace {
+
+/* Runs `op` in relaxed capture mode: a capture in another thread neither
+ * fails an allocation here nor is invalidated by it. */
+template <class Op>
+cudaError_t relaxed(Op op) {
   cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
   cudaError_t err = cudaThreadExchangeStreamCaptureMode(&mode);
-  if (err != cudaSuccess) return cuda_failed("cudaThreadExchangeStreamCaptureMode", err);
-  err = cudaMalloc(&memory, bytes);
+  if (err != cudaSuccess) return err;
+  err = op();
   cudaThreadExchangeStreamCaptureMode(&mode);  // back to the thread's own mode
+  return err;
+}
+
+cudaError_t allocate(const DeviceWorkspace& ws, size_t bytes, cudaStream_t stream, void** out) {
+  return relaxed([&] {
+    return ws.async_alloc ? cudaMallocAsync(out, bytes, stream) : cudaMalloc(out, bytes);
+  });
+}
+
+/* The workspace's stream, event and counter, made once: all or nothing. */
+ncclResult_t open_workspace(DeviceWorkspace& ws, int device, uint64_t next_call,
+                            cudaStream_t stream) {
+  int pools = 0;
+  cudaError_t err = cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device);
+  if (err != cudaSuccess) return cuda_failed("asking whether the device has memory pools", err);
+  DeviceWorkspace made;
+  made.device = device;
+  made.async_alloc = pools != 0;
+  cudaStream_t own = nullptr;
+  cudaEvent_t done = nullptr;
+  void* calls = nullptr;
+  err = cudaStreamCreateWithFlags(&own, cudaStreamNonBlocking);
+  if (err == cudaSuccess) err = cudaEventCreateWithFlags(&done, cudaEventDisableTiming);
+  if (err == cudaSuccess) err = allocate(made, 2 * sizeof(uint64_t), stream, &calls);
+  if (err == cudaSuccess) {
+    set_calls_kernel<<<1, 1, 0, stream>>>(static_cast<uint64_t*>(calls), next_call);
+    err = cudaGetLastError();
+  }
+  if (err != cudaSuccess) {
+    if (calls != nullptr) made.async_alloc ? cudaFreeAsync(calls, stream) : cudaFree(calls);
+    if (done != nullptr) cudaEventDestroy(done);
+    if (own != nullptr) cudaStreamDestroy(own);
+    return cuda_failed("making the workspace's stream, event and call counter", err);
+  }
+  made.stream = own;
+  made.done = done;
+  made.calls = static_cast<uint64_t*>(calls);
+  ws = made;
+  return ncclSuccess;
+}
+
+}  // namespace
+
+ncclResult_t grow_device_workspace(DeviceWorkspace& ws, int device, size_t bytes,
+                                   uint64_t next_call, cudaStream_t stream) {
+  if (ws.stream == nullptr) QNCCL_CHECK(open_workspace(ws, device, next_call, stream));
+  void* memory = nullptr;
+  const cudaError_t err = allocate(ws, bytes, stream, &memory);
   if (err != cudaSuccess) {
     (void)cudaGetLastError();
     return set_error(ncclUnhandledCudaError,
@@ -153,81 +200,102 @@ ncclResult_t grow_device_workspace(DeviceWorkspace& ws, int device, size_t bytes
   if (ws.memory != nullptr) ws.retired.push_back(ws.memory);
   ws.memory = memory;
   ws.bytes = bytes;
-  ws.device = device;
   return ncclSuccess;
 }
 
-ncclResult_t device_call_begin(DeviceWorkspace& ws, cudaStream_t stream) {
-  if (ws.done == nullptr) return ncclSuccess;
-  const cudaError_t err = cudaStreamWaitEvent(stream, static_cast<cudaEvent_t>(ws.done), 0);
-  return err == cudaSuccess ? ncclSuccess
-                            : cuda_failed("ordering after the communicator's previous call", err);
+ncclResult_t device_call_begin(DeviceWorkspace& ws, cudaStream_t stream, bool capturing) {
+  cudaError_t err = cudaStreamWaitEvent(stream, static_cast<cudaEvent_t>(ws.done),
+                                        capturing ? cudaEventWaitExternal : 0);
+  if (err != cudaSuccess) return cuda_failed("ordering after the communicator's previous call", err);
+  take_call_kernel<<<1, 1, 0, stream>>>(ws.calls);
+  return launched("taking the call number", cudaGetLastError());
 }
 
-ncclResult_t device_call_end(DeviceWorkspace& ws, cudaStream_t stream) {
-  cudaError_t err = cudaSuccess;
-  if (ws.done == nullptr) {
-    cudaEvent_t event;
-    err = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
-    if (err == cudaSuccess) ws.done = event;
-  }
-  if (err == cudaSuccess) err = cudaEventRecord(static_cast<cudaEvent_t>(ws.done), stream);
+ncclResult_t device_call_end(DeviceWorkspace& ws, cudaStream_t stream, bool capturing) {
+  const cudaEvent_t done = static_cast<cudaEvent_t>(ws.done);
+  const cudaError_t err = capturing ? cudaEventRecordWithFlags(done, stream, cudaEventRecordExternal)
+                                    : cudaEventRecord(done, stream);
   return err == cudaSuccess ? ncclSuccess : cuda_failed("recording the end of the call", err);
 }
 
-ncclResult_t alloc_device_residual(size_t count, int device, cudaStream_t stream,
+ncclResult_t alloc_device_residual(DeviceWorkspace& ws, size_t count, cudaStream_t stream,
                                    float** values) {
   void* memory = nullptr;
-  cudaError_t err = cudaMalloc(&memory, count * sizeof(float));
+  cudaError_t err = allocate(ws, count * sizeof(float), stream, &memory);
   if (err != cudaSuccess) {
     (void)cudaGetLastError();
     return set_error(ncclUnhandledCudaError,
                      "error feedback: cannot allocate the %zu-byte residual of a %zu-value "
                      "buffer on device %d: CUDA error %d: %s; free memory, use fewer buffers, "
                      "or turn error feedback off",
-                     count * sizeof(float), count, device, (int)err, cudaGetErrorString(err));
+                     count * sizeof(float), count, ws.device, (int)err, cudaGetErrorString(err));
   }
   err = cudaMemsetAsync(memory, 0, count * sizeof(float), stream);
   if (err != cudaSuccess) {
-    cudaFree(memory);
+    release_device_memory(ws, memory);
     return cuda_failed("clearing a new error-feedback residual", err);
   }
   *values = static_cast<float*>(memory);
   return ncclSuccess;
 }
 
-void free_device_residual(float* values, int device) {
+namespace {
+
+/* Frees `memory` on the workspace's stream after its calls (current device
+ * set by the caller). */
+void free_after_calls(const DeviceWorkspace& ws, void* memory) {
+  if (ws.async_alloc)
+    cudaFreeAsync(memory, static_cast<cudaStream_t>(ws.stream));
+  else
+    cudaFree(memory);
+}
+
+/* Runs `f` with the workspace's device current. At process exit the runtime
+ * may be gone: nothing is reported then. */
+template <class F>
+void on_device(const DeviceWorkspace& ws, F f) {
   int previous = -1;
-  if (cudaGetDevice(&previous) == cudaSuccess && previous != device)
-    cudaSetDevice(device);
+  if (cudaGetDevice(&previous) == cudaSuccess && previous != ws.device)
+    cudaSetDevice(ws.device);
   else
     previous = -1;
-  cudaFree(values);
-  (void)cudaGetLastError();  // at process exit the runtime may be gone: nothing to report
+  f();
+  (void)cudaGetLastError();
   restore_current_device(previous);
 }
 
-ncclResult_t copy_device_residual(void* dst, const void* src, size_t bytes, int device) {
+}  // namespace
+
+void release_device_memory(DeviceWorkspace& ws, void* memory) {
+  on_device(ws, [&] {
+    cudaStreamWaitEvent(static_cast<cudaStream_t>(ws.stream), static_cast<cudaEvent_t>(ws.done), 0);
+    free_after_calls(ws, memory);
+  });
+}
+
+ncclResult_t copy_device_residual(DeviceWorkspace& ws, void* dst, const void* src, size_t bytes) {
   int previous = -1;
-  QNCCL_CHECK(set_current_device(device, &previous));
-  cudaError_t err = cudaDeviceSynchronize();  // after the calls queued on any stream
-  if (err == cudaSuccess) err = cudaMemcpy(dst, src, bytes, cudaMemcpyDefault);
+  QNCCL_CHECK(set_current_device(ws.device, &previous));
+  const cudaStream_t own = static_cast<cudaStream_t>(ws.stream);
+  cudaError_t err = cudaStreamWaitEvent(own, static_cast<cudaEvent_t>(ws.done), 0);
+  if (err == cudaSuccess) err = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, own);
+  if (err == cudaSuccess) err = cudaStreamSynchronize(own);
   restore_current_device(previous);
   return err == cudaSuccess ? ncclSuccess : cuda_failed("copying an error-feedback residual", err);
 }
 
 void release_device_workspace(DeviceWorkspace& ws) {
-  if (ws.device < 0 && ws.done == nullptr) return;  // never used a device: no CUDA call
-  int previous = -1;
-  if (ws.device >= 0 && cudaGetDevice(&previous) == cudaSuccess && previous != ws.device)
-    cudaSetDevice(ws.device);
-  else
-    previous = -1;
-  for (void* old : ws.retired) cudaFree(old);
-  if (ws.memory != nullptr) cudaFree(ws.memory);
-  if (ws.done != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(ws.done));
-  (void)cudaGetLastError();  // at process exit the runtime may be gone: nothing to report
-  restore_current_device(previous);
+  if (ws.stream == nullptr) return;  // never used a device: no CUDA call
+  on_device(ws, [&] {
+    const cudaStream_t own = static_cast<cudaStream_t>(ws.stream);
+    cudaStreamWaitEvent(own, static_cast<cudaEvent_t>(ws.done), 0);
+    for (void* old : ws.retired) free_after_calls(ws, old);
+    if (ws.memory != nullptr) free_after_calls(ws, ws.memory);
+    free_after_calls(ws, ws.calls);
+    // Both return at once; what they refer to goes once the work before it is done.
+    cudaEventDestroy(static_cast<cudaEvent_t>(ws.done));
+    cudaStreamDestroy(own);
+  });
   ws = DeviceWorkspace();
 }
 

@@ -59,9 +59,6 @@ class WorkArea {
   size_t capacity_ = 0;
 };
 
-/* stream(call, segment, rank, step) of docs/allreduce.md. */
-uint64_t stream_id(uint64_t call, uint64_t segment, uint64_t rank, uint64_t step);
-
 struct CommState;
 class Lockstep;
 
@@ -82,6 +79,9 @@ class Segment {
   bool average;
   int rank, nranks;
   uint64_t call;
+  /* Device buffers: where the call's number is when its kernels run
+   * (DeviceWorkspace::calls), which then override `call`. */
+  const uint64_t* device_call = nullptr;
   std::atomic<uint64_t>* wire_sent;  // bytes this rank has sent (statistics)
   // This segment.
   uint64_t index;
@@ -140,6 +140,8 @@ class Segment {
   void record(ncclResult_t res) const {
     if (status == ncclSuccess) status = res;
   }
+  /* params' random stream for quantization `step` (from device_call when set). */
+  void set_stream(uint64_t step);
   /* wire = Q(v) of float32 values covering `r` on the stream of `step`; with
    * error feedback then e[r] = (v - D(wire)) * scale (non-finite: 0). */
   void quantize_float(Range r, const float* v, uint64_t step, float scale, uint8_t* wire);

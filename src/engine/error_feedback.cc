@@ -11,7 +11,7 @@
 
 namespace qnccl {
 
-ncclResult_t Residual::make(size_t count, int device, cudaStream_t stream,
+ncclResult_t Residual::make(size_t count, int device, cudaStream_t stream, DeviceWorkspace* ws,
                             std::unique_ptr<Residual>* out) {
   float* values = nullptr;
   if (device < 0) {
@@ -24,13 +24,14 @@ ncclResult_t Residual::make(size_t count, int device, cudaStream_t stream,
                        count * sizeof(float), count);
   } else {
 #ifdef QNCCL_WITH_CUDA
-    QNCCL_CHECK(alloc_device_residual(count, device, stream, &values));
+    QNCCL_CHECK(alloc_device_residual(*ws, count, stream, &values));
 #else
     (void)stream;
+    (void)ws;
     return set_error(ncclInternalError, "error feedback: a device residual in a build without CUDA");
 #endif
   }
-  out->reset(new Residual(values, count, device));
+  out->reset(new Residual(values, count, device, ws));
   return ncclSuccess;
 }
 
@@ -40,7 +41,7 @@ Residual::~Residual() {
     return;
   }
 #ifdef QNCCL_WITH_CUDA
-  free_device_residual(values_, device_);
+  release_device_memory(*ws_, values_);
 #endif
 }
 
@@ -59,7 +60,7 @@ ncclResult_t residual_for_call(ncclComm_t comm, CommState& state, const void* se
     return ncclSuccess;
   }
   std::unique_ptr<Residual> made;
-  QNCCL_CHECK(Residual::make(count, device, stream, &made));
+  QNCCL_CHECK(Residual::make(count, device, stream, &state.device, &made));
   *values = made->values();
   std::unique_ptr<Residual>& slot = state.residuals[ResidualKey{sendbuff, count, type}];
   if (slot != nullptr) {  // a stale one, on another device
@@ -115,7 +116,7 @@ ncclResult_t get_residual(const char* fn, ncclComm_t comm, const void* sendbuff,
     return ncclSuccess;
   }
 #ifdef QNCCL_WITH_CUDA
-  return copy_device_residual(residual, r.values(), r.bytes(), r.device());
+  return copy_device_residual(state->device, residual, r.values(), r.bytes());
 #else
   return ncclInternalError;  // no device residuals without CUDA
 #endif

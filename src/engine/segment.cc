@@ -19,10 +19,6 @@
 
 namespace qnccl {
 
-uint64_t stream_id(uint64_t call, uint64_t segment, uint64_t rank, uint64_t step) {
-  return mix64(mix64(mix64(call) ^ segment) ^ (rank << 32 | step));
-}
-
 Range Segment::chunk(int k) const {
   const size_t buckets = num_buckets(count, params.bucket);
   const size_t first = buckets * (size_t)k / (size_t)nranks;
@@ -85,13 +81,21 @@ void workspace_overflow(size_t need, size_t have) {
 void Segment::encode_input(Range r, uint64_t step, uint8_t* wire) {
   if (residual == nullptr) {
     if (status != ncclSuccess) return;
-    params.stream = stream_id(call, index, (uint64_t)rank, step);
+    set_stream(step);
     record(compute.quantize(compute, input(r), r.size(), type, params, wire));
     return;
   }
   fed_input.resize(r.size());
   widen_input(r, fed_input.data());  // z = x + e
   quantize_float(r, fed_input.data(), step, 1.0f, wire);
+}
+
+void Segment::set_stream(uint64_t step) {
+  params.stream = stream_id(call, index, (uint64_t)rank, step);
+  params.call = device_call;
+  params.segment = index;
+  params.rank = (uint64_t)rank;
+  params.step = step;
 }
 
 void Segment::encode_acc(Range r, const float* acc, uint64_t step, uint8_t* wire) {
@@ -108,7 +112,7 @@ void Segment::encode_result(Range r, float* acc, uint64_t step, uint8_t* wire) {
 void Segment::quantize_float(Range r, const float* v, uint64_t step, float scale,
                              uint8_t* wire) {
   if (status != ncclSuccess) return;
-  params.stream = stream_id(call, index, (uint64_t)rank, step);
+  set_stream(step);
   record(compute.quantize(compute, v, r.size(), ncclFloat32, params, wire));
   if (residual == nullptr || status != ncclSuccess) return;
   float* e = residual + r.begin;  // already read into v: this is its one rewrite of the call

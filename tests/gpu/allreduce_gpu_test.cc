@@ -11,7 +11,8 @@
  *      workspace the captured calls go to NCCL unquantized (exact; the
  *      warning is printed once, which the Python side counts); after one
  *      eager call the captured call is quantized, and each replay writes the
- *      host path's bytes;
+ *      host path's bytes of the next call number (a device counter the graph
+ *      advances), as does an eager call after the replays;
  *   5. error feedback: four calls on the same host and device buffers give
  *      the same bytes and leave the same residuals on both sides, for every
  *      algorithm and type, sum and avg;
@@ -316,11 +317,20 @@ bool check_capture(cudaStream_t stream) {
   if (!host_result(c, twin.host, input, &want) ||
       !capture(stream, twin.device, send, recv, c.count, 1, &exec))
     return false;
+  // Each replay takes the next call number from the device counter: replay 1
+  // is call 1, replay 2 call 2 (new rounding noise), and an eager call after
+  // them call 3, ordered after the replays that share its workspace.
   ok = replay(exec, stream, recv, want, "captured quantized call, replay 1") &&
-       replay(exec, stream, recv, want, "captured quantized call, replay 2");
+       host_result(c, twin.host, input, &want) &&
+       replay(exec, stream, recv, want, "captured quantized call, replay 2") &&
+       host_result(c, twin.host, input, &want) &&
+       nccl_ok(ncclAllReduce(send.ptr, recv.ptr, c.count, c.type, c.op, twin.device, stream),
+               "eager ncclAllReduce after the replays") &&
+       cuda_ok(cudaStreamSynchronize(stream), "eager call after the replays") &&
+       same_bytes("eager call after the replays", want, recv.download(), 4);
   cudaGraphExecDestroy(exec);
   return ok && nccl_ok(qncclCommGetStats(twin.device, &stats), "stats") &&
-         stats.callsCompressed == 2;
+         stats.callsCompressed == 3;
 }
 
 /* Part 5: `calls` calls with error feedback on one pair of buffers (host and
