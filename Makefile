@@ -5,18 +5,23 @@
 #   make bench    setup + build + the benchmark
 #   make accuracy setup + build + the training-accuracy benchmark
 #   make sanitize setup + ThreadSanitizer and AddressSanitizer/UBSan builds + the tests of each
-# Knobs: CXX, NVCC (empty: no CUDA), CUDA_HOME, NVCC_GENCODE, NCCL_INCLUDE, BUILD, PYTHON, JOBS,
+# Knobs: CXX, NVCC (empty: no CUDA), CUDA_HOME, CUDA_ARCHS, CUDA_PTX, NCCL_INCLUDE, BUILD, PYTHON, JOBS,
 #        SANITIZE (e.g. thread, or address,undefined: an instrumented build, CPU only).
 
 BUILD   ?= build
 CXX     ?= g++
 CUDA_HOME ?= /usr/local/cuda
-NVCC    ?= $(shell command -v nvcc 2>/dev/null || { test -x $(CUDA_HOME)/bin/nvcc && echo $(CUDA_HOME)/bin/nvcc; })
-# One architecture by default (SASS for sm_80 plus PTX that newer GPUs JIT).
-# For a release build list the GPUs you ship to, e.g.
-#   NVCC_GENCODE="-gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
-#                 -gencode arch=compute_100,code=sm_100 -gencode arch=compute_120,code=[sm_120,compute_120]"
-NVCC_GENCODE ?= -gencode arch=compute_80,code=[sm_80,compute_80]
+# The toolkit in CUDA_HOME first (its nvcc, headers and runtime belong together), else nvcc on PATH.
+NVCC    ?= $(shell test -x $(CUDA_HOME)/bin/nvcc && echo $(CUDA_HOME)/bin/nvcc || command -v nvcc 2>/dev/null)
+# GPU architectures: machine code (SASS) for each of CUDA_ARCHS (A100, A10/3090,
+# L4/4090, H100/H200, B200, RTX 50), PTX for CUDA_PTX that newer GPUs JIT. All
+# six cost ~105 s of nvcc on 2 cores (one: ~23 s) and 20 MB of library; for a
+# quicker development build pick one, e.g. CUDA_ARCHS=80. `qnccl info` lists
+# what a library carries.
+CUDA_ARCHS ?= 80 86 89 90 100 120
+CUDA_PTX ?= $(lastword $(CUDA_ARCHS))
+NVCC_GENCODE := $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) \
+                -gencode arch=compute_$(CUDA_PTX),code=compute_$(CUDA_PTX)
 VENV    ?= .venv
 PYTHON  ?= $(VENV)/bin/python
 
@@ -47,8 +52,13 @@ HOST_LIB  := $(BUILD)/host/libnccl.so.2
 CU_SRCS  := src/codec/codec_cuda.cu src/engine/compute_cuda.cu
 HEADERS  := $(wildcard src/include/*.h src/*/*.h)
 
+empty :=
+comma := ,
 ifneq ($(strip $(NVCC)),)
-  CXXFLAGS += -DQNCCL_WITH_CUDA -I$(CUDA_HOME)/include
+  # The architectures, for qncclCudaInfo: -DQNCCL_CUDA_SASS=80,86,... (no quotes to carry).
+  CXXFLAGS += -DQNCCL_WITH_CUDA -I$(CUDA_HOME)/include \
+              -DQNCCL_CUDA_SASS=$(subst $(empty) $(empty),$(comma),$(strip $(CUDA_ARCHS))) \
+              -DQNCCL_CUDA_PTX=$(strip $(CUDA_PTX))
   NVCCFLAGS += -DQNCCL_WITH_CUDA
   CU_OBJS := $(CU_SRCS:%.cu=$(BUILD)/obj/%.o)
   CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcudart_static -lrt -lpthread -ldl

@@ -164,7 +164,7 @@ def cmd_run(args):
 def _nvcc():
     """Path and release of the nvcc that `make` would use (same search as the Makefile)."""
     cuda_nvcc = Path(os.environ.get("CUDA_HOME") or "/usr/local/cuda") / "bin" / "nvcc"
-    path = shutil.which("nvcc") or (str(cuda_nvcc) if os.access(cuda_nvcc, os.X_OK) else None)
+    path = str(cuda_nvcc) if os.access(cuda_nvcc, os.X_OK) else shutil.which("nvcc")
     if path is None:
         return "not found (CPU-only build)"
     out = subprocess.run([path, "--version"], capture_output=True, text=True).stdout
@@ -277,18 +277,53 @@ def describe_env_config(config):
             f"debug={_DEBUG_NAMES.get(config.debug, config.debug)}")
 
 
+def _cuda_version(encoded):
+    return f"CUDA {encoded // 1000}.{encoded % 1000 // 10}"
+
+
+def driver_verdict(runtime, driver):
+    """Whether a driver of CUDA version `driver` runs kernels linked with runtime
+    `runtime` (both as 1000 * major + 10 * minor; driver 0: none), in words. A
+    driver runs any runtime of its major version or older (CUDA's minor version
+    compatibility); machine code then loads, PTX only up to the driver's version."""
+    if driver == 0:
+        return "no CUDA driver: every buffer is host memory"
+    if driver // 1000 < runtime // 1000:
+        return (f"no: the driver ({_cuda_version(driver)}) is older than the kernels' runtime "
+                f"({_cuda_version(runtime)}); device buffers fail with a message. Update the "
+                f"driver to one for CUDA {runtime // 1000}, or build QNCCL with a CUDA "
+                f"{driver // 1000} toolkit")
+    note = "" if driver >= runtime else (
+        f"; PTX from CUDA {runtime // 1000}.{runtime % 1000 // 10} does not JIT on it, so GPUs "
+        "without machine code here do not run")
+    return f"yes ({_cuda_version(driver)} driver, {_cuda_version(runtime)} runtime{note})"
+
+
+def _cuda_rows(ffi, lib):
+    """Rows about the library's CUDA side: its runtime, architectures, the driver."""
+    from . import _lib
+    info = ffi.new("qncclCudaInfo_t*")
+    _lib.check(lib.qncclCudaInfo(info))
+    if not info.compiled:
+        return [("CUDA kernels", "not built (host codec only)")]
+    sass = ffi.string(info.sass).decode().split(",")
+    ptx = ffi.string(info.ptx).decode().split(",")
+    return [("CUDA kernels", f"built in, {_cuda_version(info.runtimeVersion)} runtime (static)"),
+            ("CUDA archs", " ".join(f"sm_{a}" for a in sass) + ", PTX " +
+             " ".join(f"compute_{a}" for a in ptx)),
+            ("CUDA compat", driver_verdict(info.runtimeVersion, info.driverVersion))]
+
+
 def _library_rows():
     """(rows, ok) about libqnccl.so: version, kernels, host codec, the configuration
     the environment gives a communicator."""
     from . import _lib
     try:
         ffi, lib = _lib.ffi(), _lib.lib()
-        compiled = ffi.new("int*")
-        _lib.check(lib.qncclCudaCompiled(compiled))
+        cuda = _cuda_rows(ffi, lib)
     except Exception as e:  # info reports whatever keeps the library from loading
         return [("library", f"not loaded: {type(e).__name__}: {e}")], False
-    rows = [("library", f"{_lib.version()} at {_loaded_path('libqnccl.so') or '?'}"),
-            ("CUDA kernels", "built in" if compiled[0] else "not built (host codec only)")]
+    rows = [("library", f"{_lib.version()} at {_loaded_path('libqnccl.so') or '?'}"), *cuda]
     ok = True
     isa = ffi.new("const char**")
     try:

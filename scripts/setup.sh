@@ -33,6 +33,7 @@ PY_PKGS=(
   matplotlib==3.11.2
   ml-dtypes==0.6.0  # bfloat16 numpy arrays: qnccl.codec accepts them (tests/test_codec.py)
   torch==2.13.0     # the gloo baseline of make bench, the DDP hook and its tests
+  nvidia-cuda-cuobjdump==13.5.37  # lists the GPU code in libqnccl.so (tests/test_cuda_build.py)
 )
 NCCL_VERSION=2.32.3  # the release src/include/nccl_abi.h follows
 NCCL_WHEEL=nvidia-nccl-cu13==$NCCL_VERSION

@@ -33,6 +33,10 @@ QNCCL_EXPORT ncclResult_t qncclCudaCompiled(int* compiled) {
   return ncclSuccess;
 }
 
+QNCCL_EXPORT ncclResult_t qncclCudaInfo(qncclCudaInfo_t* info) {
+  return cuda_info("qncclCudaInfo", info);
+}
+
 QNCCL_EXPORT ncclResult_t qncclConfigFromEnv(qncclEnvConfig_t* config) {
   if (config == nullptr)
     return set_error(ncclInvalidArgument,

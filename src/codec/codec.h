@@ -63,6 +63,8 @@ int device_dequantize(const void* src, size_t count, const CodecParams& p, void*
  * cause, never taken for host memory. `fn` names the caller. */
 ncclResult_t pointer_device(const char* fn, const void* ptr, int* device);
 const char* device_error_string(int err);
+/* The linked runtime's and the installed driver's CUDA versions (0: none). */
+void cuda_versions(int* runtime, int* driver);
 #endif
 
 /* Behind the C API (src/api/api.cc); `fn` names the entry point in
@@ -77,6 +79,7 @@ ncclResult_t codec_dequantize(const char* fn, const void* src, size_t srcBytes, 
                               const qncclCodecConfig_t* config, void* dst, ncclDataType_t datatype,
                               cudaStream_t stream, bool accumulate);
 ncclResult_t host_codec_isa(const char* fn, const char** isa);
+ncclResult_t cuda_info(const char* fn, qncclCudaInfo_t* info);
 
 }  // namespace qnccl
 

@@ -171,4 +171,21 @@ ncclResult_t host_codec_isa(const char* fn, const char** isa) {
   return ncclSuccess;
 }
 
+ncclResult_t cuda_info(const char* fn, qncclCudaInfo_t* info) {
+  if (info == nullptr)
+    return set_error(ncclInvalidArgument, "%s: info is NULL; pass a qncclCudaInfo_t*", fn);
+  *info = qncclCudaInfo_t{0, 0, 0, "", ""};
+#ifdef QNCCL_WITH_CUDA
+#define QNCCL_STRING(...) #__VA_ARGS__
+#define QNCCL_EXPAND_STRING(...) QNCCL_STRING(__VA_ARGS__)
+  info->compiled = 1;
+  cuda_versions(&info->runtimeVersion, &info->driverVersion);
+  info->sass = QNCCL_EXPAND_STRING(QNCCL_CUDA_SASS);
+  info->ptx = QNCCL_EXPAND_STRING(QNCCL_CUDA_PTX);
+#undef QNCCL_EXPAND_STRING
+#undef QNCCL_STRING
+#endif
+  return ncclSuccess;
+}
+
 }  // namespace qnccl

@@ -229,6 +229,17 @@ ncclResult_t qncclCommGetResidual(ncclComm_t comm, const void* sendbuff, size_t 
 /* 1 when this library was built with the CUDA kernels, else 0. */
 ncclResult_t qncclCudaCompiled(int* compiled);
 
+/* The CUDA side of this library and of the machine. Versions are CUDA's
+ * encoding, 1000 * major + 10 * minor (12040: CUDA 12.4), 0 for none. */
+typedef struct {
+  int compiled;         /* 1: built with the CUDA kernels */
+  int runtimeVersion;   /* the CUDA runtime linked into the library */
+  int driverVersion;    /* the CUDA version of the installed driver (0: no driver) */
+  const char* sass;     /* GPU architectures with machine code: "80,86,89,90,100,120" */
+  const char* ptx;      /* those with PTX, which newer GPUs compile at load time: "120" */
+} qncclCudaInfo_t;
+ncclResult_t qncclCudaInfo(qncclCudaInfo_t* info);
+
 /* Instruction set of the host codec in use: "generic", "avx2" or "avx512"
  * (the fastest this CPU runs, or the one environment variable
  * QNCCL_HOST_ISA names; an unknown or unsupported name fails here and in
