@@ -1,40 +1,40 @@
 # QNCCL build.
-#   make          libqnccl.so (+ CUDA kernels when nvcc is found), cffi header, perf binaries
+#   make          libqnccl.so (+ CUDA kernels when the CUDA 12 wheels are in .venv), cffi header,
+#                 perf binaries
 #   make setup    install what building and testing need (idempotent)
 #   make test     setup + build + the test suite + make sanitize
 #   make bench    setup + build + the benchmark
 #   make accuracy setup + build + the training-accuracy benchmark
 #   make sanitize setup + ThreadSanitizer and AddressSanitizer/UBSan builds + the tests of each
-# Knobs: CXX, NVCC (empty: no CUDA), CUDA_HOME, CUDA_ARCHS, CUDA_PTX, NCCL_INCLUDE, BUILD, PYTHON, JOBS,
-#        SANITIZE (e.g. thread, or address,undefined: an instrumented build, CPU only).
+# Knobs: CXX, CUDA (0: no CUDA), CUDA_ROOT, CUDA_ARCHS, CUDA_PTX, NCCL_INCLUDE, BUILD, PYTHON,
+#        JOBS, SANITIZE (e.g. thread, or address,undefined: an instrumented build, CPU only).
 
 BUILD   ?= build
+JOBS    ?= $(shell nproc 2>/dev/null || echo 2)
 CXX     ?= g++
-CUDA_HOME ?= /usr/local/cuda
-# The toolkit in CUDA_HOME first (its nvcc, headers and runtime belong together), else nvcc on PATH.
-NVCC    ?= $(shell test -x $(CUDA_HOME)/bin/nvcc && echo $(CUDA_HOME)/bin/nvcc || command -v nvcc 2>/dev/null)
-# GPU architectures: machine code (SASS) for each of CUDA_ARCHS (A100, A10/3090,
-# L4/4090, H100/H200, B200, RTX 50), PTX for CUDA_PTX that newer GPUs JIT. All
-# six cost ~105 s of nvcc on 2 cores (one: ~23 s) and 20 MB of library; for a
-# quicker development build pick one, e.g. CUDA_ARCHS=80. `qnccl info` lists
-# what a library carries.
-CUDA_ARCHS ?= 80 86 89 90 100 120
-CUDA_PTX ?= $(lastword $(CUDA_ARCHS))
-NVCC_GENCODE := $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) \
-                -gencode arch=compute_$(CUDA_PTX),code=compute_$(CUDA_PTX)
 VENV    ?= .venv
 PYTHON  ?= $(VENV)/bin/python
+
+# CUDA: one CUDA 12 toolkit from PyPI, which make setup installs into the venv:
+# the runtime (headers, libcudart_static.a), NVRTC (compiles the kernels at
+# build time, scripts/nvrtc_build.py) and CCCL (standard headers for NVRTC).
+# A library built with it serves every driver from R525 on. No nvcc is used.
+CUDA ?= 1
+CUDA_ROOT ?= $(patsubst %/cuda_nvrtc,%,$(firstword $(wildcard $(VENV)/lib/python3*/site-packages/nvidia/cuda_nvrtc)))
+# GPU architectures: machine code for each of CUDA_ARCHS (A100, A10/3090,
+# L4/4090, H100/H200, B200, RTX 50), PTX for CUDA_PTX, which newer GPUs
+# compile at load time. `qnccl info` lists what a library carries; for a
+# quicker development build pick one, e.g. CUDA_ARCHS=80.
+CUDA_ARCHS ?= 80 86 89 90 100 120
+CUDA_PTX ?= $(lastword $(CUDA_ARCHS))
 
 # -ffp-contract=off and no -ffast-math: the codec must round exactly as the
 # kernels and the emulator do (docs/wire-format.md).
 CXXFLAGS ?= -O3 -g
 CXXFLAGS += -std=c++17 -fPIC -ffp-contract=off -fno-fast-math -fno-trapping-math -fvisibility=hidden \
             -Wall -Wextra -Wshadow -Werror -Isrc/include -Isrc
-NVCCFLAGS ?= -O3
-NVCCFLAGS += -std=c++17 -fmad=false -prec-div=true -ftz=false -Xcompiler -fPIC,-fvisibility=hidden \
-             -Werror all-warnings -Isrc/include -Isrc $(NVCC_GENCODE)
 ifneq ($(strip $(SANITIZE)),)
-  NVCC :=
+  CUDA := 0
   CXXFLAGS += -fsanitize=$(SANITIZE) -fno-sanitize-recover=all -fno-omit-frame-pointer
   SAN_LDFLAGS := -fsanitize=$(SANITIZE)
 endif
@@ -42,26 +42,28 @@ endif
 # the library even when another one (the interposer) exports the same names.
 LDFLAGS += $(SAN_LDFLAGS) -shared -Wl,--no-undefined -Wl,-soname,libqnccl.so -Wl,-Bsymbolic-functions
 
+# The host side of the CUDA path; the kernels are KERNEL_MODULES' sources.
+CUDA_SRCS := src/codec/codec_cuda.cc src/codec/cuda_module.cc src/engine/compute_cuda.cc
+KERNEL_MODULES := codec engine
+KERNEL_SOURCE_codec := src/codec/codec_kernels.cu
+KERNEL_SOURCE_engine := src/engine/compute_kernels.cu
 LIB_SRCS := src/common/error.cc src/common/env.cc src/codec/host_isa.cc src/codec/codec_api.cc \
-            $(wildcard src/engine/*.cc) $(wildcard src/shim/*.cc) $(wildcard src/config/*.cc) \
-            $(wildcard src/api/*.cc)
+            $(filter-out $(CUDA_SRCS),$(wildcard src/engine/*.cc)) $(wildcard src/shim/*.cc) \
+            $(wildcard src/config/*.cc) $(wildcard src/api/*.cc)
 # The host backend: the NCCL API for host memory over MPI (its own libnccl.so.2).
 MPICXX  ?= mpicxx
 HOST_SRCS := $(wildcard src/host_backend/*.cc)
 HOST_LIB  := $(BUILD)/host/libnccl.so.2
-CU_SRCS  := src/codec/codec_cuda.cu src/engine/compute_cuda.cu
 HEADERS  := $(wildcard src/include/*.h src/*/*.h)
 
-empty :=
-comma := ,
-ifneq ($(strip $(NVCC)),)
-  # The architectures, for qncclCudaInfo: -DQNCCL_CUDA_SASS=80,86,... (no quotes to carry).
-  CXXFLAGS += -DQNCCL_WITH_CUDA -I$(CUDA_HOME)/include \
-              -DQNCCL_CUDA_SASS=$(subst $(empty) $(empty),$(comma),$(strip $(CUDA_ARCHS))) \
-              -DQNCCL_CUDA_PTX=$(strip $(CUDA_PTX))
-  NVCCFLAGS += -DQNCCL_WITH_CUDA
-  CU_OBJS := $(CU_SRCS:%.cu=$(BUILD)/obj/%.o)
-  CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcudart_static -lrt -lpthread -ldl
+ifeq ($(CUDA)$(if $(strip $(CUDA_ROOT)),y),1y)
+  CUDA_INCLUDE := $(CUDA_ROOT)/cuda_runtime/include
+  NVRTC := $(CUDA_ROOT)/cuda_nvrtc/lib/libnvrtc.so.12
+  # (the runtime headers include crt/, which comes with the nvcc wheel)
+  CXXFLAGS += -DQNCCL_WITH_CUDA -isystem $(CUDA_INCLUDE) -isystem $(CUDA_ROOT)/cuda_nvcc/include
+  LIB_SRCS += $(CUDA_SRCS)
+  CU_OBJS := $(KERNEL_MODULES:%=$(BUILD)/obj/gen/%_images.o)
+  CUDA_LIBS := $(CUDA_ROOT)/cuda_runtime/lib/libcudart_static.a -lrt -lpthread -ldl
 endif
 
 # The host codec is built once per instruction set and picked at run time.
@@ -90,15 +92,15 @@ NCCL_INCLUDE ?= $(BUILD)/include/nccl
 # (MPI's deprecated C++ bindings are left out: they do not build with -Werror.)
 PERF_CXXFLAGS = $(filter-out -fvisibility=hidden,$(CXXFLAGS)) -Iperf -I$(NCCL_INCLUDE) \
                 -DOMPI_SKIP_MPICXX -DMPICH_SKIP_MPICXX
-GPU_TESTS := $(if $(strip $(NVCC)),$(BUILD)/bin/codec_gpu_test $(BUILD)/bin/allreduce_gpu_test)
+GPU_TESTS := $(if $(CU_OBJS),$(BUILD)/bin/codec_gpu_test $(BUILD)/bin/allreduce_gpu_test)
 
 .PHONY: all setup test bench accuracy sanitize clean
 all: $(LIB) $(HOST_LIB) $(CDEF) $(PERF_BINS) $(GPU_TESTS)
 
 # Objects depend on the compilers and flags they were built with: a build
-# with other settings (say NVCC=) rebuilds everything instead of mixing.
+# with other settings (say CUDA=0) rebuilds everything instead of mixing.
 FLAGS_STAMP := $(BUILD)/flags.txt
-FLAGS_NOW := $(CXX) $(CXXFLAGS) | $(NVCC) $(NVCCFLAGS) | $(LDFLAGS) $(CUDA_LIBS)
+FLAGS_NOW := $(CXX) $(CXXFLAGS) | $(CUDA_ROOT) $(CUDA_ARCHS) / $(CUDA_PTX) | $(LDFLAGS) $(CUDA_LIBS)
 $(shell mkdir -p $(BUILD) && { test -f $(FLAGS_STAMP) && test "$$(cat $(FLAGS_STAMP))" = '$(FLAGS_NOW)' || echo '$(FLAGS_NOW)' > $(FLAGS_STAMP); })
 
 $(BUILD)/obj/%.o: %.cc $(HEADERS) $(FLAGS_STAMP)
@@ -109,9 +111,20 @@ $(BUILD)/obj/src/codec/codec_host_%.o: src/codec/codec_host.cc $(HEADERS) $(FLAG
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) $(ISA_FLAGS_$*) -DQNCCL_CODEC_ISA=$* -c $< -o $@
 
-$(BUILD)/obj/%.o: %.cu $(HEADERS) $(FLAGS_STAMP)
+# The kernels: NVRTC images of each module, embedded by a generated source.
+NVRTC_INCLUDES := -I src/include -I src -I src/codec/nvrtc_include -I $(CUDA_ROOT)/cuda_cccl/include
+define kernel_module
+$(BUILD)/gen/$(1)_images.cc: $(KERNEL_SOURCE_$(1)) $(HEADERS) $(wildcard src/codec/nvrtc_include/*) \
+                             scripts/nvrtc_build.py $(FLAGS_STAMP)
+	@mkdir -p $$(dir $$@)
+	$(PYTHON) scripts/nvrtc_build.py --nvrtc $(NVRTC) --module $(1) --source $(KERNEL_SOURCE_$(1)) \
+	  --out $(BUILD)/gen --sass "$(CUDA_ARCHS)" --ptx $(CUDA_PTX) --jobs $(JOBS) $(NVRTC_INCLUDES)
+endef
+$(foreach m,$(KERNEL_MODULES),$(eval $(call kernel_module,$(m))))
+
+$(BUILD)/obj/gen/%_images.o: $(BUILD)/gen/%_images.cc $(HEADERS)
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+	$(CXX) $(CXXFLAGS) -c $< -o $@
 
 $(LIB): $(LIB_OBJS) src/exports.map
 	@mkdir -p $(dir $@)
@@ -143,11 +156,11 @@ $(BUILD)/include/nccl/nccl.h:
 	@mkdir -p $(dir $@)
 	printf '/* The NCCL API as QNCCL declares it (src/include/nccl_abi.h). */\n#include "nccl_abi.h"\n' > $@
 
-# Built with CUDA when nvcc is found: buffers then live on the GPU when one is
+# Built with CUDA when the library is: buffers then live on the GPU when one is
 # visible (--memory), and the same binary runs over NVIDIA's NCCL. They link
 # the host backend; LD_LIBRARY_PATH picks another libnccl.so.2 at run time.
-PERF_CUDA_FLAGS := $(if $(strip $(NVCC)),-DQNCCL_PERF_CUDA)
-PERF_CUDA_LIBS := $(if $(strip $(NVCC)),-L$(CUDA_HOME)/lib64 -lcudart_static -lrt -lpthread)
+PERF_CUDA_FLAGS := $(if $(CU_OBJS),-DQNCCL_PERF_CUDA -isystem $(CUDA_INCLUDE) -isystem $(CUDA_ROOT)/cuda_nvcc/include)
+PERF_CUDA_LIBS := $(if $(CU_OBJS),$(CUDA_LIBS))
 $(BUILD)/bin/all_reduce_perf: perf/all_reduce_perf.cc $(PERF_DRIVER) $(HOST_LIB) $(HEADERS) \
                               $(NCCL_INCLUDE)/nccl.h $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
@@ -162,13 +175,12 @@ $(BUILD)/bin/mpi_all_reduce_perf: perf/mpi_all_reduce_perf.cc $(PERF_DRIVER) $(H
 $(BUILD)/bin/%_gpu_test: tests/gpu/%_gpu_test.cc $(LIB) $(HEADERS) tests/gpu/gpu_test.h $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CXX) $(filter-out -fvisibility=hidden,$(CXXFLAGS)) $< -o $@ -L$(BUILD)/lib -lqnccl \
-	  -L$(CUDA_HOME)/lib64 -lcudart_static -lrt -lpthread -ldl -Wl,-rpath,'$$ORIGIN/../lib'
+	  $(CUDA_LIBS) -Wl,-rpath,'$$ORIGIN/../lib'
 
 setup:
 	@bash scripts/setup.sh
 
 # Both build on every core first (the CUDA and per-ISA objects are slow alone).
-JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 test: setup
 	@$(MAKE) --no-print-directory -j$(JOBS) all
 	$(PYTHON) -m pytest tests

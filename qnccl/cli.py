@@ -161,15 +161,13 @@ def cmd_run(args):
 
 # ---- qnccl info -----------------------------------------------------------------------------
 
-def _nvcc():
-    """Path and release of the nvcc that `make` would use (same search as the Makefile)."""
-    cuda_nvcc = Path(os.environ.get("CUDA_HOME") or "/usr/local/cuda") / "bin" / "nvcc"
-    path = str(cuda_nvcc) if os.access(cuda_nvcc, os.X_OK) else shutil.which("nvcc")
-    if path is None:
-        return "not found (CPU-only build)"
-    out = subprocess.run([path, "--version"], capture_output=True, text=True).stdout
-    release = re.search(r"release ([\d.]+)", out)
-    return f"{path} (CUDA {release.group(1) if release else '?'})"
+def _cuda_toolkit():
+    """The CUDA toolkit wheels `make` builds the kernels with (Makefile, "CUDA")."""
+    try:
+        return (f"NVRTC {importlib.metadata.version('nvidia-cuda-nvrtc-cu12')}, runtime "
+                f"{importlib.metadata.version('nvidia-cuda-runtime-cu12')} (pip wheels)")
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed (CPU-only build): run `make setup`"
 
 
 def _loaded_path(name):
@@ -361,7 +359,7 @@ def cmd_info(_args):
     header = (REPO / "src" / "include" / "qnccl.h").read_text()
     wire = re.search(r"#define QNCCL_WIRE_VERSION (\d+)", header).group(1)
     rows += [("wire format", f"{wire} (qnccl.h), {emulator.WIRE_VERSION} (emulator)"),
-             ("nvcc", _nvcc())]
+             ("CUDA toolkit", _cuda_toolkit())]
     rows += [(pkg, importlib.metadata.version(pkg)) for pkg in ("numpy", "cffi")]
     for key, value in rows:
         print(f"{key:<14} {value}")

@@ -139,7 +139,7 @@ def _require_cuda(what):
     _lib.check(_lib.lib().qncclCudaCompiled(compiled))
     if not compiled[0]:
         raise RuntimeError(f"{what} is in device memory but this libqnccl.so was built without "
-                           "CUDA: rebuild it with nvcc on PATH, or pass numpy arrays")
+                           "CUDA: run `make setup` (it installs the CUDA 12 wheels) and `make`, or pass numpy arrays")
 
 
 def _memory(array, what, writable):

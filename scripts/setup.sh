@@ -2,7 +2,8 @@
 # make setup: install what building and testing QNCCL need, idempotently.
 #
 #   system packages   g++, make, OpenMPI, iproute2, python3 venv (apt, only when missing)
-#   .venv             pinned Python tools (torch included) + `pip install -e .` of qnccl
+#   .venv             pinned Python tools (torch included), the CUDA 12 toolkit wheels the
+#                     kernels build with, + `pip install -e .` of qnccl
 #   .venv/nccl-reference/include/nccl.h
 #                     NVIDIA's header, which tests/test_abi.py checks src/include/nccl_abi.h
 #                     against (optional: without network the test is skipped)
@@ -33,7 +34,14 @@ PY_PKGS=(
   matplotlib==3.11.2
   ml-dtypes==0.6.0  # bfloat16 numpy arrays: qnccl.codec accepts them (tests/test_codec.py)
   torch==2.13.0     # the gloo baseline of make bench, the DDP hook and its tests
-  nvidia-cuda-cuobjdump==13.5.37  # lists the GPU code in libqnccl.so (tests/test_cuda_build.py)
+  # One CUDA 12 toolkit for the kernels (Makefile, "CUDA"): the runtime (headers and static
+  # library), NVRTC (compiles the kernels), CCCL (standard headers for NVRTC), and the nvcc
+  # wheel for the crt/ headers the runtime's include (its ptxas is not used).
+  nvidia-cuda-runtime-cu12==12.9.79
+  nvidia-cuda-nvrtc-cu12==12.9.86
+  nvidia-cuda-cccl-cu12==12.9.27
+  nvidia-cuda-nvcc-cu12==12.9.86
+  nvidia-cuda-cuobjdump==13.5.37  # reads the kernels' images (tests/test_cuda_build.py)
 )
 NCCL_VERSION=2.32.3  # the release src/include/nccl_abi.h follows
 NCCL_WHEEL=nvidia-nccl-cu13==$NCCL_VERSION

@@ -48,12 +48,12 @@ GPU_BINARY_TIMEOUT_S = 540  # below pytest-timeout's 600 s, so a hang reports it
 
 
 def run_gpu_binary(binary, *args, env=None):
-    """Runs a tests/gpu binary (built by `make` when nvcc is found): skips when
+    """Runs a tests/gpu binary (built by `make` with the CUDA kernels): skips when
     it is not built or finds no device, fails on a timeout; returns the
     CompletedProcess of a run that did its checks (any exit status)."""
     binary = Path(binary)
     if not binary.exists():
-        pytest.skip(f"{binary} is not built: the library was built without CUDA (no nvcc)")
+        pytest.skip(f"{binary} is not built: the library was built without CUDA")
     try:
         run = subprocess.run([str(binary), *map(str, args)], capture_output=True, text=True,
                              timeout=GPU_BINARY_TIMEOUT_S, env=env)

@@ -1,5 +1,5 @@
 """The quantized allreduce on device buffers (the engine's CUDA path) through
-NVIDIA's NCCL: runs tests/gpu/allreduce_gpu_test.cc (built by `make` when nvcc
+NVIDIA's NCCL: runs tests/gpu/allreduce_gpu_test.cc (built by `make` with CUDA
 is found as build/bin/allreduce_gpu_test) on a CUDA device. One rank: device
 buffers give the host path's bytes for every algorithm, type, op and rounding,
 mixed buffers are refused, calls do not wait for their stream, and CUDA graph

@@ -1,5 +1,5 @@
 """The CUDA codec against the host codec, byte for byte, through the public
-API: runs tests/gpu/codec_gpu_test.cc (built by `make` when nvcc is found as
+API: runs tests/gpu/codec_gpu_test.cc (built by `make` with CUDA as
 build/bin/codec_gpu_test) on a CUDA device."""
 import pytest
 

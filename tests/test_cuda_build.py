@@ -1,7 +1,9 @@
-"""The CUDA side of the build: which GPU architectures libqnccl.so carries
-machine code and PTX for (read from the library with NVIDIA's cuobjdump, and
-as qncclCudaInfo and `qnccl info` report them), and the rule `qnccl info`
-applies to say whether the installed driver runs them. Needs no GPU."""
+"""The CUDA side of the build: the kernel images NVRTC made (CUDA 12.9, read
+with NVIDIA's cuobjdump: machine code for each architecture, PTX for one),
+embedded byte for byte in libqnccl.so, which links the CUDA 12 runtime and
+reports the same architectures (qncclCudaInfo, `qnccl info`); and the rule
+`qnccl info` applies to say whether the installed driver runs them. Needs no
+GPU."""
 import re
 import shutil
 import subprocess
@@ -53,27 +55,53 @@ def cuobjdump():
                                 "nvidia-cuda-cuobjdump)")
 
 
+MODULES = ("codec", "engine")  # Makefile: KERNEL_MODULES
+TYPES = ("f32", "f16", "bf16")
+# The kernels the host code launches by name (codec_cuda.cc, compute_cuda.cc).
+KERNELS = {
+    "codec": {f"qnccl_stats_{t}" for t in TYPES}
+    | {f"qnccl_encode_{t}_{b}_{r}" for t in TYPES for b in range(1, 9)
+       for r in ("nearest", "stochastic")}
+    | {f"qnccl_decode_{t}_{b}_{m}" for t in TYPES for b in range(1, 9)
+       for m in ("store", "accumulate")},
+    "engine": {f"qnccl_widen_{t}" for t in TYPES}
+    | {"qnccl_divide", "qnccl_residual", "qnccl_set_calls", "qnccl_take_call"},
+}
+
+
 def test_library_carries_the_architectures_it_reports():
     info, ffi = cuda_info()
     if not info.compiled:
-        pytest.skip("libqnccl.so was built without CUDA (no nvcc)")
-    listing = subprocess.run([cuobjdump(), "--list-elf", "--list-ptx", str(LIBQNCCL)],
-                             capture_output=True, text=True, check=True).stdout
-    cubins = re.findall(r"^ELF file\s+\d+: .*\.sm_(\d+)\.cubin$", listing, re.M)
-    ptxs = re.findall(r"^PTX file\s+\d+: .*\.sm_(\d+)\.ptx$", listing, re.M)
-    sass, ptx = set(cubins), set(ptxs)
+        pytest.skip("libqnccl.so was built without CUDA")
     reported_sass = ffi.string(info.sass).decode().split(",")
     reported_ptx = ffi.string(info.ptx).decode().split(",")
-    assert sass == set(reported_sass), listing
-    assert ptx == set(reported_ptx), listing
-    # Every kernel module (one per .cu file) carries every architecture.
-    modules = {cubins.count(a) for a in sass} | {ptxs.count(a) for a in ptx}
-    assert len(modules) == 1 and modules.pop() >= 1, listing
+    assert info.runtimeVersion // 1000 == 12, "the kernels must link a CUDA 12 runtime"
+    library = LIBQNCCL.read_bytes()
+    tool = cuobjdump()
+    for module in MODULES:
+        images = sorted((BUILD / "gen").glob(f"{module}.*"))
+        cubins = [p for p in images if p.suffix == ".cubin"]
+        ptxs = [p for p in images if p.suffix == ".ptx"]
+        assert sorted(p.stem.split("sm_")[1] for p in cubins) == sorted(reported_sass), images
+        assert sorted(p.stem.split("compute_")[1] for p in ptxs) == sorted(reported_ptx), images
+        for cubin in cubins:  # machine code for its architecture, by CUDA 12, every kernel
+            arch = cubin.stem.split("sm_")[1]
+            elf = subprocess.run([tool, "-elf", str(cubin)], capture_output=True, text=True,
+                                 check=True).stdout
+            assert re.search(rf"sm={arch}, toolkit=12\.?\d\b", elf), elf[:300]  # 129 or 12.9
+            assert set(re.findall(r"^\.nv\.info\.(qnccl_\w+)$", elf, re.M)) == KERNELS[module]
+        for ptx in ptxs:
+            text = ptx.read_text()
+            assert re.search(r"^\.version 8\.\d", text, re.M), f"{ptx}: not PTX of CUDA 12"
+            assert re.search(rf"^\.target sm_{ptx.stem.split('compute_')[1]}\b", text, re.M)
+        for image in images:  # embedded unchanged
+            assert image.read_bytes() in library, f"{image} is not inside {LIBQNCCL}"
     shown = subprocess.run([sys.executable, "-m", "qnccl", "info"], capture_output=True,
                            text=True, timeout=60).stdout
     row = re.search(r"^CUDA archs +(.*)$", shown, re.M)
     assert row and row.group(1) == " ".join(f"sm_{a}" for a in reported_sass) + ", PTX " + \
         " ".join(f"compute_{a}" for a in reported_ptx), shown
+    assert re.search(r"^CUDA kernels +built in, CUDA 12\.\d runtime", shown, re.M), shown
 
 
 def test_default_build_targets_every_supported_gpu():

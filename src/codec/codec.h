@@ -1,7 +1,8 @@
 /* Internal interface of the codec: one host implementation (codec_host.cc)
- * and one CUDA implementation (codec_cuda.cu) of the same operations. The
- * public entry points (codec_api.cc) validate arguments and pick one by
- * where the buffers live; the collectives call these directly. */
+ * and one CUDA implementation (codec_cuda.cc launching codec_kernels.cu) of
+ * the same operations. The public entry points (codec_api.cc) validate
+ * arguments and pick one by where the buffers live; the collectives call
+ * these directly. */
 #ifndef QNCCL_CODEC_CODEC_H_
 #define QNCCL_CODEC_CODEC_H_
 
@@ -51,11 +52,12 @@ struct HostCodec {
 ncclResult_t host_codec(const HostCodec** codec);
 
 #ifdef QNCCL_WITH_CUDA
-/* Device: same contract, enqueued on `stream`; returns a cudaError_t value. */
-int device_quantize(const void* src, size_t count, ncclDataType_t type, const CodecParams& p,
-                    void* dst, cudaStream_t stream);
-int device_dequantize(const void* src, size_t count, const CodecParams& p, void* dst,
-                      ncclDataType_t type, bool accumulate, cudaStream_t stream);
+/* Device: same contract, enqueued on `stream` (codec_cuda.cc); a failure
+ * comes with its message. */
+ncclResult_t device_quantize(const void* src, size_t count, ncclDataType_t type,
+                             const CodecParams& p, void* dst, cudaStream_t stream);
+ncclResult_t device_dequantize(const void* src, size_t count, const CodecParams& p, void* dst,
+                               ncclDataType_t type, bool accumulate, cudaStream_t stream);
 /* Where `ptr` points: *device is its device (device or managed memory), or
  * -1 for host memory, which is also every pointer when the machine has no
  * CUDA driver or no device. A pointer the CUDA runtime cannot classify (a

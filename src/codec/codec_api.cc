@@ -3,9 +3,14 @@
  * buffers live. */
 #include <stdint.h>
 
+#include <string>
+
 #include "codec/codec.h"
 #include "codec/codec_math.h"
 #include "common/error.h"
+#ifdef QNCCL_WITH_CUDA
+#include "codec/cuda_module.h"
+#endif
 
 namespace qnccl {
 
@@ -92,10 +97,10 @@ ncclResult_t locate(const char* fn, const void* a, const void* b, bool* on_devic
   return ncclSuccess;
 }
 
-ncclResult_t cuda_result(const char* fn, int err) {
-  if (err == 0) return ncclSuccess;
-  return set_error(ncclUnhandledCudaError, "%s: CUDA error %d: %s", fn, err,
-                   device_error_string(err));
+ncclResult_t on_device_result(const char* fn, ncclResult_t res) {
+  if (res == ncclSuccess) return res;
+  const std::string why = last_error();
+  return set_error(res, "%s: %s", fn, why.c_str());
 }
 #endif
 
@@ -126,7 +131,7 @@ ncclResult_t codec_quantize(const char* fn, const void* src, size_t count, ncclD
 #ifdef QNCCL_WITH_CUDA
   bool on_device = false;
   QNCCL_CHECK(locate(fn, src, dst, &on_device));
-  if (on_device) return cuda_result(fn, device_quantize(src, count, datatype, p, dst, stream));
+  if (on_device) return on_device_result(fn, device_quantize(src, count, datatype, p, dst, stream));
 #else
   (void)stream;
 #endif
@@ -152,7 +157,7 @@ ncclResult_t codec_dequantize(const char* fn, const void* src, size_t srcBytes, 
   bool on_device = false;
   QNCCL_CHECK(locate(fn, src, dst, &on_device));
   if (on_device)
-    return cuda_result(fn, device_dequantize(src, count, p, dst, datatype, accumulate, stream));
+    return on_device_result(fn, device_dequantize(src, count, p, dst, datatype, accumulate, stream));
 #else
   (void)stream;
 #endif
@@ -176,14 +181,10 @@ ncclResult_t cuda_info(const char* fn, qncclCudaInfo_t* info) {
     return set_error(ncclInvalidArgument, "%s: info is NULL; pass a qncclCudaInfo_t*", fn);
   *info = qncclCudaInfo_t{0, 0, 0, "", ""};
 #ifdef QNCCL_WITH_CUDA
-#define QNCCL_STRING(...) #__VA_ARGS__
-#define QNCCL_EXPAND_STRING(...) QNCCL_STRING(__VA_ARGS__)
   info->compiled = 1;
   cuda_versions(&info->runtimeVersion, &info->driverVersion);
-  info->sass = QNCCL_EXPAND_STRING(QNCCL_CUDA_SASS);
-  info->ptx = QNCCL_EXPAND_STRING(QNCCL_CUDA_PTX);
-#undef QNCCL_EXPAND_STRING
-#undef QNCCL_STRING
+  info->sass = carried_archs(kCudaImages_codec, false);
+  info->ptx = carried_archs(kCudaImages_codec, true);
 #endif
   return ncclSuccess;
 }

@@ -1,5 +1,5 @@
 /* The codec's arithmetic, element by element, shared by the host codec
- * (codec_host.cc), the CUDA kernels (codec_cuda.cu) and mirrored by the numpy
+ * (codec_host.cc), the CUDA kernels (codec_kernels.cu) and mirrored by the numpy
  * emulator (qnccl/emulate/codec.py). docs/wire-format.md is the normative
  * description; this file is its executable form.
  *

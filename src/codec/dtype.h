@@ -59,18 +59,21 @@ QNCCL_HD uint16_t f32_to_bf16(float f) {
 
 /* Element access per storage type. */
 struct F32 {
+  static constexpr const char* kName = "f32";  // in kernel names
   typedef float T;
   static constexpr ncclDataType_t kType = ncclFloat32;
   static QNCCL_HD float load(T v) { return v; }
   static QNCCL_HD T store(float f) { return f; }
 };
 struct F16 {
+  static constexpr const char* kName = "f16";  // in kernel names
   typedef uint16_t T;
   static constexpr ncclDataType_t kType = ncclFloat16;
   static QNCCL_HD float load(T v) { return f16_to_f32(v); }
   static QNCCL_HD T store(float f) { return f32_to_f16(f); }
 };
 struct BF16 {
+  static constexpr const char* kName = "bf16";  // in kernel names
   typedef uint16_t T;
   static constexpr ncclDataType_t kType = ncclBfloat16;
   static QNCCL_HD float load(T v) { return bf16_to_f32(v); }

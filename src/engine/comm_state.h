@@ -21,7 +21,7 @@
 namespace qnccl {
 
 /* The workspace of the communicator's calls on device buffers
- * (engine/compute_cuda.cu, docs/allreduce.md "Device buffers"): device
+ * (engine/compute_cuda.cc, docs/allreduce.md "Device buffers"): device
  * memory that only grows, so repeated calls allocate nothing and a CUDA
  * graph captured with it stays valid. Made, with its private stream, event
  * and call counter, by the first call that needs memory (never during a
@@ -46,7 +46,7 @@ class Residual {
  public:
   /* Zeroed residuals: in host memory for device < 0, else on `device` in
    * the communicator's workspace `ws`, cleared on `stream`
-   * (engine/compute_cuda.cu). */
+   * (engine/compute_cuda.cc). */
   static ncclResult_t make(size_t count, int device, cudaStream_t stream, DeviceWorkspace* ws,
                            std::unique_ptr<Residual>* out);
   ~Residual();

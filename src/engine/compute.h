@@ -1,6 +1,6 @@
 /* Where the compute of a quantized allreduce runs, chosen per call by where
  * its buffers live: host code (compute_host.cc) for host buffers, CUDA
- * kernels enqueued on the caller's stream (compute_cuda.cu) for device
+ * kernels enqueued on the caller's stream (compute_cuda.cc) for device
  * buffers. Both do the same float32 arithmetic from the same sources
  * (codec_math.h, dtype.h), so they write the same bytes (DESIGN invariant 2).
  * Segment's primitives (engine.h) are one call each into this table. */
@@ -46,7 +46,7 @@ ncclResult_t host_compute(Compute* compute);
 /* The device compute: kernels on `stream` of the current device. */
 Compute device_compute(cudaStream_t stream);
 
-/* ---- The CUDA path's runtime calls (compute_cuda.cu); what to do with
+/* ---- The CUDA path's runtime calls (compute_cuda.cc); what to do with
  * them is decided in host code (allreduce.cc). None synchronizes. */
 
 struct DeviceWorkspace;  // engine/comm_state.h

@@ -1,6 +1,6 @@
 /* The host compute (engine/compute.h): the host codec, and the widening,
  * averaging and error-feedback loops the CUDA path runs as kernels
- * (compute_cuda.cu). */
+ * (compute_cuda.cc). */
 #include "codec/codec_math.h"
 #include "common/error.h"
 #include "engine/compute.h"

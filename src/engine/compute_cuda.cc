@@ -1,15 +1,21 @@
-/* The device compute (engine/compute.h): the CUDA codec, and two small
- * kernels doing what the host loops of compute_host.cc do, with the same
- * per-element functions (dtype.h's load, codec_math.h's div_rn, which is
- * __fdiv_rn here), so both write the same bytes. Plus the CUDA runtime calls
- * of the device path: where a buffer lives, capture state, the
- * communicator's workspace memory and the event that orders its reuse.
- * Everything is enqueued on the caller's stream; nothing here synchronizes
- * except cudaFree in release_device_workspace (when a communicator ends). */
+/* The device compute (engine/compute.h): the CUDA codec, and the engine's
+ * kernels (compute_kernels.cu, compiled into the library by NVRTC) doing
+ * what the host loops of compute_host.cc do with the same per-element
+ * functions, so both write the same bytes. Plus the CUDA runtime calls of
+ * the device path: capture state, the communicator's workspace memory, the
+ * event that orders its reuse and the counter its calls take their numbers
+ * from. Everything is enqueued on the caller's stream or the workspace's
+ * private one; nothing here waits for the device, but cudaFree where the
+ * device lacks stream-ordered allocation, and copy_device_residual (for this
+ * communicator's calls only). */
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <stdio.h>
+
+#include <string>
 
 #include "codec/codec_math.h"
+#include "codec/cuda_module.h"
 #include "common/error.h"
 #include "engine/comm_state.h"
 #include "engine/compute.h"
@@ -17,40 +23,12 @@
 namespace qnccl {
 namespace {
 
-constexpr int kBlockThreads = 256;
-constexpr size_t kMaxBlocks = 4096;  // grid-stride loops cover any count
+constexpr unsigned kBlockThreads = 256;  // compute_kernels.cu's launch bounds
+constexpr size_t kMaxBlocks = 4096;      // grid-stride loops cover any count
 
-int blocks_for(size_t n) {
+unsigned blocks_for(size_t n) {
   const size_t blocks = (n + kBlockThreads - 1) / kBlockThreads;
-  return (int)(blocks < kMaxBlocks ? blocks : kMaxBlocks);
-}
-
-template <class Type>
-__global__ void __launch_bounds__(kBlockThreads)
-    widen_kernel(const typename Type::T* __restrict__ src, size_t n,
-                 const float* __restrict__ residual, float* __restrict__ acc) {
-  const size_t threads = gridDim.x * (size_t)blockDim.x;
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += threads)
-    acc[i] = residual != nullptr ? accumulate(Type::load(src[i]), residual[i])
-                                 : Type::load(src[i]);
-}
-
-__global__ void __launch_bounds__(kBlockThreads) divide_kernel(float* acc, size_t n, float divisor) {
-  const size_t threads = gridDim.x * (size_t)blockDim.x;
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += threads)
-    acc[i] = div_rn(acc[i], divisor);
-}
-
-/* The call counter of a workspace: calls[0] the next number, calls[1] the
- * current call's (read by the codec's kernels). */
-__global__ void set_calls_kernel(uint64_t* calls, uint64_t next) { calls[0] = next; }
-__global__ void take_call_kernel(uint64_t* calls) { calls[1] = calls[0]++; }
-
-__global__ void __launch_bounds__(kBlockThreads)
-    residual_kernel(const float* __restrict__ v, float* __restrict__ e, size_t n, float scale) {
-  const size_t threads = gridDim.x * (size_t)blockDim.x;
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += threads)
-    e[i] = dropped_value(v[i], e[i], scale);
+  return (unsigned)(blocks < kMaxBlocks ? blocks : kMaxBlocks);
 }
 
 ncclResult_t cuda_failed(const char* what, int err) {
@@ -58,48 +36,57 @@ ncclResult_t cuda_failed(const char* what, int err) {
                    what, err, cudaGetErrorString((cudaError_t)err));
 }
 
-ncclResult_t launched(const char* what, int err) {
-  return err == cudaSuccess ? ncclSuccess : cuda_failed(what, err);
+/* A step's result, its failure named as the step. */
+ncclResult_t step(const char* what, ncclResult_t res) {
+  if (res == ncclSuccess) return res;
+  const std::string why = last_error();
+  return set_error(res, "quantized allreduce: %s failed: %s", what, why.c_str());
+}
+
+template <class... Args>
+ncclResult_t launch(const char* name, unsigned grid, cudaStream_t stream, Args... args) {
+  void* params[] = {&args...};
+  return launch_kernel(kCudaImages_engine, name, grid, kBlockThreads, stream, params);
 }
 
 ncclResult_t quantize(const Compute& c, const void* src, size_t n, ncclDataType_t type,
                       const CodecParams& p, uint8_t* wire) {
-  return launched("quantizing on the device", device_quantize(src, n, type, p, wire, c.stream));
+  return step("quantizing on the device", device_quantize(src, n, type, p, wire, c.stream));
 }
 
 ncclResult_t dequantize(const Compute& c, const uint8_t* wire, size_t n, const CodecParams& p,
                         void* dst, ncclDataType_t type, bool accumulate) {
-  return launched("dequantizing on the device",
-                  device_dequantize(wire, n, p, dst, type, accumulate, c.stream));
+  return step("dequantizing on the device",
+              device_dequantize(wire, n, p, dst, type, accumulate, c.stream));
 }
 
 ncclResult_t widen(const Compute& c, const void* src, size_t n, ncclDataType_t type,
                    const float* residual, float* acc) {
   if (n == 0) return ncclSuccess;
-  cudaError_t err = cudaErrorInvalidValue;
+  ncclResult_t res = ncclInvalidArgument;
   dispatch_float_type(type, [&](auto t) {
     using Type = decltype(t);
     if ((uintptr_t)src % sizeof(typename Type::T) != 0) {
-      err = cudaErrorMisalignedAddress;
+      res = set_error(ncclInvalidArgument, "the input is not aligned to its elements");
       return;
     }
-    widen_kernel<Type><<<blocks_for(n), kBlockThreads, 0, c.stream>>>(
-        static_cast<const typename Type::T*>(src), n, residual, acc);
-    err = cudaGetLastError();
+    char name[32];
+    snprintf(name, sizeof name, "qnccl_widen_%s", Type::kName);
+    res = launch(name, blocks_for(n), c.stream, src, n, residual, acc);
   });
-  return launched("widening the input to float32 on the device", err);
+  return step("widening the input to float32 on the device", res);
 }
 
 ncclResult_t divide(const Compute& c, float* acc, size_t n, float divisor) {
   if (n == 0) return ncclSuccess;
-  divide_kernel<<<blocks_for(n), kBlockThreads, 0, c.stream>>>(acc, n, divisor);
-  return launched("averaging on the device", cudaGetLastError());
+  return step("averaging on the device",
+              launch("qnccl_divide", blocks_for(n), c.stream, acc, n, divisor));
 }
 
 ncclResult_t residual(const Compute& c, const float* v, float* e, size_t n, float scale) {
   if (n == 0) return ncclSuccess;
-  residual_kernel<<<blocks_for(n), kBlockThreads, 0, c.stream>>>(v, e, n, scale);
-  return launched("updating the error-feedback residual on the device", cudaGetLastError());
+  return step("updating the error-feedback residual on the device",
+              launch("qnccl_residual", blocks_for(n), c.stream, v, e, n, scale));
 }
 
 }  // namespace
@@ -166,15 +153,17 @@ ncclResult_t open_workspace(DeviceWorkspace& ws, int device, uint64_t next_call,
   err = cudaStreamCreateWithFlags(&own, cudaStreamNonBlocking);
   if (err == cudaSuccess) err = cudaEventCreateWithFlags(&done, cudaEventDisableTiming);
   if (err == cudaSuccess) err = allocate(made, 2 * sizeof(uint64_t), stream, &calls);
-  if (err == cudaSuccess) {
-    set_calls_kernel<<<1, 1, 0, stream>>>(static_cast<uint64_t*>(calls), next_call);
-    err = cudaGetLastError();
-  }
-  if (err != cudaSuccess) {
+  ncclResult_t res = err == cudaSuccess ? ncclSuccess
+                                        : cuda_failed("making the workspace's stream, event and "
+                                                      "call counter", err);
+  if (res == ncclSuccess)
+    res = step("starting the call counter",
+               launch("qnccl_set_calls", 1, stream, static_cast<uint64_t*>(calls), next_call));
+  if (res != ncclSuccess) {
     if (calls != nullptr) made.async_alloc ? cudaFreeAsync(calls, stream) : cudaFree(calls);
     if (done != nullptr) cudaEventDestroy(done);
     if (own != nullptr) cudaStreamDestroy(own);
-    return cuda_failed("making the workspace's stream, event and call counter", err);
+    return res;
   }
   made.stream = own;
   made.done = done;
@@ -207,8 +196,7 @@ ncclResult_t device_call_begin(DeviceWorkspace& ws, cudaStream_t stream, bool ca
   cudaError_t err = cudaStreamWaitEvent(stream, static_cast<cudaEvent_t>(ws.done),
                                         capturing ? cudaEventWaitExternal : 0);
   if (err != cudaSuccess) return cuda_failed("ordering after the communicator's previous call", err);
-  take_call_kernel<<<1, 1, 0, stream>>>(ws.calls);
-  return launched("taking the call number", cudaGetLastError());
+  return step("taking the call number", launch("qnccl_take_call", 1, stream, ws.calls));
 }
 
 ncclResult_t device_call_end(DeviceWorkspace& ws, cudaStream_t stream, bool capturing) {

@@ -1,4 +1,6 @@
-/* The CUDA codec: the device half of codec.h. Per-element math comes from
+/* The CUDA codec's kernels: the device half of codec.h, compiled by NVRTC
+ * at build time (scripts/nvrtc_build.py) for every GPU architecture the
+ * library carries; codec_cuda.cc plans and launches them. Per-element math comes from
  * codec_math.h, rng.h and dtype.h, the same functions the host codec runs,
  * so both write the same bytes (docs/wire-format.md). This file only maps
  * the work onto threads; everything is enqueued on the caller's stream,
@@ -22,42 +24,11 @@
  * cudaErrorMisalignedAddress); a group moves as 16-byte vectors when the
  * buffer is 16-byte aligned. The compressed buffer may have any alignment;
  * at 8 bytes (cudaMalloc gives 256) metadata and codes move as words. */
-#include <cuda_runtime.h>
-#include <stdint.h>
-
-#include <type_traits>
-
-#include "codec/codec.h"
-#include "codec/codec_math.h"
-#include "common/error.h"
+#include "codec/codec_kernels.h"
 
 namespace qnccl {
-namespace {
 
-constexpr int kWarp = 32;
 constexpr unsigned kFullWarp = 0xffffffffu;
-constexpr int kBlockThreads = 256;
-constexpr int kWarpsPerBlock = kBlockThreads / kWarp;
-/* Grid-stride loops cover any count; beyond a few waves of blocks more
- * blocks only add scheduling. */
-constexpr size_t kMaxBlocks = 4096;
-/* Pass 1 (plan_stats): buckets longer than kSliceValues are cut into at
- * most kMaxSlicesPerBucket slices of at least kSliceValues values, so one
- * warp never walks a huge bucket alone; lane groups are sized to give each
- * lane at least kValuesPerLane values. */
-constexpr size_t kSliceValues = 4096;
-constexpr size_t kMaxSlicesPerBucket = 256;
-constexpr size_t kValuesPerLane = 4;
-
-QNCCL_HD size_t ceil_div(size_t a, size_t b) { return a / b + (a % b != 0); }
-QNCCL_HD size_t min_size(size_t a, size_t b) { return a < b ? a : b; }
-
-/* a / b. 64-bit division is a long instruction sequence on the GPU; indices
- * that fit 32 bits (all but huge calls) take the short one. */
-QNCCL_HD size_t div_index(size_t a, size_t b) {
-  if (((a | b) >> 32) == 0) return (uint32_t)a / (uint32_t)b;
-  return a / b;
-}
 
 /* ---- Memory access ------------------------------------------------------ */
 
@@ -168,20 +139,6 @@ QNCCL_HD uint64_t load_code_group(const uint8_t* codes, size_t bytes, size_t g, 
 
 /* ---- Pass 1: bucket metadata -------------------------------------------- */
 
-/* An item is bucket k, or slice j of bucket k when buckets are sliced:
- * values [k*bucket + j*slice, min(that + slice, (k+1)*bucket, count)).
- * Items are numbered k*slices_per_bucket + j and all hold at least one value
- * (plan_stats gives the short last bucket only the slices it fills). With
- * slices_per_bucket = 1, slice = bucket. */
-template <class Type>
-struct StatsArgs {
-  const typename Type::T* src;
-  size_t count, bucket, slice, slices_per_bucket, items;
-  int lanes;       // lanes reducing one item: a power of two <= kWarp
-  uint8_t* out;    // stats_meta of item i at out + 8i
-  bool out_aligned;
-};
-
 /* Stats of the values of `item` that lane `rank` (of the item's a.lanes)
  * reads: every a.lanes-th, so a group reads contiguous memory. */
 template <class Type>
@@ -209,7 +166,7 @@ __device__ BucketStats shfl_xor_stats(const BucketStats& s, int mask) {
 /* Each warp takes kWarp / a.lanes consecutive items per step; lane group
  * `lane / a.lanes` owns one of them. */
 template <class Type>
-__global__ void __launch_bounds__(kBlockThreads) bucket_stats_kernel(const StatsArgs<Type> a) {
+__device__ __forceinline__ void stats_kernel(const StatsArgs<Type>& a) {
   const int lane = threadIdx.x % kWarp;
   const int rank = lane % a.lanes;
   const size_t per_warp = kWarp / a.lanes;
@@ -225,95 +182,7 @@ __global__ void __launch_bounds__(kBlockThreads) bucket_stats_kernel(const Stats
   }
 }
 
-/* Lanes for items of up to `values` values: at least kValuesPerLane each. */
-int lanes_for(size_t values) {
-  int lanes = 1;
-  while (lanes < kWarp && (size_t)lanes * kValuesPerLane < values) lanes *= 2;
-  return lanes;
-}
-
-bool aligned_to(const void* p, size_t bytes) { return (uintptr_t)p % bytes == 0; }
-
-/* Pass 1 as one or two launches of bucket_stats_kernel. */
-template <class Type>
-struct StatsPasses {
-  StatsArgs<Type> first;  // metadata of every bucket, or partials of every slice
-  bool sliced;            // then `merge` turns the partials into the metadata
-  StatsArgs<F32> merge;
-};
-
-/* Buckets of up to kSliceValues values stay whole. Longer ones are cut into
- * per_bucket <= kMaxSlicesPerBucket slices of `slice` >= kSliceValues
- * values, the last bucket only into those it fills. Slice partials are
- * metadata too (a non-finite slice is NaN), so the stats of a bucket are the
- * stats of its partials' 2 * per_bucket floats: `merge` is pass 1 again,
- * over the partials.
- * The partials go to the code area, 16-byte aligned; encode overwrites them
- * later on the stream. They fit: the area holds at least count/8 bytes with
- * count > kSliceValues; every slice but the last of a bucket holds `slice`
- * values and more than one bucket means bucket > kSliceValues, so
- * items <= 2 * count / kSliceValues + 1, at most 16 * count / kSliceValues
- * + 8 bytes, plus 15 of alignment. */
-template <class Type>
-StatsPasses<Type> plan_stats(const typename Type::T* src, size_t count, size_t bucket,
-                             uint8_t* wire) {
-  const size_t longest = min_size(bucket, count);
-  const size_t buckets = num_buckets(count, bucket);
-  const bool wire_aligned = aligned_to(wire, 8);
-  StatsPasses<Type> passes = {};
-  if (longest <= kSliceValues) {
-    passes.first = {src, count, bucket, bucket, 1, buckets, lanes_for(longest), wire, wire_aligned};
-    return passes;
-  }
-  size_t slice = ceil_div(longest, kMaxSlicesPerBucket);
-  slice = slice > kSliceValues ? slice : kSliceValues;
-  const size_t per_bucket = ceil_div(longest, slice);
-  const size_t last = count - (buckets - 1) * bucket;  // values of the last bucket
-  const size_t items = (buckets - 1) * per_bucket + ceil_div(last, slice);
-  uint8_t* codes = wire + buckets * kMetaBytes;
-  uint8_t* partials = codes + (16 - (uintptr_t)codes % 16) % 16;
-  passes.first = {src, count, bucket, slice, per_bucket, items, kWarp, partials, true};
-  passes.sliced = true;
-  const size_t merged = 2 * per_bucket;
-  passes.merge = {reinterpret_cast<const float*>(partials), 2 * items, merged, merged, 1, buckets,
-                  lanes_for(merged), wire, wire_aligned};
-  return passes;
-}
-
-int grid_for(size_t warps) {
-  return (int)min_size(ceil_div(warps, kWarpsPerBlock), kMaxBlocks);
-}
-
-template <class Type>
-void launch_stats(const StatsArgs<Type>& a, cudaStream_t stream) {
-  const size_t warps = ceil_div(a.items, kWarp / a.lanes);
-  bucket_stats_kernel<Type><<<grid_for(warps), kBlockThreads, 0, stream>>>(a);
-}
-
 /* ---- Pass 2: encode ----------------------------------------------------- */
-
-template <class Type>
-struct EncodeArgs {
-  const typename Type::T* src;
-  size_t count, bucket;
-  const uint8_t* meta;  // pass 1's output
-  uint8_t* codes;       // the code area, code_bytes(count, bits) long
-  size_t code_bytes;
-  RngKey key;
-  bool src_vectors;   // src is 16-byte aligned
-  bool wire_aligned;  // meta (and so codes) is 8-byte aligned
-  // CodecParams::call and what goes with it: the key is read when the kernel runs.
-  const uint64_t* call;
-  uint64_t seed, segment, rank, step;
-};
-
-/* The random key of an encode: fixed when it was enqueued, or derived from
- * the call number in device memory when it runs. */
-template <class Type>
-QNCCL_HD RngKey key_of(const EncodeArgs<Type>& a) {
-  return a.call == nullptr ? a.key
-                           : rng_key(a.seed, stream_id(*a.call, a.segment, a.rank, a.step));
-}
 
 /* Codes of values [8g, 8g + 8) (those below count), packed: BITS bytes in
  * the low bytes of the result, zero past count. */
@@ -381,7 +250,7 @@ QNCCL_HD void store_tile(const uint32_t* tile_words, uint8_t* codes, size_t code
 }
 
 template <class Type, int BITS, bool STOCHASTIC>
-__global__ void __launch_bounds__(kBlockThreads) encode_kernel(const EncodeArgs<Type> a) {
+__device__ __forceinline__ void encode_kernel(const EncodeArgs<Type>& a) {
   __shared__ uint32_t staging[kWarpsPerBlock][Tile<BITS>::kWords];
   uint32_t* tile_words = staging[threadIdx.x / kWarp];
   const int lane = threadIdx.x % kWarp;
@@ -401,24 +270,7 @@ __global__ void __launch_bounds__(kBlockThreads) encode_kernel(const EncodeArgs<
   }
 }
 
-template <class Type, int BITS, bool STOCHASTIC>
-void launch_encode(const EncodeArgs<Type>& a, cudaStream_t stream) {
-  const size_t tiles = ceil_div(ceil_div(a.count, kGroup), kWarp);
-  encode_kernel<Type, BITS, STOCHASTIC><<<grid_for(tiles), kBlockThreads, 0, stream>>>(a);
-}
-
 /* ---- Dequantize --------------------------------------------------------- */
-
-template <class Type>
-struct DecodeArgs {
-  const uint8_t* meta;
-  const uint8_t* codes;
-  size_t code_bytes;
-  typename Type::T* dst;
-  size_t count, bucket;
-  bool dst_vectors;   // dst is 16-byte aligned
-  bool wire_aligned;  // meta (and so codes) is 8-byte aligned
-};
 
 /* Values [8g, 8g + 8) (those below count): dst = y, or dst += y. */
 template <class Type, int BITS, bool ACCUMULATE>
@@ -452,154 +304,52 @@ QNCCL_HD void decode_group(const DecodeArgs<Type>& a, size_t g) {
 }
 
 template <class Type, int BITS, bool ACCUMULATE>
-__global__ void __launch_bounds__(kBlockThreads) decode_kernel(const DecodeArgs<Type> a) {
+__device__ __forceinline__ void decode_kernel(const DecodeArgs<Type>& a) {
   const size_t groups = ceil_div(a.count, kGroup);
   const size_t threads = gridDim.x * (size_t)blockDim.x;
   for (size_t g = blockIdx.x * (size_t)blockDim.x + threadIdx.x; g < groups; g += threads)
     decode_group<Type, BITS, ACCUMULATE>(a, g);
 }
 
-template <class Type, int BITS, bool ACCUMULATE>
-void launch_decode(const DecodeArgs<Type>& a, cudaStream_t stream) {
-  const size_t warps = ceil_div(ceil_div(a.count, kGroup), kWarp);
-  decode_kernel<Type, BITS, ACCUMULATE><<<grid_for(warps), kBlockThreads, 0, stream>>>(a);
-}
-
-/* ---- Dispatch ----------------------------------------------------------- */
-
-template <class Type>
-EncodeArgs<Type> plan_encode(const typename Type::T* src, size_t count, const CodecParams& p,
-                             uint8_t* wire) {
-  return EncodeArgs<Type>{src,
-                          count,
-                          p.bucket,
-                          wire,
-                          wire + num_buckets(count, p.bucket) * kMetaBytes,
-                          code_bytes(count, p.bits),
-                          rng_key(p.seed, p.stream),
-                          aligned_to(src, 16),
-                          aligned_to(wire, 8),
-                          p.call,
-                          p.seed,
-                          p.segment,
-                          p.rank,
-                          p.step};
-}
-
-template <class Type>
-DecodeArgs<Type> plan_decode(const uint8_t* wire, size_t count, const CodecParams& p,
-                             typename Type::T* dst) {
-  return DecodeArgs<Type>{wire,
-                          wire + num_buckets(count, p.bucket) * kMetaBytes,
-                          code_bytes(count, p.bits),
-                          dst,
-                          count,
-                          p.bucket,
-                          aligned_to(dst, 16),
-                          aligned_to(wire, 8)};
-}
-
-template <class Type>
-cudaError_t quantize_as(const typename Type::T* src, size_t count, const CodecParams& p,
-                        uint8_t* wire, cudaStream_t stream) {
-  if (!aligned_to(src, sizeof(*src))) return cudaErrorMisalignedAddress;
-  const StatsPasses<Type> stats = plan_stats<Type>(src, count, p.bucket, wire);
-  launch_stats(stats.first, stream);
-  if (stats.sliced) launch_stats(stats.merge, stream);
-  const EncodeArgs<Type> a = plan_encode<Type>(src, count, p, wire);
-  dispatch_bits(p.bits, [&](auto bits) {
-    if (p.rounding == qncclRoundStochastic)
-      launch_encode<Type, bits.value, true>(a, stream);
-    else
-      launch_encode<Type, bits.value, false>(a, stream);
-  });
-  return cudaGetLastError();
-}
-
-template <class Type>
-cudaError_t dequantize_as(const uint8_t* wire, size_t count, const CodecParams& p,
-                          typename Type::T* dst, bool accumulate, cudaStream_t stream) {
-  if (!aligned_to(dst, sizeof(*dst))) return cudaErrorMisalignedAddress;
-  const DecodeArgs<Type> a = plan_decode<Type>(wire, count, p, dst);
-  dispatch_bits(p.bits, [&](auto bits) {
-    if (accumulate)
-      launch_decode<Type, bits.value, true>(a, stream);
-    else
-      launch_decode<Type, bits.value, false>(a, stream);
-  });
-  return cudaGetLastError();
-}
-
-/* The kernels divide by p.bucket and instantiate bits 1..8 only. */
-bool valid(const CodecParams& p) {
-  return p.bits >= QNCCL_MIN_BITS && p.bits <= QNCCL_MAX_BITS && p.bucket >= 1;
-}
-
-}  // namespace
-
-int device_quantize(const void* src, size_t count, ncclDataType_t type, const CodecParams& p,
-                    void* dst, cudaStream_t stream) {
-  if (!valid(p)) return cudaErrorInvalidValue;
-  if (count == 0) return cudaSuccess;
-  cudaError_t err = cudaErrorInvalidValue;
-  dispatch_float_type(type, [&](auto t) {
-    using Type = decltype(t);
-    err = quantize_as<Type>(static_cast<const typename Type::T*>(src), count, p,
-                            static_cast<uint8_t*>(dst), stream);
-  });
-  return err;
-}
-
-int device_dequantize(const void* src, size_t count, const CodecParams& p, void* dst,
-                      ncclDataType_t type, bool accumulate, cudaStream_t stream) {
-  if (!valid(p)) return cudaErrorInvalidValue;
-  if (count == 0) return cudaSuccess;
-  cudaError_t err = cudaErrorInvalidValue;
-  dispatch_float_type(type, [&](auto t) {
-    using Type = decltype(t);
-    err = dequantize_as<Type>(static_cast<const uint8_t*>(src), count, p,
-                              static_cast<typename Type::T*>(dst), accumulate, stream);
-  });
-  return err;
-}
-
-ncclResult_t pointer_device(const char* fn, const void* ptr, int* device) {
-  *device = -1;
-  cudaPointerAttributes attr;
-  const cudaError_t err = cudaPointerGetAttributes(&attr, ptr);
-  if (err == cudaSuccess) {
-    if (attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged)
-      *device = attr.device;
-    return ncclSuccess;
-  }
-  (void)cudaGetLastError();
-  int driver = 0;
-  if (err == cudaErrorNoDevice || cudaDriverGetVersion(&driver) != cudaSuccess || driver == 0)
-    return ncclSuccess;  // no GPU, or no driver: every buffer is host memory
-  int runtime = 0;
-  cudaRuntimeGetVersion(&runtime);
-  if (err == cudaErrorInsufficientDriver)
-    return set_error(ncclUnhandledCudaError,
-                     "%s: cannot tell whether %p is device memory: the CUDA driver (CUDA %d.%d) "
-                     "is older than the runtime libqnccl.so was built with (CUDA %d.%d); update "
-                     "the driver, or build QNCCL with a CUDA toolkit the driver supports "
-                     "(`qnccl info` shows both)",
-                     fn, ptr, driver / 1000, driver % 1000 / 10, runtime / 1000,
-                     runtime % 1000 / 10);
-  return set_error(ncclUnhandledCudaError,
-                   "%s: cannot tell whether %p is device memory: cudaPointerGetAttributes failed "
-                   "with CUDA error %d (%s); a buffer QNCCL cannot place is never taken for host "
-                   "memory",
-                   fn, ptr, (int)err, cudaGetErrorString(err));
-}
-
-const char* device_error_string(int err) { return cudaGetErrorString((cudaError_t)err); }
-
-void cuda_versions(int* runtime, int* driver) {
-  *runtime = *driver = 0;
-  if (cudaRuntimeGetVersion(runtime) != cudaSuccess) *runtime = 0;
-  if (cudaDriverGetVersion(driver) != cudaSuccess) *driver = 0;
-  (void)cudaGetLastError();
-}
-
 }  // namespace qnccl
+
+/* ---- Entry points -------------------------------------------------------- */
+
+/* One kernel per instantiation, with a C name the host looks up
+ * (codec_cuda.cc, kernel_name()): qnccl_stats_<type>,
+ * qnccl_encode_<type>_<bits>_<nearest|stochastic>,
+ * qnccl_decode_<type>_<bits>_<store|accumulate>. */
+#define QNCCL_KERNEL extern "C" __global__ void __launch_bounds__(qnccl::kBlockThreads)
+
+#define QNCCL_CODEC_BITS(TYPE, NAME, BITS)                                               \
+  QNCCL_KERNEL qnccl_encode_##NAME##_##BITS##_nearest(const qnccl::EncodeArgs<qnccl::TYPE> a) { \
+    qnccl::encode_kernel<qnccl::TYPE, BITS, false>(a);                                           \
+  }                                                                                       \
+  QNCCL_KERNEL qnccl_encode_##NAME##_##BITS##_stochastic(                                 \
+      const qnccl::EncodeArgs<qnccl::TYPE> a) {                                           \
+    qnccl::encode_kernel<qnccl::TYPE, BITS, true>(a);                                            \
+  }                                                                                       \
+  QNCCL_KERNEL qnccl_decode_##NAME##_##BITS##_store(const qnccl::DecodeArgs<qnccl::TYPE> a) { \
+    qnccl::decode_kernel<qnccl::TYPE, BITS, false>(a);                                           \
+  }                                                                                       \
+  QNCCL_KERNEL qnccl_decode_##NAME##_##BITS##_accumulate(                                 \
+      const qnccl::DecodeArgs<qnccl::TYPE> a) {                                           \
+    qnccl::decode_kernel<qnccl::TYPE, BITS, true>(a);                                            \
+  }
+
+#define QNCCL_CODEC_TYPE(TYPE, NAME)                                                       \
+  QNCCL_KERNEL qnccl_stats_##NAME(const qnccl::StatsArgs<qnccl::TYPE> a) {                 \
+    qnccl::stats_kernel<qnccl::TYPE>(a);                                                  \
+  }                                                                                       \
+  QNCCL_CODEC_BITS(TYPE, NAME, 1)                                                         \
+  QNCCL_CODEC_BITS(TYPE, NAME, 2)                                                         \
+  QNCCL_CODEC_BITS(TYPE, NAME, 3)                                                         \
+  QNCCL_CODEC_BITS(TYPE, NAME, 4)                                                         \
+  QNCCL_CODEC_BITS(TYPE, NAME, 5)                                                         \
+  QNCCL_CODEC_BITS(TYPE, NAME, 6)                                                         \
+  QNCCL_CODEC_BITS(TYPE, NAME, 7)                                                         \
+  QNCCL_CODEC_BITS(TYPE, NAME, 8)
+
+QNCCL_CODEC_TYPE(F32, f32)
+QNCCL_CODEC_TYPE(F16, f16)
+QNCCL_CODEC_TYPE(BF16, bf16)

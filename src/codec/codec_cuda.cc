@@ -1,0 +1,227 @@
+/* The CUDA codec's host half: plans the passes of codec_kernels.cu (which
+ * NVRTC compiled into the library at build time) and launches them on the
+ * caller's stream; nothing here synchronizes or allocates. Also where a
+ * pointer lives, and the CUDA versions. */
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "codec/codec.h"
+#include "codec/codec_kernels.h"
+#include "codec/cuda_module.h"
+#include "common/error.h"
+
+namespace qnccl {
+namespace {
+
+/* Lanes for items of up to `values` values: at least kValuesPerLane each. */
+int lanes_for(size_t values) {
+  int lanes = 1;
+  while (lanes < kWarp && (size_t)lanes * kValuesPerLane < values) lanes *= 2;
+  return lanes;
+}
+
+bool aligned_to(const void* p, size_t bytes) { return (uintptr_t)p % bytes == 0; }
+
+/* Pass 1 as one or two launches of bucket_stats_kernel. */
+template <class Type>
+struct StatsPasses {
+  StatsArgs<Type> first;  // metadata of every bucket, or partials of every slice
+  bool sliced;            // then `merge` turns the partials into the metadata
+  StatsArgs<F32> merge;
+};
+
+/* Buckets of up to kSliceValues values stay whole. Longer ones are cut into
+ * per_bucket <= kMaxSlicesPerBucket slices of `slice` >= kSliceValues
+ * values, the last bucket only into those it fills. Slice partials are
+ * metadata too (a non-finite slice is NaN), so the stats of a bucket are the
+ * stats of its partials' 2 * per_bucket floats: `merge` is pass 1 again,
+ * over the partials.
+ * The partials go to the code area, 16-byte aligned; encode overwrites them
+ * later on the stream. They fit: the area holds at least count/8 bytes with
+ * count > kSliceValues; every slice but the last of a bucket holds `slice`
+ * values and more than one bucket means bucket > kSliceValues, so
+ * items <= 2 * count / kSliceValues + 1, at most 16 * count / kSliceValues
+ * + 8 bytes, plus 15 of alignment. */
+template <class Type>
+StatsPasses<Type> plan_stats(const typename Type::T* src, size_t count, size_t bucket,
+                             uint8_t* wire) {
+  const size_t longest = min_size(bucket, count);
+  const size_t buckets = num_buckets(count, bucket);
+  const bool wire_aligned = aligned_to(wire, 8);
+  StatsPasses<Type> passes = {};
+  if (longest <= kSliceValues) {
+    passes.first = {src, count, bucket, bucket, 1, buckets, lanes_for(longest), wire, wire_aligned};
+    return passes;
+  }
+  size_t slice = ceil_div(longest, kMaxSlicesPerBucket);
+  slice = slice > kSliceValues ? slice : kSliceValues;
+  const size_t per_bucket = ceil_div(longest, slice);
+  const size_t last = count - (buckets - 1) * bucket;  // values of the last bucket
+  const size_t items = (buckets - 1) * per_bucket + ceil_div(last, slice);
+  uint8_t* codes = wire + buckets * kMetaBytes;
+  uint8_t* partials = codes + (16 - (uintptr_t)codes % 16) % 16;
+  passes.first = {src, count, bucket, slice, per_bucket, items, kWarp, partials, true};
+  passes.sliced = true;
+  const size_t merged = 2 * per_bucket;
+  passes.merge = {reinterpret_cast<const float*>(partials), 2 * items, merged, merged, 1, buckets,
+                  lanes_for(merged), wire, wire_aligned};
+  return passes;
+}
+
+int grid_for(size_t warps) {
+  return (int)min_size(ceil_div(warps, kWarpsPerBlock), kMaxBlocks);
+}
+
+/* A codec kernel over `warps` warps of work (grid-stride beyond kMaxBlocks). */
+template <class Args>
+ncclResult_t launch(const char* name, size_t warps, const Args& args, cudaStream_t stream) {
+  void* params[] = {const_cast<Args*>(&args)};
+  return launch_kernel(kCudaImages_codec, name, (unsigned)grid_for(warps), kBlockThreads, stream,
+                       params);
+}
+
+template <class Type>
+ncclResult_t launch_stats(const StatsArgs<Type>& a, cudaStream_t stream) {
+  const size_t warps = ceil_div(a.items, kWarp / a.lanes);
+  char name[64];
+  snprintf(name, sizeof name, "qnccl_stats_%s", Type::kName);
+  return launch(name, warps, a, stream);
+}
+
+/* ---- Dispatch ----------------------------------------------------------- */
+
+template <class Type>
+EncodeArgs<Type> plan_encode(const typename Type::T* src, size_t count, const CodecParams& p,
+                             uint8_t* wire) {
+  return EncodeArgs<Type>{src,
+                          count,
+                          p.bucket,
+                          wire,
+                          wire + num_buckets(count, p.bucket) * kMetaBytes,
+                          code_bytes(count, p.bits),
+                          rng_key(p.seed, p.stream),
+                          aligned_to(src, 16),
+                          aligned_to(wire, 8),
+                          p.call,
+                          p.seed,
+                          p.segment,
+                          p.rank,
+                          p.step};
+}
+
+template <class Type>
+DecodeArgs<Type> plan_decode(const uint8_t* wire, size_t count, const CodecParams& p,
+                             typename Type::T* dst) {
+  return DecodeArgs<Type>{wire,
+                          wire + num_buckets(count, p.bucket) * kMetaBytes,
+                          code_bytes(count, p.bits),
+                          dst,
+                          count,
+                          p.bucket,
+                          aligned_to(dst, 16),
+                          aligned_to(wire, 8)};
+}
+
+template <class Type>
+ncclResult_t quantize_as(const typename Type::T* src, size_t count, const CodecParams& p,
+                         uint8_t* wire, cudaStream_t stream) {
+  if (!aligned_to(src, sizeof(*src)))
+    return set_error(ncclInvalidArgument, "the input is not aligned to its %zu-byte elements",
+                     sizeof(*src));
+  const StatsPasses<Type> stats = plan_stats<Type>(src, count, p.bucket, wire);
+  QNCCL_CHECK(launch_stats(stats.first, stream));
+  if (stats.sliced) QNCCL_CHECK(launch_stats(stats.merge, stream));
+  const EncodeArgs<Type> a = plan_encode<Type>(src, count, p, wire);
+  char name[64];
+  snprintf(name, sizeof name, "qnccl_encode_%s_%d_%s", Type::kName, p.bits,
+           p.rounding == qncclRoundStochastic ? "stochastic" : "nearest");
+  return launch(name, ceil_div(ceil_div(count, kGroup), kWarp), a, stream);
+}
+
+template <class Type>
+ncclResult_t dequantize_as(const uint8_t* wire, size_t count, const CodecParams& p,
+                           typename Type::T* dst, bool accumulate, cudaStream_t stream) {
+  if (!aligned_to(dst, sizeof(*dst)))
+    return set_error(ncclInvalidArgument, "the output is not aligned to its %zu-byte elements",
+                     sizeof(*dst));
+  const DecodeArgs<Type> a = plan_decode<Type>(wire, count, p, dst);
+  char name[64];
+  snprintf(name, sizeof name, "qnccl_decode_%s_%d_%s", Type::kName, p.bits,
+           accumulate ? "accumulate" : "store");
+  return launch(name, ceil_div(ceil_div(count, kGroup), kWarp), a, stream);
+}
+
+/* The kernels divide by p.bucket and instantiate bits 1..8 only. */
+bool valid(const CodecParams& p) {
+  return p.bits >= QNCCL_MIN_BITS && p.bits <= QNCCL_MAX_BITS && p.bucket >= 1;
+}
+
+}  // namespace
+
+ncclResult_t device_quantize(const void* src, size_t count, ncclDataType_t type,
+                             const CodecParams& p, void* dst, cudaStream_t stream) {
+  if (!valid(p)) return set_error(ncclInternalError, "device quantize: invalid codec parameters");
+  if (count == 0) return ncclSuccess;
+  ncclResult_t res = set_error(ncclInvalidArgument, "device quantize: not a codec type");
+  dispatch_float_type(type, [&](auto t) {
+    using Type = decltype(t);
+    res = quantize_as<Type>(static_cast<const typename Type::T*>(src), count, p,
+                            static_cast<uint8_t*>(dst), stream);
+  });
+  return res;
+}
+
+ncclResult_t device_dequantize(const void* src, size_t count, const CodecParams& p, void* dst,
+                               ncclDataType_t type, bool accumulate, cudaStream_t stream) {
+  if (!valid(p)) return set_error(ncclInternalError, "device dequantize: invalid codec parameters");
+  if (count == 0) return ncclSuccess;
+  ncclResult_t res = set_error(ncclInvalidArgument, "device dequantize: not a codec type");
+  dispatch_float_type(type, [&](auto t) {
+    using Type = decltype(t);
+    res = dequantize_as<Type>(static_cast<const uint8_t*>(src), count, p,
+                              static_cast<typename Type::T*>(dst), accumulate, stream);
+  });
+  return res;
+}
+
+ncclResult_t pointer_device(const char* fn, const void* ptr, int* device) {
+  *device = -1;
+  cudaPointerAttributes attr;
+  const cudaError_t err = cudaPointerGetAttributes(&attr, ptr);
+  if (err == cudaSuccess) {
+    if (attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged)
+      *device = attr.device;
+    return ncclSuccess;
+  }
+  (void)cudaGetLastError();
+  int driver = 0;
+  if (err == cudaErrorNoDevice || cudaDriverGetVersion(&driver) != cudaSuccess || driver == 0)
+    return ncclSuccess;  // no GPU, or no driver: every buffer is host memory
+  int runtime = 0;
+  cudaRuntimeGetVersion(&runtime);
+  if (err == cudaErrorInsufficientDriver)
+    return set_error(ncclUnhandledCudaError,
+                     "%s: cannot tell whether %p is device memory: the CUDA driver (CUDA %d.%d) "
+                     "is older than the runtime libqnccl.so was built with (CUDA %d.%d); update "
+                     "the driver, or build QNCCL with a CUDA toolkit the driver supports "
+                     "(`qnccl info` shows both)",
+                     fn, ptr, driver / 1000, driver % 1000 / 10, runtime / 1000,
+                     runtime % 1000 / 10);
+  return set_error(ncclUnhandledCudaError,
+                   "%s: cannot tell whether %p is device memory: cudaPointerGetAttributes failed "
+                   "with CUDA error %d (%s); a buffer QNCCL cannot place is never taken for host "
+                   "memory",
+                   fn, ptr, (int)err, cudaGetErrorString(err));
+}
+
+const char* device_error_string(int err) { return cudaGetErrorString((cudaError_t)err); }
+
+void cuda_versions(int* runtime, int* driver) {
+  *runtime = *driver = 0;
+  if (cudaRuntimeGetVersion(runtime) != cudaSuccess) *runtime = 0;
+  if (cudaDriverGetVersion(driver) != cudaSuccess) *driver = 0;
+  (void)cudaGetLastError();
+}
+
+}  // namespace qnccl

@@ -1,0 +1,89 @@
+/* What the CUDA codec's host code (codec_cuda.cc) and its kernels
+ * (codec_kernels.cu, compiled by NVRTC at build time) share: the launch
+ * geometry and the kernels' arguments. The arguments cross to the device by
+ * value, so they hold only pointers, sizes, ints and bools, which have the
+ * same layout on both sides. */
+#ifndef QNCCL_CODEC_CODEC_KERNELS_H_
+#define QNCCL_CODEC_CODEC_KERNELS_H_
+
+#include "codec/codec_math.h"
+
+namespace qnccl {
+
+constexpr int kWarp = 32;
+constexpr int kBlockThreads = 256;
+constexpr int kWarpsPerBlock = kBlockThreads / kWarp;
+/* Grid-stride loops cover any count; beyond a few waves of blocks more
+ * blocks only add scheduling. */
+constexpr size_t kMaxBlocks = 4096;
+/* Pass 1 (plan_stats): buckets longer than kSliceValues are cut into at
+ * most kMaxSlicesPerBucket slices of at least kSliceValues values, so one
+ * warp never walks a huge bucket alone; lane groups are sized to give each
+ * lane at least kValuesPerLane values. */
+constexpr size_t kSliceValues = 4096;
+constexpr size_t kMaxSlicesPerBucket = 256;
+constexpr size_t kValuesPerLane = 4;
+
+QNCCL_HD size_t ceil_div(size_t a, size_t b) { return a / b + (a % b != 0); }
+QNCCL_HD size_t min_size(size_t a, size_t b) { return a < b ? a : b; }
+
+/* a / b. 64-bit division is a long instruction sequence on the GPU; indices
+ * that fit 32 bits (all but huge calls) take the short one. */
+QNCCL_HD size_t div_index(size_t a, size_t b) {
+  if (((a | b) >> 32) == 0) return (uint32_t)a / (uint32_t)b;
+  return a / b;
+}
+
+/* ---- Kernel arguments ----------------------------------------------------- */
+
+/* An item is bucket k, or slice j of bucket k when buckets are sliced:
+ * values [k*bucket + j*slice, min(that + slice, (k+1)*bucket, count)).
+ * Items are numbered k*slices_per_bucket + j and all hold at least one value
+ * (plan_stats gives the short last bucket only the slices it fills). With
+ * slices_per_bucket = 1, slice = bucket. */
+template <class Type>
+struct StatsArgs {
+  const typename Type::T* src;
+  size_t count, bucket, slice, slices_per_bucket, items;
+  int lanes;       // lanes reducing one item: a power of two <= kWarp
+  uint8_t* out;    // stats_meta of item i at out + 8i
+  bool out_aligned;
+};
+
+template <class Type>
+struct EncodeArgs {
+  const typename Type::T* src;
+  size_t count, bucket;
+  const uint8_t* meta;  // pass 1's output
+  uint8_t* codes;       // the code area, code_bytes(count, bits) long
+  size_t code_bytes;
+  RngKey key;
+  bool src_vectors;   // src is 16-byte aligned
+  bool wire_aligned;  // meta (and so codes) is 8-byte aligned
+  // CodecParams::call and what goes with it: the key is read when the kernel runs.
+  const uint64_t* call;
+  uint64_t seed, segment, rank, step;
+};
+
+/* The random key of an encode: fixed when it was enqueued, or derived from
+ * the call number in device memory when it runs. */
+template <class Type>
+QNCCL_HD RngKey key_of(const EncodeArgs<Type>& a) {
+  return a.call == nullptr ? a.key
+                           : rng_key(a.seed, stream_id(*a.call, a.segment, a.rank, a.step));
+}
+
+template <class Type>
+struct DecodeArgs {
+  const uint8_t* meta;
+  const uint8_t* codes;
+  size_t code_bytes;
+  typename Type::T* dst;
+  size_t count, bucket;
+  bool dst_vectors;   // dst is 16-byte aligned
+  bool wire_aligned;  // meta (and so codes) is 8-byte aligned
+};
+
+}  // namespace qnccl
+
+#endif

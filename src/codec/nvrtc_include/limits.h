@@ -1,0 +1,3 @@
+/* <limits.h> for NVRTC (see README). */
+#pragma once
+#include <cuda/std/climits>

@@ -1,0 +1,2 @@
+/* <string.h> for NVRTC (see README): device code has memcpy built in. */
+#pragma once
