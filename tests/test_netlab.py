@@ -1,9 +1,11 @@
 """perf/netlab (docs/netlab.md): a command in a network namespace whose only
-link is a loopback rate-limited with tc. Checked here: what CMD sees inside
-(interfaces, qdisc, environment), exit statuses, cleanup of the namespace and
-its processes on every exit path, that a real MPI job's traffic goes through
-the shaper, the unprivileged fallback and flag errors. No timing is asserted:
-the goodput the shaper delivers is measured by hand (docs/netlab.md)."""
+link is a loopback rate-limited with tc, or (--nodes K) an MPI job on K
+emulated nodes. Checked here: what CMD sees inside (interfaces, qdisc,
+environment), exit statuses, cleanup of the namespaces and their processes on
+every exit path, that a real MPI job's traffic goes through the shaper, where
+the ranks of a multi-node job land and which traffic crosses the uplinks, the
+unprivileged fallback and flag errors. No timing is asserted: the goodput the
+shaper delivers is measured by hand (docs/netlab.md)."""
 import os
 import re
 import select
@@ -252,6 +254,80 @@ def test_mpi_traffic_goes_through_the_shaper(tmp_path):
     assert ns not in namespaces()
 
 
+NODES_JOB = textwrap.dedent("""\
+    import os, socket, subprocess, sys
+    import numpy as np
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    peer = int(sys.argv[1])
+    def sent():  # bytes node 0's uplink has sent
+        out = subprocess.run(["tc", "-s", "qdisc", "show", "dev", "eth0"], capture_output=True,
+                             text=True).stdout
+        return int(out.split("Sent ")[1].split()[0])
+    where = comm.gather((socket.gethostname(), os.environ["OMPI_COMM_WORLD_LOCAL_RANK"]), 0)
+    if comm.rank == 0:
+        for r, (host, local) in enumerate(where):
+            print(f"rank {r} host {host} local {local}", flush=True)
+    x = np.full(1 << 20, comm.rank + 1, np.float32)
+    y = np.empty_like(x)
+    comm.Allreduce(x, y)
+    assert y[0] == comm.size * (comm.size + 1) / 2
+    comm.Barrier()
+    before = sent() if comm.rank == 0 else 0
+    buf = np.zeros(8 << 20, np.uint8)
+    if comm.rank == 0:
+        comm.Send(buf, peer)
+    elif comm.rank == peer:
+        comm.Recv(buf, 0)
+    comm.Barrier()
+    if comm.rank == 0:
+        print(f"uplink_sent={sent() - before}", flush=True)
+    """)
+
+
+@needs_netns
+@pytest.mark.parametrize("nodes, ranks", [(2, 4), (2, 6), (2, 3)])
+def test_nodes_place_ranks_block_wise(tmp_path, nodes, ranks):
+    """Ranks land ceil(N/K) per node, in order, each node with its own host name
+    and local ranks (2 x 2, 2 x 3, and 3 ranks on 2 nodes: uneven); an
+    Allreduce over all of them is right; 8 MiB from rank 0 to a rank on another
+    node crosses node 0's uplink shaper, to a rank of its own node it does not
+    (shared memory)."""
+    script = tmp_path / "job.py"
+    script.write_text(NODES_JOB)
+    per_node = -(-ranks // nodes)
+    env = clean_env(**{k: v for k, v in MPI_ENV.items() if not k.startswith("OMPI_MCA_btl")})
+    for peer, crosses in ((per_node, True), (1, False)):
+        result, ns = netlab("--nodes", str(nodes), "--rate", "1gbit", "--", mpi.mpirun(), "-np",
+                            str(ranks), sys.executable, str(script), str(peer), env=env,
+                            timeout=120)
+        assert result.returncode == 0, f"{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
+        placed = {int(r): (h, int(l)) for r, h, l in
+                  re.findall(r"^rank (\d+) host (\S+) local (\d+)$", result.stdout, re.M)}
+        assert placed == {r: (f"netlab-node{r // per_node}", r % per_node) for r in range(ranks)}
+        sent = int(re.search(r"uplink_sent=(\d+)", result.stdout).group(1))
+        if crosses:
+            assert sent >= 8 << 20, f"node 0's uplink saw {sent} bytes of an 8 MiB transfer"
+        else:
+            assert sent < 1 << 20, f"8 MiB inside node 0 put {sent} bytes on its uplink"
+        assert not {n for n in namespaces() if n.startswith(ns)}, "namespaces left behind"
+        assert f"{nodes} nodes" in result.stderr and f"{per_node} ranks per node" in result.stderr
+
+
+@needs_netns
+def test_nodes_intra_rate_uses_the_node_loopback(tmp_path):
+    """--intra-rate: no shared memory; ranks of one node talk over the node's
+    loopback, which has its own shaper."""
+    result, ns = netlab("--nodes", "2", "--intra-rate", "10gbit", "--", mpi.mpirun(), "-np",
+                        "2", "sh", "-c", "echo btl=$OMPI_MCA_btl; tc qdisc show dev lo",
+                        env=clean_env(**{k: v for k, v in MPI_ENV.items()
+                                         if not k.startswith("OMPI_MCA_btl")}), timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "btl=self,tcp" in result.stdout
+    assert tc_rate_bits(result.stdout) == 10e9
+    assert not {n for n in namespaces() if n.startswith(ns)}
+
+
 @pytest.fixture
 def public_netlab():
     """A copy of perf/netlab that an unprivileged user can run."""
@@ -335,6 +411,12 @@ def test_without_shaping_runs_unthrottled(tmp_path, tc, words):
     (["true"], ["'--'", "true"]),
     (["--rate", "1gbit"], ["missing the command", "--"]),
     (["--rate", "1gbit", "--"], ["missing the command", "--"]),
+    (["--nodes", "0", "--", "mpirun", "-np", "2", "true"], ["--nodes", "1 to 64"]),
+    (["--nodes", "2", "--", "true"], ["--nodes", "mpirun -np N"]),
+    (["--nodes", "2", "--", "mpirun", "-np", "x", "true"], ["--nodes", "mpirun -np N"]),
+    (["--intra-rate", "1gbit", "--", "true"], ["--intra-rate", "needs --nodes"]),
+    (["--nodes", "2", "--intra-rate", "fast", "--", "mpirun", "-np", "2", "true"],
+     ["--intra-rate", "fast", "gbit"]),
 ])
 def test_bad_flags(args, words):
     result, ns = netlab(*args)
@@ -352,3 +434,4 @@ def test_help():
     assert result.returncode == 0
     assert result.stdout.startswith("netlab: run a command")
     assert "Usage: perf/netlab [--rate RATE] [--mtu BYTES] [-h] -- CMD [ARGS...]" in result.stdout
+    assert "--nodes K" in result.stdout and "--intra-rate RATE" in result.stdout
