@@ -328,6 +328,36 @@ def test_nodes_intra_rate_uses_the_node_loopback(tmp_path):
     assert not {n for n in namespaces() if n.startswith(ns)}
 
 
+@needs_netns
+def test_signal_to_a_nodes_lab_cleans_up_every_node():
+    """SIGTERM to netlab while an MPI job sleeps on both nodes: every rank (on
+    node 0 and, through the rsh agent, on node 1) is gone, and so are all the
+    lab's namespaces."""
+    env = clean_env(**{k: v for k, v in MPI_ENV.items() if not k.startswith("OMPI_MCA_btl")})
+    proc = start(["--nodes", "2", "--", mpi.mpirun(), "-np", "2", "sh", "-c",
+                  "echo $$; exec sleep 60"], env=env)
+    try:
+        pids = []
+        while len(pids) < 2:
+            ready, _, _ = select.select([proc.stdout], [], [], TIMEOUT_S)
+            assert ready, f"the ranks did not start within {TIMEOUT_S} s"
+            line = proc.stdout.readline()
+            assert line.strip().isdigit(), f"a rank did not start: {line!r}"
+            pids.append(int(line))
+        prefix = ns_of(proc)
+        assert {f"{prefix}-n0", f"{prefix}-n1", f"{prefix}-sw"} <= namespaces()
+        os.kill(proc.pid, signal.SIGTERM)
+        out, err = communicate(proc, "perf/netlab --nodes 2 after SIGTERM")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == -signal.SIGTERM, err
+    for pid in pids:  # ranks of both nodes: the host sees them under the same pids
+        assert not alive(pid), f"rank (pid {pid}) outlived netlab's SIGTERM"
+    assert not {n for n in namespaces() if n.startswith(prefix)}, "namespaces left behind"
+
+
 @pytest.fixture
 def public_netlab():
     """A copy of perf/netlab that an unprivileged user can run."""
