@@ -94,17 +94,26 @@ def protocol():
     check(lib.ncclCommCount(comm, count), "ncclCommCount")
     F.expect(count[0] == N, f"ncclCommCount {count[0]} != {N}")
 
+    # A call before readiness is refused. Rank 0 posts the allreduce only once
+    # every other rank has tried its second call, so theirs is still in
+    # progress then (rank 0 makes no second call: whether its own would be
+    # refused depends on timing, and a collective run on one rank only would
+    # pair with the next one of the others).
     x = rank_values(RANK)
-    answered(lib.ncclAllReduce(ptr(x), ptr(x), x.size, lib.ncclFloat32, lib.ncclSum, comm, NULL),
-             "ungrouped ncclAllReduce")
-    y = rank_values(RANK)
-    code = lib.ncclAllReduce(ptr(y), ptr(y), y.size, lib.ncclFloat32, lib.ncclSum, comm, NULL)
-    F.expect(code in (lib.ncclInvalidArgument, IN_PROGRESS),
-             f"a second call before readiness answered {code}")
-    if code == IN_PROGRESS:  # the first had completed already: this one runs too
-        wait_ready(comm, "second ncclAllReduce")
-    else:
-        wait_ready(comm, "ncclAllReduce")
+
+    def first_allreduce():
+        answered(lib.ncclAllReduce(ptr(x), ptr(x), x.size, lib.ncclFloat32, lib.ncclSum, comm,
+                                   NULL), "ungrouped ncclAllReduce")
+    if RANK != 0:
+        first_allreduce()
+        y = rank_values(RANK)
+        code = lib.ncclAllReduce(ptr(y), ptr(y), y.size, lib.ncclFloat32, lib.ncclSum, comm, NULL)
+        F.expect(code == lib.ncclInvalidArgument,
+                 f"a second call before readiness answered {code}, not ncclInvalidArgument")
+    WORLD.Barrier()
+    if RANK == 0:
+        first_allreduce()
+    wait_ready(comm, "ncclAllReduce")
     want = sum(rank_values(r) for r in range(N))
     F.expect(np.array_equal(x, want), "nonblocking ncclAllReduce: result differs from numpy")
 
