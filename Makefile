@@ -60,7 +60,8 @@ ifeq ($(CUDA)$(if $(strip $(CUDA_ROOT)),y),1y)
   CUDA_INCLUDE := $(CUDA_ROOT)/cuda_runtime/include
   NVRTC := $(CUDA_ROOT)/cuda_nvrtc/lib/libnvrtc.so.12
   # (the runtime headers include crt/, which comes with the nvcc wheel)
-  CXXFLAGS += -DQNCCL_WITH_CUDA -isystem $(CUDA_INCLUDE) -isystem $(CUDA_ROOT)/cuda_nvcc/include
+  CUDA_CFLAGS := -isystem $(CUDA_INCLUDE) -isystem $(CUDA_ROOT)/cuda_nvcc/include
+  CXXFLAGS += -DQNCCL_WITH_CUDA $(CUDA_CFLAGS)
   LIB_SRCS += $(CUDA_SRCS)
   CU_OBJS := $(KERNEL_MODULES:%=$(BUILD)/obj/gen/%_images.o)
   CUDA_LIBS := $(CUDA_ROOT)/cuda_runtime/lib/libcudart_static.a -lrt -lpthread -ldl
@@ -159,7 +160,7 @@ $(BUILD)/include/nccl/nccl.h:
 # Built with CUDA when the library is: buffers then live on the GPU when one is
 # visible (--memory), and the same binary runs over NVIDIA's NCCL. They link
 # the host backend; LD_LIBRARY_PATH picks another libnccl.so.2 at run time.
-PERF_CUDA_FLAGS := $(if $(CU_OBJS),-DQNCCL_PERF_CUDA -isystem $(CUDA_INCLUDE) -isystem $(CUDA_ROOT)/cuda_nvcc/include)
+PERF_CUDA_FLAGS := $(if $(CU_OBJS),-DQNCCL_PERF_CUDA $(CUDA_CFLAGS))
 PERF_CUDA_LIBS := $(if $(CU_OBJS),$(CUDA_LIBS))
 $(BUILD)/bin/all_reduce_perf: perf/all_reduce_perf.cc $(PERF_DRIVER) $(HOST_LIB) $(HEADERS) \
                               $(NCCL_INCLUDE)/nccl.h $(FLAGS_STAMP)

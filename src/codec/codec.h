@@ -64,7 +64,6 @@ ncclResult_t device_dequantize(const void* src, size_t count, const CodecParams&
  * driver older than the runtime, a broken context) is an error naming the
  * cause, never taken for host memory. `fn` names the caller. */
 ncclResult_t pointer_device(const char* fn, const void* ptr, int* device);
-const char* device_error_string(int err);
 /* The linked runtime's and the installed driver's CUDA versions (0: none). */
 void cuda_versions(int* runtime, int* driver);
 #endif

@@ -3,8 +3,6 @@
  * buffers live. */
 #include <stdint.h>
 
-#include <string>
-
 #include "codec/codec.h"
 #include "codec/codec_math.h"
 #include "common/error.h"
@@ -97,11 +95,6 @@ ncclResult_t locate(const char* fn, const void* a, const void* b, bool* on_devic
   return ncclSuccess;
 }
 
-ncclResult_t on_device_result(const char* fn, ncclResult_t res) {
-  if (res == ncclSuccess) return res;
-  const std::string why = last_error();
-  return set_error(res, "%s: %s", fn, why.c_str());
-}
 #endif
 
 
@@ -131,7 +124,8 @@ ncclResult_t codec_quantize(const char* fn, const void* src, size_t count, ncclD
 #ifdef QNCCL_WITH_CUDA
   bool on_device = false;
   QNCCL_CHECK(locate(fn, src, dst, &on_device));
-  if (on_device) return on_device_result(fn, device_quantize(src, count, datatype, p, dst, stream));
+  if (on_device)
+    return prefix_error(device_quantize(src, count, datatype, p, dst, stream), "%s", fn);
 #else
   (void)stream;
 #endif
@@ -157,7 +151,8 @@ ncclResult_t codec_dequantize(const char* fn, const void* src, size_t srcBytes, 
   bool on_device = false;
   QNCCL_CHECK(locate(fn, src, dst, &on_device));
   if (on_device)
-    return on_device_result(fn, device_dequantize(src, count, p, dst, datatype, accumulate, stream));
+    return prefix_error(device_dequantize(src, count, p, dst, datatype, accumulate, stream),
+                          "%s", fn);
 #else
   (void)stream;
 #endif

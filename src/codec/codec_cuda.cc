@@ -215,8 +215,6 @@ ncclResult_t pointer_device(const char* fn, const void* ptr, int* device) {
                    fn, ptr, (int)err, cudaGetErrorString(err));
 }
 
-const char* device_error_string(int err) { return cudaGetErrorString((cudaError_t)err); }
-
 void cuda_versions(int* runtime, int* driver) {
   *runtime = *driver = 0;
   if (cudaRuntimeGetVersion(runtime) != cudaSuccess) *runtime = 0;

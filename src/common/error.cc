@@ -17,6 +17,17 @@ ncclResult_t set_error(ncclResult_t code, const char* fmt, ...) {
   return code;
 }
 
+ncclResult_t prefix_error(ncclResult_t res, const char* fmt, ...) {
+  if (res == ncclSuccess) return res;
+  char context[512], message[sizeof last_error_message];
+  snprintf(message, sizeof message, "%s", last_error_message);
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(context, sizeof context, fmt, ap);
+  va_end(ap);
+  return set_error(res, "%s: %s", context, message);
+}
+
 const char* type_name(ncclDataType_t type) {
   static const char* const names[] = {"ncclInt8",    "ncclUint8",   "ncclInt32",
                                       "ncclUint32",  "ncclInt64",   "ncclUint64",

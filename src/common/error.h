@@ -22,6 +22,11 @@ namespace qnccl {
  *   return set_error(ncclInvalidArgument, "...", ...);                      */
 ncclResult_t set_error(ncclResult_t code, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* A failure `res` (whose message set_error recorded) with the printf-style
+ * context put in front: "<context>: <message>". ncclSuccess passes through. */
+ncclResult_t prefix_error(ncclResult_t res, const char* fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
 /* The message of the last set_error on this thread (qncclGetLastError,
  * and the host backend's ncclGetLastError). */
 const char* last_error();

@@ -12,8 +12,6 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include <string>
-
 #include "codec/codec_math.h"
 #include "codec/cuda_module.h"
 #include "common/error.h"
@@ -38,9 +36,7 @@ ncclResult_t cuda_failed(const char* what, int err) {
 
 /* A step's result, its failure named as the step. */
 ncclResult_t step(const char* what, ncclResult_t res) {
-  if (res == ncclSuccess) return res;
-  const std::string why = last_error();
-  return set_error(res, "quantized allreduce: %s failed: %s", what, why.c_str());
+  return prefix_error(res, "quantized allreduce: %s failed", what);
 }
 
 template <class... Args>
