@@ -58,11 +58,11 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from . import codec
+from . import codec, hierarchical
 from .codec import _mix64 as mix64  # the splitmix64 finalizer of wire-format.md
 
 F32 = np.float32
-ALGOS = ("ring", "tree", "sra")
+ALGOS = ("ring", "tree", "sra")  # the flat algorithms; "hier" runs one between nodes
 OPS = ("sum", "avg")
 DEFAULT_SEGMENT_VALUES = 1 << 22  # QNCCL_DEFAULT_SEGMENT_VALUES of qnccl.h
 AUTO_TREE_BELOW_BYTES = 64 << 10  # auto: tree below this many bytes per rank
@@ -165,19 +165,27 @@ class _Segment:
     """One segment of one call: the codec configuration, the random streams
     and the three primitives of docs/allreduce.md (Q, acc + D, avg)."""
 
-    def __init__(self, cfg, index):
+    def __init__(self, cfg, index, input_bound=None):
         self.cfg = cfg
         self.index = index
+        self.input_bound = input_bound  # N x m float64, or None
 
-    def start(self, x):
-        """acc = widen(x): `x` is float32 already (widening is exact)."""
-        return _Partial(np.array(x, F32), np.zeros(len(x)) if self.cfg.bounds else None)
+    def start(self, x, rank, lo=0, hi=None):
+        """acc = widen(x[rank, lo:hi]): `x` is float32 already (widening is exact). Its
+        bound is input_bound's (a stage fed by another: hierarchical), else 0."""
+        hi = x.shape[1] if hi is None else hi
+        bound = None
+        if self.cfg.bounds:
+            bound = (np.zeros(hi - lo) if self.input_bound is None
+                     else self.input_bound[rank, lo:hi].copy())
+        return _Partial(np.array(x[rank, lo:hi], F32), bound)
 
     def send(self, partial, rank, step):
-        """Q(acc; stream(call, segment, rank, step))."""
+        """Q(acc; stream(call, segment, rank, step)), rank and step as cfg maps them."""
         cfg = self.cfg
         wire = codec.quantize(partial.acc, cfg.bits, cfg.bucket_size, cfg.rounding, cfg.seed,
-                              stream_id(cfg.call, self.index, rank, step))
+                              int(_streams(cfg.call, self.index, _stream_ranks(cfg, rank),
+                                           cfg.step_base + step)))
         bound = None
         if cfg.bounds:
             bound = partial.bound + _quantization_bound(wire, partial.acc.size, cfg)
@@ -231,10 +239,10 @@ def _ring(seg, x):
     for k, (lo, hi) in enumerate(chunks(x.shape[1], n, seg.cfg.bucket_size)):
         if lo == hi:
             continue
-        partial = seg.start(x[k, lo:hi])
+        partial = seg.start(x, k, lo, hi)
         for s in range(n - 1):
             message = seg.send(partial, (k + s) % n, s)
-            partial = seg.add(seg.start(x[(k + s + 1) % n, lo:hi]), message)
+            partial = seg.add(seg.start(x, (k + s + 1) % n, lo, hi), message)
         finals.append((lo, hi, seg.result(partial, (k + n - 1) % n, n - 1)))
     return finals
 
@@ -246,7 +254,7 @@ def _tree(seg, x):
     n = x.shape[0]
     up = [None] * n  # message each non-root rank sends to its parent
     for r in reversed(range(n)):  # children (2r+1, 2r+2) before parents
-        partial = seg.start(x[r])
+        partial = seg.start(x, r)
         for child in (2 * r + 1, 2 * r + 2):
             if child < n:
                 partial = seg.add(partial, up[child])
@@ -264,10 +272,10 @@ def _sra(seg, x):
     for k, (lo, hi) in enumerate(chunks(x.shape[1], n, seg.cfg.bucket_size)):
         if lo == hi:
             continue
-        partial = seg.start(x[k, lo:hi])
+        partial = seg.start(x, k, lo, hi)
         for j in range(n):
             if j != k:
-                partial = seg.add(partial, seg.send(seg.start(x[j, lo:hi]), j, k))
+                partial = seg.add(partial, seg.send(seg.start(x, j, lo, hi), j, k))
         finals.append((lo, hi, seg.result(partial, k, n)))
     return finals
 
@@ -279,7 +287,7 @@ _ALGORITHMS = {"ring": _ring, "tree": _tree, "sra": _sra}
 
 @dataclass(frozen=True)
 class _Config:
-    nranks: int
+    nranks: int  # avg divides by this (a stage: the whole communicator's rank count)
     bits: int
     bucket_size: int
     rounding: str
@@ -287,6 +295,17 @@ class _Config:
     call: int
     average: bool
     bounds: bool
+    # The random streams of a stage of the hierarchical algorithm: its virtual rank r
+    # quantizes as communicator rank stream_ranks[r], its step s as step_base + s.
+    stream_ranks: Optional[tuple] = None
+    step_base: int = 0
+
+
+def _stream_ranks(cfg, ranks):
+    """The communicator ranks whose random streams the virtual `ranks` use."""
+    if cfg.stream_ranks is None:
+        return ranks
+    return np.asarray(cfg.stream_ranks, np.int64)[np.asarray(ranks)]
 
 
 def _dtype_name(dtype):
@@ -328,16 +347,50 @@ def _residual_views(residuals, nranks, count):
     return views
 
 
+@dataclass(frozen=True)
+class _Hier:
+    """A hierarchical call's plan: the layout, the inter algorithm, the intra bits."""
+    layout: hierarchical.Layout
+    inter: str
+    intra_bits: int
+    dtype: str
+
+
+def _plan(algo, nodes, inter_algo, intra_bits, count, name, nranks):
+    """(the algorithm run, its _Hier plan or None), as the engine resolves them."""
+    if inter_algo != "auto" and inter_algo not in _ALGORITHMS:
+        raise ValueError(f"inter_algo must be one of auto, {', '.join(ALGOS)}, got "
+                         f"{inter_algo!r}")
+    if not (isinstance(intra_bits, int) and 0 <= intra_bits <= 8):
+        raise ValueError(f"intra_bits must be 0 (exact) or 1..8, got {intra_bits!r}")
+    lay = None if nodes is None else hierarchical.layout(nodes, nranks)
+    if algo == "auto":
+        algo = "hier" if lay is not None and lay.hierarchical else auto_algo(count, name, nranks)
+    if algo != "hier":
+        if algo not in _ALGORITHMS:
+            raise ValueError(f"algo must be one of auto, {', '.join(ALGOS)}, hier, got {algo!r}")
+        return algo, None
+    if lay is None:
+        raise ValueError("algo='hier' needs nodes=[the node of each rank]")
+    hierarchical.check_uniform(lay)
+    nodes_count = len(lay.members)
+    inter = (auto_algo(count // lay.local_ranks, name, nodes_count) if inter_algo == "auto"
+             else inter_algo)
+    return algo, _Hier(lay, inter, intra_bits, name)
+
+
 def allreduce(inputs: Sequence[np.ndarray], algo: str = "auto", bits: int = 4,
               bucket_size: int = 128, rounding: str = "stochastic", seed: int = 0,
               op: str = "sum", call: int = 0, segment_values: int = 0, dtype=None,
-              return_bounds: bool = False, residuals=None):
+              return_bounds: bool = False, residuals=None, nodes=None,
+              inter_algo: str = "auto", intra_bits: int = 0):
     """What qncclAllReduce returns on every rank of an N-rank communicator.
 
     inputs          one array per rank (a list, or an N x ... array), all of one
                     shape and dtype: float32, float16, bfloat16 (ml_dtypes), or
                     uint16 bits with dtype="float16"/"bfloat16"
-    algo            "ring", "tree", "sra" or "auto" (auto_algo)
+    algo            "ring", "tree", "sra", "hier" or "auto" (hier on a layout that
+                    allows it, else auto_algo)
     bits, bucket_size, rounding, seed
                     the codec configuration (qncclCodecConfig_t)
     op              "sum" or "avg"
@@ -348,6 +401,12 @@ def allreduce(inputs: Sequence[np.ndarray], algo: str = "auto", bits: int = 4,
                     float32 array of the inputs' size per rank (zeros before the first
                     call on a buffer), read and then rewritten in place by the call
                     (docs/allreduce.md, Error feedback). Not with return_bounds.
+    nodes           None (every rank on one node), or the node (any label) of each
+                    rank: the layout of the hierarchical algorithm (qnccl.emulate.
+                    hierarchical), which auto picks for >= 2 nodes of >= 2 ranks each
+    inter_algo      hier: the flat algorithm between nodes ("auto": auto_algo for one
+                    rank's shard of the buffer over the nodes)
+    intra_bits      hier: 0 (exact reduce-scatter inside a node) or 1..8
 
     Returns the list of the N ranks' outputs (each of the inputs' shape and
     dtype; identical, as every rank decodes the same bytes), and with
@@ -359,10 +418,7 @@ def allreduce(inputs: Sequence[np.ndarray], algo: str = "auto", bits: int = 4,
         raise ValueError(f"op must be 'sum' or 'avg', got {op!r}")
     x, name, out_dtype, shape = _inputs(inputs, dtype)
     nranks, count = x.shape
-    if algo == "auto":
-        algo = auto_algo(count, name, nranks)
-    if algo not in _ALGORITHMS:
-        raise ValueError(f"algo must be one of auto, {', '.join(ALGOS)}, got {algo!r}")
+    algo, hier = _plan(algo, nodes, inter_algo, intra_bits, count, name, nranks)
     cfg = _Config(nranks, bits, bucket_size, rounding, operator.index(seed),
                   operator.index(call), op == "avg", return_bounds)
     if residuals is not None:
@@ -370,7 +426,7 @@ def allreduce(inputs: Sequence[np.ndarray], algo: str = "auto", bits: int = 4,
             raise ValueError("return_bounds is not available with residuals")
         flat = _residual_views(residuals, nranks, count)
         e = np.stack(flat) if nranks else np.empty((0, count), F32)
-        y = _allreduce_fast(x, algo, cfg, segment_values, e)
+        y = _allreduce_fast(x, algo, cfg, segment_values, e, hier)
         for r in range(nranks):
             flat[r][:] = e[r]
         out = codec.from_float32(y, name).view(out_dtype).reshape(shape)
@@ -379,8 +435,13 @@ def allreduce(inputs: Sequence[np.ndarray], algo: str = "auto", bits: int = 4,
     out = np.empty(count, codec.storage_dtype(name))
     bound = np.zeros(count) if return_bounds else None
     for g, (start, stop) in enumerate(segments(count, segment_values, bucket_size)):
-        seg = _Segment(cfg, g)
-        for lo, hi, message in _ALGORITHMS[algo](seg, x[:, start:stop]):
+        if hier is None:
+            finals = _ALGORITHMS[algo](_Segment(cfg, g), x[:, start:stop])
+        else:
+            finals = hierarchical.segment_bounds(x[:, start:stop], name, cfg, g, hier.layout,
+                                                 hier.inter, hier.intra_bits, _ALGORITHMS,
+                                                 _Segment)
+        for lo, hi, message in finals:
             y = codec.decode(message.wire, message.count, bits, bucket_size)
             out[start + lo:start + hi] = codec.from_float32(y, name)
             if return_bounds:
@@ -429,7 +490,8 @@ def _qd(v, ranks, steps, edges, cfg, segment):
     index = (position - edges[cid]).astype(np.uint32)  # position within its chunk
     keys = None
     if cfg.rounding == "stochastic":
-        streams = _streams(cfg.call, segment, np.maximum(ranks, 0), steps)
+        streams = _streams(cfg.call, segment, _stream_ranks(cfg, np.maximum(ranks, 0)),
+                           cfg.step_base + np.asarray(steps))
         keys = codec.rng_key(cfg.seed, streams)  # R x C
     # blocks of whole buckets, about _ROW_BLOCK_VALUES values each (cache-sized temporaries)
     cols = min(m, max(bsz, _ROW_BLOCK_VALUES // bsz * bsz))
@@ -566,11 +628,20 @@ def _fast_sra(cfg, z, g, e):
 _FAST = {"ring": _fast_ring, "tree": _fast_tree, "sra": _fast_sra}
 
 
-def _allreduce_fast(x, algo, cfg, segment_values, residuals=None):
+def _allreduce_fast(x, algo, cfg, segment_values, residuals=None, hier=None):
     """The float32 result (n values) of the call on the widened inputs x (N x n) for every
     rank, computed for all virtual ranks at once; with residuals (N x n float32, updated in
     place) the call runs with error feedback (docs/allreduce.md, Error feedback)."""
     nranks, count = x.shape
+    if hier is not None:  # its stages add the residuals where they quantize
+        out = np.empty(count, F32)
+        for g, (start, stop) in enumerate(segments(count, segment_values, cfg.bucket_size)):
+            e = None if residuals is None else residuals[:, start:stop]
+            y = hierarchical.segment_fast(
+                np.ascontiguousarray(x[:, start:stop]), hier.dtype, cfg, g, hier.layout,
+                hier.inter, hier.intra_bits, _FAST, _qd, _dropped, e)
+            out[start:stop] = y
+        return out
     if residuals is not None:
         with np.errstate(invalid="ignore", over="ignore"):
             x = x + residuals  # z_r = widen(x_r) + e_r

@@ -7,6 +7,7 @@
 #include "config/config.h"
 #include "engine/comm_state.h"
 #include "engine/engine.h"
+#include "engine/topology.h"
 #include "shim/shim.h"
 
 using namespace qnccl;
@@ -104,6 +105,10 @@ QNCCL_EXPORT ncclResult_t qncclAllReduceErrorBound(size_t count, ncclDataType_t 
                                                    int nranks, double inputAbsMax, double* bound) {
   return allreduce_error_bound("qncclAllReduceErrorBound", count, datatype, op, config, nranks,
                                inputAbsMax, bound);
+}
+
+QNCCL_EXPORT ncclResult_t qncclCommTopology(ncclComm_t comm, qncclTopology_t* topology) {
+  return comm_topology("qncclCommTopology", comm, topology);
 }
 
 QNCCL_EXPORT ncclResult_t qncclCommGetStats(ncclComm_t comm, qncclStats_t* stats) {

@@ -12,6 +12,8 @@ const char* name(Var var) {
     case Var::kBucketSize: return "QNCCL_BUCKET_SIZE";
     case Var::kRounding: return "QNCCL_ROUNDING";
     case Var::kAlgo: return "QNCCL_ALGO";
+    case Var::kInterAlgo: return "QNCCL_INTER_ALGO";
+    case Var::kIntraBits: return "QNCCL_INTRA_BITS";
     case Var::kMinBytes: return "QNCCL_MIN_BYTES";
     case Var::kSeed: return "QNCCL_SEED";
     case Var::kErrorFeedback: return "QNCCL_ERROR_FEEDBACK";
@@ -21,6 +23,7 @@ const char* name(Var var) {
     case Var::kHostIsa: return "QNCCL_HOST_ISA";
     case Var::kHostInitTimeout: return "QNCCL_HOST_INIT_TIMEOUT";
     case Var::kNcclCommBlocking: return "NCCL_COMM_BLOCKING";
+    case Var::kNcclHostId: return "NCCL_HOSTID";
   }
   return "?";
 }

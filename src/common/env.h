@@ -13,6 +13,8 @@ enum class Var {
   kBucketSize,        // QNCCL_BUCKET_SIZE
   kRounding,          // QNCCL_ROUNDING
   kAlgo,              // QNCCL_ALGO
+  kInterAlgo,         // QNCCL_INTER_ALGO: hierarchical, between nodes
+  kIntraBits,         // QNCCL_INTRA_BITS: hierarchical, inside a node (0: exact)
   kMinBytes,          // QNCCL_MIN_BYTES
   kSeed,              // QNCCL_SEED
   kErrorFeedback,     // QNCCL_ERROR_FEEDBACK
@@ -22,6 +24,7 @@ enum class Var {
   kHostIsa,           // QNCCL_HOST_ISA: generic | avx2 | avx512 host codec
   kHostInitTimeout,   // QNCCL_HOST_INIT_TIMEOUT: host backend waits, seconds
   kNcclCommBlocking,  // NCCL_COMM_BLOCKING: the real NCCL's default mode, which the host backend follows
+  kNcclHostId,        // NCCL_HOSTID: the host name ranks of one node share, as NCCL reads it
 };
 
 /* The variable's name, e.g. "QNCCL_BITS". */

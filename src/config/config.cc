@@ -67,7 +67,8 @@ ncclResult_t read_choice(Var var, const char* const* names, const char* allowed,
 }
 
 const char* const kRoundings[] = {"nearest", "stochastic", nullptr};
-const char* const kAlgos[] = {"auto", "ring", "tree", "sra", nullptr};
+const char* const kAlgos[] = {"auto", "ring", "tree", "sra", "hier", nullptr};
+const char* const kInterAlgos[] = {"auto", "ring", "tree", "sra", nullptr};
 const char* const kDebugLevels[] = {"WARN", "INFO", "TRACE", nullptr};
 
 }  // namespace
@@ -83,6 +84,8 @@ qncclEnvConfig_t default_config() {
   c.allreduce.segmentValues = 0;
   c.minBytes = 64 << 10;
   c.allreduce.errorFeedback = 0;
+  c.allreduce.interAlgo = qncclAlgoAuto;
+  c.allreduce.intraBits = 0;
   c.warmupCalls = 0;
   c.debug = qncclDebugWarn;
   return c;
@@ -103,7 +106,14 @@ ncclResult_t config_from_env(qncclEnvConfig_t* config) {
   c.allreduce.codec.bucketSize = (size_t)v;
   QNCCL_CHECK(read_choice(Var::kRounding, kRoundings, "stochastic or nearest",
                           &c.allreduce.codec.rounding));
-  QNCCL_CHECK(read_choice(Var::kAlgo, kAlgos, "auto, ring, tree or sra", &c.allreduce.algo));
+  QNCCL_CHECK(read_choice(Var::kAlgo, kAlgos, "auto, ring, tree, sra or hier",
+                          &c.allreduce.algo));
+  QNCCL_CHECK(read_choice(Var::kInterAlgo, kInterAlgos, "auto, ring, tree or sra",
+                          &c.allreduce.interAlgo));
+  v = (uint64_t)c.allreduce.intraBits;
+  QNCCL_CHECK(read_unsigned(Var::kIntraBits, 0, QNCCL_MAX_BITS, false,
+                            "0 (exact) or 1..8", &v));
+  c.allreduce.intraBits = (int)v;
   v = c.minBytes;
   QNCCL_CHECK(read_unsigned(Var::kMinBytes, 0, UINT64_MAX, true,
                             "an integer >= 0, optionally with K, M or G (x1024)", &v));
@@ -125,7 +135,7 @@ const char* rounding_name(qncclRounding_t rounding) {
 }
 
 const char* algo_name(qncclAlgo_t algo) {
-  return algo >= qncclAlgoAuto && algo <= qncclAlgoSra ? kAlgos[algo] : "unknown";
+  return algo >= qncclAlgoAuto && algo <= qncclAlgoHier ? kAlgos[algo] : "unknown";
 }
 
 }  // namespace qnccl

@@ -21,12 +21,31 @@ ncclResult_t check_error_feedback(const char* fn, int error_feedback) {
                    "%s: errorFeedback = %d; allowed: 0 (off) or 1 (on)", fn, error_feedback);
 }
 
-ncclResult_t check_algo(const char* fn, qncclAlgo_t algo) {
-  if (algo >= qncclAlgoAuto && algo <= qncclAlgoSra) return ncclSuccess;
-  return set_error(ncclInvalidArgument,
-                   "%s: algo = %d is unknown; allowed: qncclAlgoAuto (0), qncclAlgoRing (1), "
-                   "qncclAlgoTree (2), qncclAlgoSra (3)",
-                   fn, (int)algo);
+ncclResult_t check_algo(const char* fn, const qncclAllReduceConfig_t& config) {
+  if (config.algo < qncclAlgoAuto || config.algo > qncclAlgoHier)
+    return set_error(ncclInvalidArgument,
+                     "%s: algo = %d is unknown; allowed: qncclAlgoAuto (0), qncclAlgoRing (1), "
+                     "qncclAlgoTree (2), qncclAlgoSra (3), qncclAlgoHier (4)",
+                     fn, (int)config.algo);
+  if (config.interAlgo < qncclAlgoAuto || config.interAlgo > qncclAlgoSra)
+    return set_error(ncclInvalidArgument,
+                     "%s: interAlgo = %d is not a flat algorithm; allowed: qncclAlgoAuto (0), "
+                     "qncclAlgoRing (1), qncclAlgoTree (2), qncclAlgoSra (3)",
+                     fn, (int)config.interAlgo);
+  if (config.intraBits < 0 || config.intraBits > QNCCL_MAX_BITS)
+    return set_error(ncclInvalidArgument,
+                     "%s: intraBits = %d; allowed: 0 (exact inside a node) or %d..%d", fn,
+                     config.intraBits, QNCCL_MIN_BITS, QNCCL_MAX_BITS);
+  return ncclSuccess;
+}
+
+Algorithm algorithm(qncclAlgo_t algo) {
+  switch (algo) {
+    case qncclAlgoTree: return tree;
+    case qncclAlgoSra: return sra;
+    case qncclAlgoHier: return hierarchical;
+    default: return ring;
+  }
 }
 
 /* Counts the call (it gets the next `call` number) and runs the algorithm
@@ -40,8 +59,7 @@ ncclResult_t run_segments(Segment& s, Workspace& w, qncclAlgo_t algo, const void
   s.wire_sent = &state.stats.bytesOnWire;
   state.stats.callsCompressed++;
   state.stats.bytesIn += count * s.type_size;
-  ncclResult_t (*run)(Segment&, Workspace&) =
-      algo == qncclAlgoRing ? ring : algo == qncclAlgoTree ? tree : sra;
+  const Algorithm run = algorithm(algo);
   const size_t step = segment_values(config);
   for (size_t first = 0, g = 0; first < count; first += step, g++) {
     s.index = g;
@@ -168,7 +186,7 @@ ncclResult_t check_allreduce_config(const char* fn, size_t count, ncclDataType_t
     return set_error(ncclInvalidArgument, "%s: config is NULL; pass a qncclAllReduceConfig_t", fn);
   QNCCL_CHECK(check_codec_config(fn, &config->codec));
   QNCCL_CHECK(check_codec_type(fn, "datatype", type));
-  QNCCL_CHECK(check_algo(fn, config->algo));
+  QNCCL_CHECK(check_algo(fn, *config));
   QNCCL_CHECK(check_error_feedback(fn, config->errorFeedback));
   if (op != ncclSum && op != ncclAvg)
     return set_error(ncclInvalidArgument,
@@ -214,14 +232,21 @@ ncclResult_t check_allreduce(const char* fn, const void* sendbuff, void* recvbuf
   return ncclSuccess;
 }
 
-qncclAlgo_t auto_algo(size_t count, ncclDataType_t type, int nranks) {
+qncclAlgo_t auto_algo(size_t count, ncclDataType_t type, int nranks, const Topology* topology) {
+  if (topology != nullptr && topology->hierarchical()) return qncclAlgoHier;
   if (nranks == 1) return qncclAlgoRing;
   if (count * float_type_size(type) < (64u << 10)) return qncclAlgoTree;
   return nranks <= 16 ? qncclAlgoSra : qncclAlgoRing;
 }
 
-qncclAlgo_t resolve_algo(qncclAlgo_t algo, size_t count, ncclDataType_t type, int nranks) {
-  return algo == qncclAlgoAuto ? auto_algo(count, type, nranks) : algo;
+qncclAlgo_t resolve_algo(qncclAlgo_t algo, size_t count, ncclDataType_t type, int nranks,
+                         const Topology* topology) {
+  return algo == qncclAlgoAuto ? auto_algo(count, type, nranks, topology) : algo;
+}
+
+qncclAlgo_t resolve_inter_algo(qncclAlgo_t inter, size_t count, ncclDataType_t type,
+                               int local_ranks, int nodes) {
+  return inter == qncclAlgoAuto ? auto_algo(count / (size_t)local_ranks, type, nodes) : inter;
 }
 
 namespace {
@@ -239,10 +264,38 @@ ncclResult_t run_call(Segment& s, const void* sendbuff, void* recvbuff, size_t c
   s.stream = stream;
   s.params = CodecParams{config.codec.bits, config.codec.bucketSize, config.codec.rounding,
                          config.codec.seed, 0, nullptr, 0, 0, 0};
-  s.type = datatype;
-  s.type_size = float_type_size(datatype);
+  s.type = s.input_type = datatype;
+  s.type_size = s.input_size = float_type_size(datatype);
   s.average = op == ncclAvg;
-  const qncclAlgo_t algo = resolve_algo(config.algo, count, datatype, s.nranks);
+  s.average_over = s.nranks;
+  s.stream_rank = (uint64_t)s.rank;
+  if (config.algo == qncclAlgoAuto)
+    QNCCL_CHECK(discover_topology(*s.nccl, comm, s.rank, s.nranks, state));
+  const qncclAlgo_t algo = resolve_algo(config.algo, count, datatype, s.nranks, &state.topology);
+  HierPlan plan = {};
+  WorkspaceSize need;
+  if (algo == qncclAlgoHier) {
+    QNCCL_CHECK(discover_topology(*s.nccl, comm, s.rank, s.nranks, state));
+    if (!state.topology.uniform) {
+      s.refused = true;  // every rank refuses alike: nobody waits
+      return set_error(ncclInvalidUsage,
+                       "quantized allreduce: the hierarchical algorithm (QNCCL_ALGO=hier, "
+                       "qncclAlgoHier) needs the same number of ranks on every node; this "
+                       "communicator's nodes differ (this one, %s, has %d of its %d ranks): "
+                       "use a flat algorithm (QNCCL_ALGO=auto picks one)",
+                       state.topology.host.c_str(), state.topology.local_ranks, s.nranks);
+    }
+    QNCCL_CHECK(make_hierarchy(*s.nccl, comm, s.rank, s.nranks, state));
+    const Topology& t = state.topology;
+    plan.topology = &t;
+    plan.inter_algo = resolve_inter_algo(config.interAlgo, count, datatype, t.local_ranks, t.nodes);
+    plan.inter = algorithm(plan.inter_algo);
+    plan.intra_bits = config.intraBits;
+    s.hier = &plan;
+    need = hier_workspace_size(plan.inter_algo, count, config, t.local_ranks, t.nodes);
+  } else {
+    need = workspace_size(algo, count, config, s.nranks);
+  }
   if (config.errorFeedback && algo == qncclAlgoRing && config.codec.bits <= 2 &&
       s.nranks >= 8 && !state.warned_feedback_ring) {
     state.warned_feedback_ring = true;
@@ -252,7 +305,6 @@ ncclResult_t run_call(Segment& s, const void* sendbuff, void* recvbuff, size_t c
          "use QNCCL_ALGO=sra or tree, or more bits (warned once per communicator)",
          (void*)comm, s.rank, config.codec.bits, s.nranks);
   }
-  const WorkspaceSize need = workspace_size(algo, count, config, s.nranks);
 #ifdef QNCCL_WITH_CUDA
   // check_allreduce made sure both buffers are on the same side.
   int device = -1;
@@ -288,6 +340,7 @@ ncclResult_t run_allreduce(const void* sendbuff, void* recvbuff, size_t count,
   const ncclResult_t res = run_call(s, sendbuff, recvbuff, count, datatype, op, config, comm,
                                     stream, state);
   if (res == ncclSuccess) return s.in_progress ? ncclInProgress : ncclSuccess;
+  if (s.refused) return res;
   std::lock_guard<std::mutex> lock(state.api);
   if (state.failure == ncclSuccess) {
     state.failure_message = last_error();
@@ -314,6 +367,12 @@ ncclResult_t allreduce_workspace_size(const char* fn, size_t count, ncclDataType
   if (nranks < 1) return set_error(ncclInvalidArgument, "%s: nranks = %d; allowed: >= 1", fn, nranks);
   if (bytes == nullptr) return set_error(ncclInvalidArgument, "%s: bytes is NULL; pass a size_t*", fn);
   const qncclAlgo_t algo = resolve_algo(config->algo, count, datatype, nranks);
+  if (algo == qncclAlgoHier)
+    return set_error(ncclInvalidArgument,
+                     "%s: config->algo = qncclAlgoHier: its workspace depends on the "
+                     "communicator's node layout, which nranks does not give; pass a flat "
+                     "algorithm (the hierarchical one needs no more than its inter algorithm "
+                     "over one rank's shard, plus the intra stage's with intraBits)", fn);
   *bytes = workspace_size(algo, count, *config, nranks).bytes();
   return ncclSuccess;
 }

@@ -16,6 +16,7 @@
 #include <tuple>
 #include <vector>
 
+#include "engine/topology.h"
 #include "qnccl.h"
 
 namespace qnccl {
@@ -99,6 +100,7 @@ struct CommState {
     std::atomic<uint64_t> callsCompressed{0}, callsPassedThrough{0}, bytesIn{0}, bytesOnWire{0},
         residualBuffers{0}, residualBytes{0};
   } stats;
+  Topology topology;             // found by the first call that needs it
   DeviceWorkspace device;        // calls on device buffers
   ResidualStore residuals;       // error feedback
   bool warned_residual_capture = false;  // the pass-through during capture was reported

@@ -60,7 +60,32 @@ class WorkArea {
 };
 
 struct CommState;
+struct Topology;
 class Lockstep;
+class Segment;
+struct Workspace;
+struct Post;
+
+/* One algorithm on one segment. */
+using Algorithm = ncclResult_t (*)(Segment&, Workspace&);
+
+/* What a hierarchical call runs (engine/hierarchical.cc): the node layout
+ * with its communicators, the algorithm between nodes, the bits inside one. */
+struct HierPlan {
+  const Topology* topology;
+  Algorithm inter;
+  qncclAlgo_t inter_algo;
+  int intra_bits;  // 0: exact (the real NCCL's ncclReduceScatter)
+};
+
+/* One collective of the real NCCL in a group of them (Segment::collectives). */
+struct Collective {
+  enum Kind { kReduceScatter, kReduce, kAllGather, kBroadcast } kind;
+  const void* send;
+  void* recv;
+  size_t count;  // per rank (ReduceScatter's recvcount, AllGather's sendcount)
+  int root;      // kReduce, kBroadcast
+};
 
 /* One segment of one call: everything an algorithm needs. */
 class Segment {
@@ -71,14 +96,24 @@ class Segment {
   CommState* state;     // abort flag and the lock around calls into the real NCCL
   Lockstep* lockstep = nullptr;  // set when the call runs in step with others (run_allreduces)
   mutable bool in_progress = false;  // the real NCCL answered ncclInProgress (nonblocking comm)
+  bool refused = false;  // failed on every rank alike before any transfer: nobody waits
   cudaStream_t stream;
   Compute compute;     // host code or CUDA kernels, by where the buffers live
   CodecParams params;  // params.stream is set per quantization
-  ncclDataType_t type;
+  ncclDataType_t type;  // of the output (and of the input, unless input_type says)
   size_t type_size;
+  ncclDataType_t input_type;  // of x: `type`, or float32 for a stage fed by another
+  size_t input_size;
   bool average;
+  int average_over;  // avg divides by this: nranks, or the parent's for a stage
   int rank, nranks;
   uint64_t call;
+  /* The random stream of quantization `step` is stream(call, index,
+   * stream_rank, step_base + step): stream_rank is the rank of the call's
+   * communicator, step_base keeps a stage's steps apart from another's. */
+  uint64_t stream_rank;
+  uint64_t step_base = 0;
+  const HierPlan* hier = nullptr;  // qncclAlgoHier
   /* Device buffers: where the call's number is when its kernels run
    * (DeviceWorkspace::calls), which then override `call`. */
   const uint64_t* device_call = nullptr;
@@ -101,7 +136,7 @@ class Segment {
   static size_t max_chunk(size_t values, size_t bucket, int nranks);
   size_t wire_bytes(size_t values) const;
 
-  const char* input(Range r) const { return x + r.begin * type_size; }
+  const char* input(Range r) const { return x + r.begin * input_size; }
   char* output(Range r) const { return y + r.begin * type_size; }
 
   /* Compute primitives. `step` numbers this rank's quantizations; `acc`
@@ -114,7 +149,8 @@ class Segment {
   /* The owner's result: avg divides by N, then wire = Q(acc). */
   void encode_result(Range r, float* acc, uint64_t step, uint8_t* wire);
   void decode_output(const uint8_t* wire, Range r) const;
-  void widen_input(Range r, float* acc) const;                 // acc = x
+  void widen_input(Range r, float* acc) const;                 // acc = x (+ e)
+  void widen_input_only(Range r, float* acc) const;            // acc = x, without e
   void add_decoded(const uint8_t* wire, size_t n, float* acc) const;  // acc = acc + D(wire)
 
   /* Transport primitive: one group of sends and receives (zero-length ones
@@ -133,6 +169,10 @@ class Segment {
    * sends to rank + i and receives from rank - i, so no rank ever receives
    * from two peers at once (docs/allreduce.md, "Transport"). */
   ncclResult_t all_to_all(const Transfer* to_peer, const Transfer* from_peer) const;
+  /* Transport primitive: collectives of the real NCCL on `on` (a
+   * communicator of some of the call's ranks; `type`, ncclSum) in one group,
+   * a step like exchange(): every rank of `on` takes it at the same point. */
+  ncclResult_t collectives(ncclComm_t on, const Collective* ops, int n) const;
 
   mutable ncclResult_t status = ncclSuccess;
 
@@ -140,6 +180,7 @@ class Segment {
   void record(ncclResult_t res) const {
     if (status == ncclSuccess) status = res;
   }
+  ncclResult_t step(Post& post) const;  // exchange() and collectives()
   /* params' random stream for quantization `step` (from device_call when set). */
   void set_stream(uint64_t step);
   /* wire = Q(v) of float32 values covering `r` on the stream of `step`; with
@@ -147,25 +188,29 @@ class Segment {
   void quantize_float(Range r, const float* v, uint64_t step, float scale, uint8_t* wire);
 };
 
-/* The transfers of one step of one call, and how they ended. */
+/* The transfers (or collectives) of one step of one call, and how they
+ * ended. */
 struct Post {
   Post(const Segment* s, const Transfer* out, int nout, const Transfer* in, int nin)
       : segment(s), sends(out), nsends(nout), recvs(in), nrecvs(nin) {}
   const Segment* segment;
-  const Transfer* sends;
+  const Transfer* sends;  // on segment->comm
   int nsends;
   const Transfer* recvs;
   int nrecvs;
+  ncclComm_t on = nullptr;  // of the collectives
+  const Collective* ops = nullptr;
+  int nops = 0;
   ncclResult_t result = ncclSuccess;
   std::string message;  // of a failure
 
   bool carries_bytes() const;
 };
 
-/* Issues the posts' sends and receives in one real group, waits out
- * ncclInProgress on each of their communicators, and sets each post's
- * result (a failure with its message). The one place bytes reach the real
- * NCCL's point-to-point calls. */
+/* Issues the posts' sends, receives and collectives in one real group,
+ * waits out ncclInProgress on each of their communicators, and sets each
+ * post's result (a failure with its message). The one place bytes reach the
+ * real NCCL. */
 void transfer(Post* const* posts, size_t n);
 
 /* The workspace a call needs (docs/allreduce.md, "Workspace"), computed for
@@ -175,9 +220,10 @@ constexpr size_t kWorkspaceAlign = 256;  // of the wire area, as cudaMalloc alig
 struct WorkspaceSize {
   size_t acc_values = 0;
   size_t fed_input_values = 0;  // error feedback: Segment::fed_input
+  size_t stage_values = 0;      // hierarchical: a stage's float32 result
   size_t wire_bytes = 0;
   size_t wire_offset() const {
-    const size_t floats = (acc_values + fed_input_values) * sizeof(float);
+    const size_t floats = (acc_values + fed_input_values + stage_values) * sizeof(float);
     return (floats + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign;
   }
   size_t bytes() const { return wire_offset() + wire_bytes; }
@@ -187,6 +233,11 @@ size_t segment_values(const qncclAllReduceConfig_t& config);
 /* `algo` is ring, tree or SRA (resolve auto first); `config` is checked. */
 WorkspaceSize workspace_size(qncclAlgo_t algo, size_t count, const qncclAllReduceConfig_t& config,
                              int nranks);
+/* The same for qncclAlgoHier with `inter` (resolved) between `nodes` nodes of
+ * `local_ranks` ranks. */
+WorkspaceSize hier_workspace_size(qncclAlgo_t inter, size_t count,
+                                  const qncclAllReduceConfig_t& config, int local_ranks,
+                                  int nodes);
 
 /* What a call on device buffers does with its communicator's workspace of
  * `have` bytes when it needs `need` (and, with error feedback, a residual
@@ -205,6 +256,7 @@ size_t grown_bytes(size_t have, size_t need);
 struct Workspace {
   WorkArea<float> acc;
   WorkArea<float> fed_input;
+  WorkArea<float> stage;
   WorkArea<uint8_t> wire;
   /* Points acc and wire into `memory`, size.bytes() bytes aligned to 256. */
   void assign(void* memory, const WorkspaceSize& size);
@@ -214,11 +266,20 @@ struct Workspace {
 ncclResult_t ring(Segment& s, Workspace& w);
 ncclResult_t tree(Segment& s, Workspace& w);
 ncclResult_t sra(Segment& s, Workspace& w);
+ncclResult_t hierarchical(Segment& s, Workspace& w);  // needs s.hier
 
-/* docs/allreduce.md, "Choosing an algorithm". */
-qncclAlgo_t auto_algo(size_t count, ncclDataType_t type, int nranks);
+/* docs/allreduce.md, "Choosing an algorithm": the flat algorithm for
+ * `nranks` ranks, or qncclAlgoHier when `topology` (nullptr: one node)
+ * allows it. */
+qncclAlgo_t auto_algo(size_t count, ncclDataType_t type, int nranks,
+                      const Topology* topology = nullptr);
 /* `algo`, or auto_algo() when it is qncclAlgoAuto. */
-qncclAlgo_t resolve_algo(qncclAlgo_t algo, size_t count, ncclDataType_t type, int nranks);
+qncclAlgo_t resolve_algo(qncclAlgo_t algo, size_t count, ncclDataType_t type, int nranks,
+                         const Topology* topology = nullptr);
+/* The algorithm hierarchical runs between `nodes` nodes of `local_ranks`
+ * ranks: `inter`, or auto's pick for one rank's shard of the buffer. */
+qncclAlgo_t resolve_inter_algo(qncclAlgo_t inter, size_t count, ncclDataType_t type,
+                               int local_ranks, int nodes);
 
 /* The checks of a quantized allreduce's arguments that need no communicator
  * or buffers (config, datatype, op, count); `fn` names the caller in

@@ -129,6 +129,12 @@ ncclResult_t allreduce_error_bound(const char* fn, size_t count, ncclDataType_t 
                      "over calls)",
                      fn);
   const qncclAlgo_t algo = resolve_algo(config->algo, count, datatype, nranks);
+  if (algo == qncclAlgoHier)
+    return set_error(ncclInvalidArgument,
+                     "%s: config->algo = qncclAlgoHier: its bound depends on the node layout, "
+                     "which nranks does not give; qnccl.emulate.allreduce(..., nodes=...) "
+                     "reports it",
+                     fn);
   *bound = error_bound(algo, datatype, op == ncclAvg, config->codec, nranks, inputAbsMax);
   return ncclSuccess;
 }

@@ -13,9 +13,7 @@
 
 namespace qnccl {
 
-ncclResult_t Lockstep::exchange(const Segment& s, const Transfer* sends, int nsends,
-                                const Transfer* recvs, int nrecvs) {
-  Post post(&s, sends, nsends, recvs, nrecvs);
+ncclResult_t Lockstep::step(Post& post) {
   {
     std::unique_lock<std::mutex> lock(mutex_);
     const uint64_t round = round_;

@@ -23,8 +23,7 @@ class Lockstep {
   explicit Lockstep(size_t calls) : running_(calls) {}
 
   /* From a call's thread: its step, moved with the other calls' next steps. */
-  ncclResult_t exchange(const Segment& s, const Transfer* sends, int nsends,
-                        const Transfer* recvs, int nrecvs);
+  ncclResult_t step(Post& post);
   /* From a call's thread: it has no more steps. */
   void finished();
   /* From the driving thread: moves the steps, round by round, until every

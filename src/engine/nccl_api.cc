@@ -53,6 +53,10 @@ Resolved resolve() {
                   bind(h, "ncclCommGetAsyncError", &a.commGetAsyncError, r.error,
                        sizeof r.error) &&
                   bind(h, "ncclGetLastError", &a.getLastError, r.error, sizeof r.error) &&
+                  bind(h, "ncclReduceScatter", &a.reduceScatter, r.error, sizeof r.error) &&
+                  bind(h, "ncclReduce", &a.reduce, r.error, sizeof r.error) &&
+                  bind(h, "ncclAllGather", &a.allGather, r.error, sizeof r.error) &&
+                  bind(h, "ncclBroadcast", &a.broadcast, r.error, sizeof r.error) &&
                   bind(h, "ncclAllReduce", &a.allReduce, r.error, sizeof r.error) &&
                   bind(h, "ncclCommInitRank", &a.commInitRank, r.error, sizeof r.error) &&
                   bind(h, "ncclCommInitRankConfig", &a.commInitRankConfig, r.error,

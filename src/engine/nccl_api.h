@@ -19,6 +19,15 @@ struct NcclApi {
   ncclResult_t (*commAbort)(ncclComm_t);
   ncclResult_t (*commGetAsyncError)(ncclComm_t, ncclResult_t*);
   const char* (*getLastError)(ncclComm_t);
+  // The collectives of the hierarchical allreduce's exact stage inside a node.
+  ncclResult_t (*reduceScatter)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t,
+                                ncclComm_t, cudaStream_t);
+  ncclResult_t (*reduce)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, int,
+                         ncclComm_t, cudaStream_t);
+  ncclResult_t (*allGather)(const void*, void*, size_t, ncclDataType_t, ncclComm_t,
+                            cudaStream_t);
+  ncclResult_t (*broadcast)(const void*, void*, size_t, ncclDataType_t, int, ncclComm_t,
+                            cudaStream_t);
   // Entry points libqnccl.so interposes and forwards (src/shim/).
   ncclResult_t (*allReduce)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t,
                             cudaStream_t);

@@ -64,9 +64,26 @@ WorkspaceSize workspace_size(qncclAlgo_t algo, size_t count, const qncclAllReduc
   return size;
 }
 
+WorkspaceSize hier_workspace_size(qncclAlgo_t inter, size_t count,
+                                  const qncclAllReduceConfig_t& config, int local_ranks,
+                                  int nodes) {
+  const size_t values = std::min(count, segment_values(config));
+  // The largest shard: the last one, which also takes the values left over.
+  const size_t shard = values - (size_t)(local_ranks - 1) * (values / (size_t)local_ranks);
+  WorkspaceSize size = workspace_size(inter, shard, config, nodes);
+  if (config.intraBits == 0 || values == 0) return size;
+  const size_t slot = compressed_bytes(shard, config.intraBits, config.codec.bucketSize);
+  size.stage_values = shard;
+  if (config.errorFeedback) size.fed_input_values = std::max(size.fed_input_values, shard);
+  size.wire_bytes = std::max(size.wire_bytes, 2 * (size_t)local_ranks * slot);
+  return size;
+}
+
 void Workspace::assign(void* memory, const WorkspaceSize& size) {
   acc.assign(memory, size.acc_values);
   fed_input.assign(static_cast<float*>(memory) + size.acc_values, size.fed_input_values);
+  stage.assign(static_cast<float*>(memory) + size.acc_values + size.fed_input_values,
+               size.stage_values);
   wire.assign(static_cast<char*>(memory) + size.wire_offset(), size.wire_bytes);
 }
 
@@ -82,7 +99,7 @@ void Segment::encode_input(Range r, uint64_t step, uint8_t* wire) {
   if (residual == nullptr) {
     if (status != ncclSuccess) return;
     set_stream(step);
-    record(compute.quantize(compute, input(r), r.size(), type, params, wire));
+    record(compute.quantize(compute, input(r), r.size(), input_type, params, wire));
     return;
   }
   fed_input.resize(r.size());
@@ -91,11 +108,11 @@ void Segment::encode_input(Range r, uint64_t step, uint8_t* wire) {
 }
 
 void Segment::set_stream(uint64_t step) {
-  params.stream = stream_id(call, index, (uint64_t)rank, step);
+  params.stream = stream_id(call, index, stream_rank, step_base + step);
   params.call = device_call;
   params.segment = index;
-  params.rank = (uint64_t)rank;
-  params.step = step;
+  params.rank = stream_rank;
+  params.step = step_base + step;
 }
 
 void Segment::encode_acc(Range r, const float* acc, uint64_t step, uint8_t* wire) {
@@ -104,9 +121,9 @@ void Segment::encode_acc(Range r, const float* acc, uint64_t step, uint8_t* wire
 
 void Segment::encode_result(Range r, float* acc, uint64_t step, uint8_t* wire) {
   if (average && status == ncclSuccess)
-    record(compute.divide(compute, acc, r.size(), (float)nranks));
+    record(compute.divide(compute, acc, r.size(), (float)average_over));
   // avg: the residual of acc / N, times N, so residuals are in units of the sum.
-  quantize_float(r, acc, step, average ? (float)nranks : 1.0f, wire);
+  quantize_float(r, acc, step, average ? (float)average_over : 1.0f, wire);
 }
 
 void Segment::quantize_float(Range r, const float* v, uint64_t step, float scale,
@@ -132,8 +149,13 @@ void Segment::add_decoded(const uint8_t* wire, size_t n, float* acc) const {
 
 void Segment::widen_input(Range r, float* acc) const {
   if (status == ncclSuccess)
-    record(compute.widen(compute, input(r), r.size(), type,
+    record(compute.widen(compute, input(r), r.size(), input_type,
                          residual != nullptr ? residual + r.begin : nullptr, acc));
+}
+
+void Segment::widen_input_only(Range r, float* acc) const {
+  if (status == ncclSuccess)
+    record(compute.widen(compute, input(r), r.size(), input_type, nullptr, acc));
 }
 
 bool Post::carries_bytes() const {
@@ -141,28 +163,59 @@ bool Post::carries_bytes() const {
     if (sends[i].len > 0) return true;
   for (int i = 0; i < nrecvs; i++)
     if (recvs[i].len > 0) return true;
+  for (int i = 0; i < nops; i++)
+    if (ops[i].count > 0) return true;
   return false;
 }
 
-ncclResult_t Segment::exchange(const Transfer* sends, int nsends, const Transfer* recvs,
-                               int nrecvs) const {
+ncclResult_t Segment::step(Post& post) const {
   if (status != ncclSuccess) return status;  // a compute step failed: send nothing
-  if (lockstep != nullptr) return lockstep->exchange(*this, sends, nsends, recvs, nrecvs);
-  Post post(this, sends, nsends, recvs, nrecvs);
+  if (lockstep != nullptr) return lockstep->step(post);
   if (!post.carries_bytes()) return ncclSuccess;
   Post* one = &post;
   transfer(&one, 1);
   return post.result;  // its message is this thread's last error
 }
 
+ncclResult_t Segment::exchange(const Transfer* sends, int nsends, const Transfer* recvs,
+                               int nrecvs) const {
+  Post post(this, sends, nsends, recvs, nrecvs);
+  return step(post);
+}
+
+ncclResult_t Segment::collectives(ncclComm_t on, const Collective* ops, int n) const {
+  Post post(this, nullptr, 0, nullptr, 0);
+  post.on = on;
+  post.ops = ops;
+  post.nops = n;
+  return step(post);
+}
+
 namespace {
 
-/* One post's sends and receives into the open group, under its
+ncclResult_t post_collective(const Segment& s, ncclComm_t on, const Collective& c) {
+  const NcclApi& n = *s.nccl;
+  switch (c.kind) {
+    case Collective::kReduceScatter:
+      return n.reduceScatter(c.send, c.recv, c.count, s.type, ncclSum, on, s.stream);
+    case Collective::kReduce:
+      return n.reduce(c.send, c.recv, c.count, s.type, ncclSum, c.root, on, s.stream);
+    case Collective::kAllGather:
+      return n.allGather(c.send, c.recv, c.count, s.type, on, s.stream);
+    case Collective::kBroadcast:
+      return n.broadcast(c.send, c.recv, c.count, s.type, c.root, on, s.stream);
+  }
+  return ncclInternalError;
+}
+
+/* One post's sends, receives and collectives into the open group, under its
  * communicator's lock (an abort waits for them). */
 ncclResult_t post_transfers(const Post& p) {
   const Segment& s = *p.segment;
   std::lock_guard<std::mutex> lock(s.state->api);
   if (s.state->aborted) return ncclInvalidUsage;
+  for (int i = 0; i < p.nops; i++)
+    if (p.ops[i].count > 0) QNCCL_CHECK(post_collective(s, p.on, p.ops[i]));
   for (int i = 0; i < p.nsends; i++) {
     if (p.sends[i].len == 0) continue;
     const Transfer& t = p.sends[i];
@@ -197,7 +250,8 @@ void transfer(Post* const* posts, size_t n) {
     const Segment& s = *p.segment;
     if (p.result == ncclInProgress) {
       s.in_progress = true;
-      p.result = wait_until_ready(nccl, s.comm, *s.state);
+      p.result = p.nsends + p.nrecvs > 0 ? wait_until_ready(nccl, s.comm, *s.state) : ncclSuccess;
+      if (p.result == ncclSuccess && p.nops > 0) p.result = wait_until_ready(nccl, p.on, *s.state);
     }
     if (p.result == ncclSuccess) continue;
     if (s.state->aborted) {
@@ -205,9 +259,10 @@ void transfer(Post* const* posts, size_t n) {
                 "during the call on rank %d", s.rank);
       p.result = ncclInvalidUsage;
     } else {
-      const char* why = nccl.getLastError(s.comm);
-      set_error(p.result, "qncclAllReduce: the NCCL transfer of rank %d failed (%d): %s", s.rank,
-                (int)p.result, why != nullptr && why[0] != '\0' ? why : "no message");
+      const char* why = nccl.getLastError(p.nops > 0 ? p.on : s.comm);
+      set_error(p.result, "qncclAllReduce: the NCCL %s of rank %d failed (%d): %s",
+                p.nops > 0 ? "collectives inside the node" : "transfer", s.rank, (int)p.result,
+                why != nullptr && why[0] != '\0' ? why : "no message");
     }
     p.message = last_error();
   }

@@ -3,10 +3,11 @@
  * most kMaxMessageBytes, which group.cc completes. Rank-major buffers (AllGather's output, AlltoAll's two)
  * are addressed per piece with a type whose extent is one rank's block.
  *
- * In place: AllReduce/Reduce (sendbuff == recvbuff), AllGather
- * (sendbuff == recvbuff + rank*count) and AlltoAll (sendbuff == recvbuff) map
- * to MPI_IN_PLACE. ReduceScatter's NCCL form (recvbuff == sendbuff +
- * rank*recvcount) aliases MPI's input, so it reduces into a temporary. */
+ * In place: AllReduce (sendbuff == recvbuff), AllGather (sendbuff ==
+ * recvbuff + rank*count) and AlltoAll (sendbuff == recvbuff) map to
+ * MPI_IN_PLACE. Reduce and ReduceScatter gather the ranks' contributions
+ * into a temporary and reduce them there in rank order, so in place needs
+ * nothing more and their result is a function of the inputs alone. */
 #include <stdint.h>
 #include <string.h>
 
@@ -135,71 +136,83 @@ ncclResult_t post_all_reduce(const CommRef& comm, const void* send, void* recv, 
   return ncclSuccess;
 }
 
-ncclResult_t post_reduce(const CommRef& comm, const void* send, void* recv, size_t count,
-                         const Reduction& red, int root, Posted* out) {
+/* out = ((b_0 op b_1) op b_2) ... op b_{n-1} of `nranks` blocks of `count`
+ * values `stride` bytes apart, rounding to the type after each operation.
+ * NCCL's result depends on its algorithm's order; the backend's on the
+ * inputs alone, so qnccl.emulate can reproduce it (docs/host-backend.md). */
+void reduce_in_rank_order(const Reduction& red, const char* blocks, size_t stride, int nranks,
+                          size_t count, void* out) {
   const size_t size = type_size(red.type);
-  void* result = comm->rank == root ? recv : nullptr;  // recvbuff matters at the root only
-  const void* input = reduce_input(red, send, result, count, out);
-  QNCCL_CHECK(for_each_chunk(count, size, [&](size_t offset, int n) {
-    MPI_Request r;
-    const void* in = input == MPI_IN_PLACE ? MPI_IN_PLACE : at(input, offset, size);
-    return posted(MPI_Ireduce(in, at(result, offset, size), n, red.mpi_type, red.op, root,
-                              comm->mpi, &r), &r, "ncclReduce", "MPI_Ireduce", out);
-  }));
-  average_when_done(comm, red, result, count, out);
-  return ncclSuccess;
+  if (count == 0) return;
+  memmove(out, blocks, count * size);
+  for (int r = 1; r < nranks; r++)
+    for_each_chunk(count, size, [&](size_t offset, int n) {
+      // inout = in op inout: IEEE addition and multiplication are commutative.
+      MPI_Reduce_local(at(blocks + r * stride, offset, size), at(out, offset, size), n,
+                       red.mpi_type, red.op);
+      return ncclSuccess;
+    });
 }
 
-/* Rank r's output is the reduction of every rank's block r of `in`. One
- * MPI_Ireduce_scatter_block when a block fits one message, else one
- * MPI_Ireduce per rank and piece (MPI's predefined ops take no strided type). */
-ncclResult_t post_blocks(const CommRef& comm, const void* in, void* out, size_t recvcount,
-                         const Reduction& red, Posted* posted_out) {
+/* Every rank's `count` values of `in` gathered at `root` as rank-major blocks
+ * of a temporary (other ranks: nullptr). */
+ncclResult_t post_gather(const CommRef& comm, const void* in, size_t count, const Reduction& red,
+                         int root, const char* fn, char** blocks, Posted* out) {
   const size_t size = type_size(red.type);
-  const char* fn = "ncclReduceScatter";
-  if (recvcount * size <= kMaxMessageBytes) {
+  *blocks = comm->rank == root ? temporary(out, comm->nranks * count * size) : nullptr;
+  return for_each_chunk(count, size, [&](size_t offset, int n) {
+    RankBlock block(red.mpi_type, n, count * size);
     MPI_Request r;
-    return posted(MPI_Ireduce_scatter_block(in, out, (int)recvcount, red.mpi_type, red.op,
-                                            comm->mpi, &r), &r, fn, "MPI_Ireduce_scatter_block",
-                  posted_out);
-  }
-  return for_each_chunk(recvcount, size, [&](size_t offset, int n) {
-    for (int r = 0; r < comm->nranks; r++) {
-      void* mine = r == comm->rank ? at(out, offset, size) : nullptr;
-      MPI_Request request;
-      QNCCL_CHECK(posted(MPI_Ireduce(at(in, r * recvcount + offset, size), mine, n,
-                                     red.mpi_type, red.op, r, comm->mpi, &request),
-                         &request, fn, "MPI_Ireduce", posted_out));
-    }
-    return ncclSuccess;
+    return posted(MPI_Igather(at(in, offset, size), n, red.mpi_type, at(*blocks, offset, size), 1,
+                              block.type(), root, comm->mpi, &r), &r, fn, "MPI_Igather", out);
   });
 }
 
-bool overlaps(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
-  auto x = (uintptr_t)a, y = (uintptr_t)b;
-  return x < y + b_bytes && y < x + a_bytes;
+/* Block r of every rank's rank-major `in` (blocks of `count`) gathered at rank
+ * r as the rank-major blocks of a temporary. */
+ncclResult_t post_exchange_blocks(const CommRef& comm, const void* in, size_t count,
+                                  const Reduction& red, const char* fn, char** blocks,
+                                  Posted* out) {
+  const size_t size = type_size(red.type);
+  *blocks = temporary(out, comm->nranks * count * size);
+  return for_each_chunk(count, size, [&](size_t offset, int n) {
+    RankBlock block(red.mpi_type, n, count * size);
+    MPI_Request r;
+    return posted(MPI_Ialltoall(at(in, offset, size), 1, block.type(), at(*blocks, offset, size),
+                                1, block.type(), comm->mpi, &r), &r, fn, "MPI_Ialltoall", out);
+  });
 }
 
+/* Once the blocks are in: the rank-order reduction into `result`, then avg. */
+void reduce_when_done(const CommRef& comm, const Reduction& red, const char* blocks,
+                      size_t count, void* result, Posted* out) {
+  const int nranks = comm->nranks;
+  const Reduction r = red;
+  out->finish = [=] {
+    reduce_in_rank_order(r, blocks, count * type_size(r.type), nranks, count, result);
+    if (r.average) divide(r.type, result, count, nranks);
+  };
+}
+
+/* Gathered at the root, reduced there in rank order. */
+ncclResult_t post_reduce(const CommRef& comm, const void* send, void* recv, size_t count,
+                         const Reduction& red, int root, Posted* out) {
+  const void* input = reduce_input(red, send, nullptr, count, out);
+  char* blocks = nullptr;
+  QNCCL_CHECK(post_gather(comm, input, count, red, root, "ncclReduce", &blocks, out));
+  if (comm->rank == root) reduce_when_done(comm, red, blocks, count, recv, out);
+  return ncclSuccess;
+}
+
+/* Rank r's output is the reduction of every rank's block r of the input: the
+ * blocks are exchanged (all-to-all), then reduced in rank order. */
 ncclResult_t post_reduce_scatter(const CommRef& comm, const void* send, void* recv,
                                  size_t recvcount, const Reduction& red, Posted* out) {
-  const size_t size = type_size(red.type);
-  const size_t total = recvcount * comm->nranks;
-  const void* in = send;
-  if (red.premul) {
-    char* scaled = temporary(out, total * size);
-    premultiply(red, send, scaled, total);
-    in = scaled;
-  }
-  void* result = recv;
-  if (overlaps(in, total * size, recv, recvcount * size)) result = temporary(out, recvcount * size);
-  QNCCL_CHECK(post_blocks(comm, in, result, recvcount, red, out));
-  const int nranks = comm->nranks;
-  const ncclDataType_t type = red.type;
-  const bool average = red.average;
-  out->finish = [=] {
-    if (result != recv) memcpy(recv, result, recvcount * size);
-    if (average) divide(type, recv, recvcount, nranks);
-  };
+  const void* input = reduce_input(red, send, nullptr, recvcount * comm->nranks, out);
+  char* blocks = nullptr;
+  QNCCL_CHECK(post_exchange_blocks(comm, input, recvcount, red, "ncclReduceScatter", &blocks,
+                                   out));
+  reduce_when_done(comm, red, blocks, recvcount, recv, out);
   return ncclSuccess;
 }
 

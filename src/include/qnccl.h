@@ -83,10 +83,12 @@ ncclResult_t qncclDequantizeAccumulate(const void* src, size_t srcBytes, size_t 
 /* ---- Quantized allreduce (docs/allreduce.md) ----------------------------- */
 
 typedef enum {
-  qncclAlgoAuto = 0,  /* picked by rank count and size (docs/allreduce.md) */
+  qncclAlgoAuto = 0,  /* picked by rank count, size and node layout (docs/allreduce.md) */
   qncclAlgoRing = 1,
   qncclAlgoTree = 2,
-  qncclAlgoSra = 3    /* scatter-reduce then allgather, all-to-all in each phase */
+  qncclAlgoSra = 3,   /* scatter-reduce then allgather, all-to-all in each phase */
+  qncclAlgoHier = 4   /* reduce-scatter inside each node, interAlgo between the nodes'
+                         ranks of one local index, allgather inside each node */
 } qncclAlgo_t;
 
 #define QNCCL_DEFAULT_SEGMENT_VALUES ((size_t)1 << 22)
@@ -105,6 +107,14 @@ typedef struct {
    * the buffer's kind of memory, until qncclCommResetErrorFeedback or the
    * communicator's end. 0: none. */
   int errorFeedback;
+  /* qncclAlgoHier (also when auto picks it): the quantized algorithm between
+   * nodes, qncclAlgoAuto (picked for the shard size and node count), Ring,
+   * Tree or Sra. */
+  qncclAlgo_t interAlgo;
+  /* qncclAlgoHier: 0 reduces inside a node exactly, with the real NCCL's
+   * ncclReduceScatter; 1..8 quantizes each rank's contribution to its node's
+   * reduction with that many bits (codec's bucket size, rounding and seed). */
+  int intraBits;
 } qncclAllReduceConfig_t;
 
 /* Sum (ncclSum) or average (ncclAvg) of `count` values of `datatype`
@@ -125,7 +135,7 @@ ncclResult_t qncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
                             cudaStream_t stream);
 
 /* The algorithm qncclAlgoAuto picks for `count` values of `datatype` over
- * `nranks` ranks. */
+ * `nranks` ranks on one node (on several, see qncclCommTopology). */
 ncclResult_t qncclAutoAlgo(size_t count, ncclDataType_t datatype, int nranks, qncclAlgo_t* algo);
 
 /* Bytes of scratch memory (accumulator and wire buffers, docs/allreduce.md
@@ -155,6 +165,20 @@ ncclResult_t qncclAllReduceWorkspaceSize(size_t count, ncclDataType_t datatype,
 ncclResult_t qncclAllReduceErrorBound(size_t count, ncclDataType_t datatype, ncclRedOp_t op,
                                       const qncclAllReduceConfig_t* config, int nranks,
                                       double inputAbsMax, double* bound);
+
+/* Which ranks of `comm` share a node (a host: same host name, or same
+ * NCCL_HOSTID), as the hierarchical allreduce and qncclAlgoAuto see it. */
+typedef struct {
+  int nodes;       /* nodes the communicator spans (when uniform; else 0) */
+  int localRanks;  /* ranks of `comm` on this rank's node */
+  int localRank;   /* this rank's index among them, by rank */
+  int uniform;     /* 1: every node has localRanks ranks */
+} qncclTopology_t;
+
+/* The node layout of `comm`. Collective the first time on a communicator
+ * (every rank calls it, like ncclCommSplit, which it uses); the answer is
+ * then kept. */
+ncclResult_t qncclCommTopology(ncclComm_t comm, qncclTopology_t* topology);
 
 /* ---- Quantized reduction ops ---------------------------------------------- */
 

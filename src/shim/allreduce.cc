@@ -59,17 +59,29 @@ Decision decide(ShimComm& st, size_t count, ncclDataType_t type, ncclRedOp_t op)
 
 /* One report per kind of call (type, op, decision) and communicator; at
  * QNCCL_DEBUG=TRACE one per call, with its size. */
-void report_kind(ncclComm_t comm, ShimComm& st, ncclDataType_t type, ncclRedOp_t op,
-                 const Decision& d, size_t count, const NcclApi& nccl) {
+void report_kind(ncclComm_t comm, ShimComm& st, const CommState& state, ncclDataType_t type,
+                 ncclRedOp_t op, const Decision& d, size_t count, const NcclApi& nccl) {
   if (st.config.debug < qncclDebugInfo) return;
   char kind[256];
   if (d.compress) {
     int nranks = 1;
     nccl.commCount(comm, &nranks);
-    const qncclAlgo_t algo = d.config.algo == qncclAlgoAuto
-                                 ? auto_algo(count, type, nranks) : d.config.algo;
+    // Before its first call auto does not know the node layout yet.
+    const Topology& t = state.topology;
+    const qncclAlgo_t algo = d.config.algo == qncclAlgoAuto && !t.known
+                                 ? qncclAlgoAuto
+                                 : resolve_algo(d.config.algo, count, type, nranks, &t);
+    char how[96];
+    if (algo == qncclAlgoHier)
+      snprintf(how, sizeof how, "hier: %s inside nodes, %s between them",
+               d.config.intraBits ? "quantized" : "exact",
+               t.known && t.uniform ? algo_name(resolve_inter_algo(d.config.interAlgo, count, type,
+                                                                   t.local_ranks, t.nodes))
+                                    : algo_name(d.config.interAlgo));
+    else
+      snprintf(how, sizeof how, "%s", algo_name(algo));
     snprintf(kind, sizeof kind, "%s %s: compressed (%s)", short_type_name(type),
-             st.ops.count((int)op) ? "quantized-op" : op_name(op), algo_name(algo));
+             st.ops.count((int)op) ? "quantized-op" : op_name(op), how);
   } else {
     snprintf(kind, sizeof kind, "%s %s: passed through (%s)", short_type_name(type), op_name(op),
              d.why);
@@ -94,7 +106,7 @@ ncclResult_t all_reduce(const void* send, void* recv, size_t count, ncclDataType
       comm_state(comm, &shim->config, &st) != ncclSuccess)
     return fail(ncclInvalidArgument);
   const Decision d = decide(*shim, count, type, op);
-  report_kind(comm, *shim, type, op, d, count, *nccl);
+  report_kind(comm, *shim, *st, type, op, d, count, *nccl);
   if (!d.compress) {
     st->stats.callsPassedThrough++;
     return nccl->allReduce(send, recv, count, type, op, comm, stream);

@@ -45,12 +45,14 @@ void report_stats(ncclComm_t comm) {
  * next step and ends with an error; taking `api` waits for it to leave the
  * real NCCL (a call there returns promptly), so nothing of QNCCL uses the
  * communicator once the real NCCL tears it down. */
-ncclResult_t release(ncclComm_t comm, ncclResult_t (*real)(ncclComm_t)) {
+ncclResult_t release(const NcclApi& nccl, ncclComm_t comm, bool abort) {
   report_stats(comm);
   if (std::shared_ptr<CommState> state = existing_comm_state(comm)) {
     state->aborted = true;
     std::lock_guard<std::mutex> lock(state->api);
+    end_topology(nccl, *state, abort);  // the hierarchical allreduce's communicators
   }
+  ncclResult_t (*real)(ncclComm_t) = abort ? nccl.commAbort : nccl.commDestroy;
   const ncclResult_t res = real(comm);
   forget_shim_comm(comm);
   forget_comm(comm);  // device memory goes with the last reference to the state
@@ -95,13 +97,13 @@ QNCCL_EXPORT ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncc
 QNCCL_EXPORT ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   const NcclApi* nccl;
   if (real_nccl(&nccl) != ncclSuccess) return fail(ncclSystemError);
-  return release(comm, nccl->commDestroy);
+  return release(*nccl, comm, false);
 }
 
 QNCCL_EXPORT ncclResult_t ncclCommAbort(ncclComm_t comm) {
   const NcclApi* nccl;
   if (real_nccl(&nccl) != ncclSuccess) return fail(ncclSystemError);
-  return release(comm, nccl->commAbort);
+  return release(*nccl, comm, true);
 }
 
 /* The real NCCL's answer, unless a quantized call failed on the communicator:

@@ -4,6 +4,7 @@
     mpirun -np N python allreduce_check.py ordering
     mpirun -np N python allreduce_check.py misuse
     mpirun -np N python allreduce_check.py calls
+    mpirun -np N python allreduce_check.py hier      (on several nodes: perf/netlab --nodes)
 
 Every rank loads QNCCL's host backend (build/host/libnccl.so.2) before any
 engine call, so libqnccl.so's dlopen("libnccl.so.2", RTLD_NOLOAD) finds it,
@@ -27,13 +28,21 @@ misuse    invalid configurations fail with ncclInvalidArgument and a message
           the emulator's call 0.
 calls     each communicator counts its own calls from 0: two alive at once,
           calls interleaved, then a communicator made after one was destroyed.
+hier      the hierarchical algorithm on the job's node layout (host names, or
+          NCCL_HOSTID): qncclCommTopology against the gathered host names, then
+          inter ring/tree/SRA/auto x types x shapes x exact or quantized intra
+          stage, and auto, against the emulator with nodes=; on a layout whose
+          nodes differ, auto runs flat and an explicit hier fails on every rank
+          with ncclInvalidUsage naming the layout.
 
 Prints one line per failure, then a summary; exits non-zero on any failure.
 """
 import argparse
 import dataclasses
 import itertools
+import os
 import re
+import socket
 import sys
 from pathlib import Path
 
@@ -62,7 +71,8 @@ lib = _lib.lib()
 NCCL_TYPES = {"float32": lib.ncclFloat32, "float16": lib.ncclFloat16,
               "bfloat16": lib.ncclBfloat16}
 ALGOS = {"auto": lib.qncclAlgoAuto, "ring": lib.qncclAlgoRing, "tree": lib.qncclAlgoTree,
-         "sra": lib.qncclAlgoSra}
+         "sra": lib.qncclAlgoSra, "hier": lib.qncclAlgoHier}
+NODES = None  # hier: the node of each rank (the emulator's nodes=)
 ROUNDINGS = {"nearest": lib.qncclRoundNearest, "stochastic": lib.qncclRoundStochastic}
 OPS = {"sum": lib.ncclSum, "avg": lib.ncclAvg}
 UNWRITTEN = 0xA5  # out of place, the output buffer starts as these bytes
@@ -81,9 +91,12 @@ class Case:
     segment_values: int = 0
     seed: int = 0
     data: str = "wide"  # "wide": conftest.make_values; "special": with NaN/Inf; "normal"
+    inter: str = "auto"  # hier: between nodes
+    intra_bits: int = 0  # hier: inside a node
 
     def __str__(self):
-        return (f"{self.algo} {self.dtype} count={self.count} {self.rounding} {self.op} "
+        hier = f" inter={self.inter} intra_bits={self.intra_bits}" if NODES is not None else ""
+        return (f"{self.algo}{hier} {self.dtype} count={self.count} {self.rounding} {self.op} "
                 f"{'in place' if self.inplace else 'out of place'} bits={self.bits} "
                 f"bucket={self.bucket} segmentValues={self.segment_values} seed={self.seed} "
                 f"data={self.data}")
@@ -133,6 +146,8 @@ def make_config(case):
     config.codec.seed = case.seed
     config.algo = ALGOS[case.algo]
     config.segmentValues = case.segment_values
+    config.interAlgo = ALGOS[case.inter]
+    config.intraBits = case.intra_bits
     return config
 
 
@@ -188,7 +203,8 @@ def check_case(case, call, outputs, send_ok, failures):
         return emulate_allreduce(
             inputs, algo=case.algo, bits=case.bits, bucket_size=case.bucket,
             rounding=case.rounding, seed=case.seed, op=case.op, call=call,
-            segment_values=case.segment_values, dtype=case.dtype, return_bounds=True)
+            segment_values=case.segment_values, dtype=case.dtype, return_bounds=True,
+            nodes=NODES, inter_algo=case.inter, intra_bits=case.intra_bits)
 
     expected, bound = emulate(call)
     diff = first_difference(case, outputs[0], expected[0], case.dtype,
@@ -367,15 +383,86 @@ def calls(comm, failures):
     return 7
 
 
+def hier_cases():
+    """inter x types x shapes, the intra stage exact or quantized; ops, in place,
+    bits, roundings and seeds rotate; then auto."""
+    shapes = [  # (count, bucket, segment_values): empty shards, a remainder, segments
+        (0, 128, 0), (1, 128, 0), (5, 128, 0), (301, 16, 0), (7919, 100, 0), (300007, 128, 0),
+        (5003, 64, 1000)]
+    combos = list(itertools.product(("nearest", "stochastic"), ("sum", "avg"), (False, True)))
+    cases = []
+    for i, (inter, dtype, intra, (count, bucket, segment_values)) in enumerate(
+            itertools.product(("ring", "tree", "sra", "auto"), ("float32", "float16", "bfloat16"),
+                              (0, 3), shapes)):
+        rounding, op, inplace = combos[(i * 5) % len(combos)]
+        cases.append(Case("hier", dtype, count, rounding, op, inplace, bits=1 + (i * 3) % 8,
+                          bucket=bucket, segment_values=segment_values,
+                          seed=(3000 + i) * 0x9E3779B97F4A7C15 % 2**64, inter=inter,
+                          intra_bits=intra))
+    for i, dtype in enumerate(("float32", "float16", "bfloat16")):
+        cases.append(Case("auto", dtype, 40000 + i, op=("sum", "avg")[i % 2], seed=4000 + i))
+    return cases
+
+
+def hier(comm, failures):
+    """The node layout from the host names, then hier_cases() (or, on a layout
+    whose nodes differ, auto and a refused explicit hier)."""
+    global NODES
+    host = os.environ.get("NCCL_HOSTID") or socket.gethostname()
+    NODES = COMM.allgather(host)
+    members = [r for r in range(NRANKS) if NODES[r] == host]
+    sizes = {NODES.count(h) for h in NODES}
+    topo = ffi.new("qncclTopology_t*")
+    check_nccl(lib.qncclCommTopology(comm, topo), "qncclCommTopology")
+    want = (len(set(NODES)) if len(sizes) == 1 else 0, len(members), members.index(RANK),
+            int(len(sizes) == 1))
+    got = (topo.nodes, topo.localRanks, topo.localRank, topo.uniform)
+    lines = [] if got == want else [f"qncclCommTopology: {got} (nodes, localRanks, localRank, "
+                                    f"uniform); the host names say {want}"]
+    for rank, rank_lines in enumerate(COMM.gather(lines, root=0) or []):
+        for line in rank_lines:
+            failures.add(f"topology rank {rank}", line)
+    if RANK == 0:
+        print(f"layout: {NODES}", flush=True)
+    if len(sizes) == 1:
+        cases = hier_cases()
+        run_cases(comm, cases, failures)
+        return len(cases) + 1
+    # Uneven: auto runs flat (the emulator's auto on these nodes says the same) and
+    # an explicit hier fails on every rank, naming the layout, without a call number.
+    base = Case("hier", "float32", 5000, seed=9)
+    x = rank_input(base, RANK)
+    out = np.zeros_like(x)
+    result = lib.qncclAllReduce(ffi.from_buffer(x), ffi.from_buffer(out), x.size,
+                                NCCL_TYPES["float32"], OPS["sum"], make_config(base), comm,
+                                ffi.NULL)
+    message = ffi.string(lib.qncclGetLastError()).decode() if result else ""
+    pattern = r"needs the same number of ranks on every node.*has \d+ of its \d+ ranks"
+    lines = [] if result == lib.ncclInvalidUsage and re.search(pattern, message) else [
+        f"explicit hier on an uneven layout returned {result} ({message!r}); expected "
+        f"ncclInvalidUsage matching {pattern!r}"]
+    for rank, rank_lines in enumerate(COMM.gather(lines, root=0) or []):
+        for line in rank_lines:
+            failures.add(f"uneven rank {rank}", line)
+    cases = [Case("auto", dtype, 40000, op=op, inplace=inplace, seed=5000 + i)
+             for i, (dtype, op, inplace) in enumerate(
+                 itertools.product(("float32", "float16", "bfloat16"), ("sum", "avg"),
+                                   (False, True)))]
+    run_cases(comm, cases, failures)
+    return len(cases) + 2
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("program", choices=("matrix", "ordering", "misuse", "calls"))
+    parser.add_argument("program", choices=("matrix", "ordering", "misuse", "calls", "hier"))
     args = parser.parse_args()
     comm = init_comm()
     failures = Failures()
-    programs = {"matrix": matrix, "ordering": ordering, "misuse": misuse, "calls": calls}
+    programs = {"matrix": matrix, "ordering": ordering, "misuse": misuse, "calls": calls,
+                "hier": hier}
     cases = programs[args.program](comm, failures)
-    check_nccl(nccl.ncclCommDestroy(comm), "ncclCommDestroy")
+    # libqnccl's ncclCommDestroy: it also ends the communicators QNCCL split off
+    check_nccl(lib.ncclCommDestroy(comm), "ncclCommDestroy")
     failed = COMM.bcast(len(failures.lines), root=0)
     if RANK == 0:
         print(f"SUMMARY {args.program}: {NRANKS} ranks, {cases} cases, {failed} failures",

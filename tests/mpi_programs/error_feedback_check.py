@@ -24,6 +24,8 @@ interposer   QNCCL_ERROR_FEEDBACK=1 makes the interposed ncclAllReduce feed back
              message saying what is allowed.
 ring_warning error feedback on ring at 2 bits, then at 3 bits, then SRA at 2 bits (the
              test counts the library's warnings).
+hier         the hierarchical algorithm on the job's node layout (perf/netlab --nodes), as
+             `emulator`: inter ring/tree/SRA x types, the intra stage exact or quantized.
 
 Prints one line per failure, then a summary; exits non-zero on any failure.
 """
@@ -32,10 +34,12 @@ import dataclasses
 import itertools
 import os
 import re
+import socket
 import sys
 
 import numpy as np
 
+import allreduce_check
 from allreduce_check import (COMM, NCCL_TYPES, NRANKS, OPS, RANK, Case, Failures, bits_of,
                              check_nccl, ffi, init_comm, lib, make_config, rank_input)
 import qnccl.comm
@@ -94,7 +98,8 @@ class Emulation:
         out = emulate_allreduce(inputs, algo=c.algo, bits=c.bits, bucket_size=c.bucket,
                                 rounding=c.rounding, seed=c.seed, op=c.op, call=self.call,
                                 segment_values=c.segment_values, dtype=c.dtype,
-                                residuals=self.residuals)[0]
+                                residuals=self.residuals, nodes=allreduce_check.NODES,
+                                inter_algo=c.inter, intra_bits=c.intra_bits)[0]
         self.call += 1
         return out
 
@@ -150,6 +155,21 @@ def emulator(comm, failures):
         call, _ = check_against_emulator(comm, case, call, failures, make_feedback_config(case))
         # Its buffers are freed now, and a new array may reuse an address (and count and
         # dtype): that is the same buffer to the library, so start the next case afresh.
+        qnccl.comm.reset_error_feedback(comm)
+    return len(cases)
+
+
+def hier(comm, failures):
+    """emulator_cases() through the hierarchical algorithm on the host names' layout."""
+    host = os.environ.get("NCCL_HOSTID") or socket.gethostname()
+    allreduce_check.NODES = COMM.allgather(host)
+    call = 0
+    cases = []
+    for i, case in enumerate(emulator_cases()):
+        cases.append(dataclasses.replace(case, algo="hier", inter=case.algo,
+                                         intra_bits=(0, 3)[i % 2]))
+    for case in cases:
+        call, _ = check_against_emulator(comm, case, call, failures, make_feedback_config(case))
         qnccl.comm.reset_error_feedback(comm)
     return len(cases)
 
@@ -306,7 +326,7 @@ def ring_warning(comm, failures):
 
 
 PROGRAMS = {"emulator": emulator, "bookkeeping": bookkeeping, "interposer": interposer,
-            "ring_warning": ring_warning}
+            "ring_warning": ring_warning, "hier": hier}
 
 
 def main():

@@ -1,0 +1,113 @@
+/* Hierarchical allreduce (docs/allreduce.md, "Hierarchical"): the L ranks
+ * of each node reduce-scatter the segment among themselves (exactly, with
+ * the real NCCL's ncclReduceScatter, or quantized at intraBits), each rank
+ * allreduces its shard with the ranks of the same local index on the other
+ * nodes (the inter algorithm, quantized), and each node allgathers the
+ * shards. Only the middle stage crosses the network, 1/L of the segment per
+ * rank, so the L ranks of a node share its link instead of each sending
+ * the whole segment through it. */
+#include "engine/engine.h"
+
+#include <vector>
+
+#include "common/error.h"
+#include "engine/topology.h"
+
+namespace qnccl {
+namespace {
+
+/* The shards of a segment: floor(count / L) values each (the blocks of
+ * ncclReduceScatter), the last one also takes the count % L left over
+ * (reduced with ncclReduce to it, broadcast from it). */
+Range shard(size_t count, int nshards, int k) {
+  const size_t even = count / (size_t)nshards;
+  return Range{(size_t)k * even, k == nshards - 1 ? count : (size_t)(k + 1) * even};
+}
+
+/* The quantized reduce-scatter inside the node, into `acc` (float32, this
+ * rank's shard): SRA's first phase with shards for chunks. Each rank's
+ * values of shard k go to rank k encoded (step k); rank k adds them to its
+ * own, exact, in rank order. */
+ncclResult_t quantized_reduce_scatter(Segment& s, Workspace& w, float* acc) {
+  const int n = s.nranks, r = s.rank;
+  const Range own = shard(s.count, n, r);
+  const size_t slot = s.wire_bytes(shard(s.count, n, n - 1).size());
+  w.wire.resize(2 * (size_t)n * slot);
+  auto to = [&](int k) { return w.slot((size_t)k, slot); };
+  auto from = [&](int k) { return w.slot((size_t)(n + k), slot); };
+  std::vector<Transfer> sends(n), recvs(n);
+  for (int k = 0; k < n; k++) {
+    if (k == r) continue;
+    const Range c = shard(s.count, n, k);
+    s.encode_input(c, (uint64_t)k, to(k));
+    sends[k] = {to(k), s.wire_bytes(c.size()), k};
+    recvs[k] = {from(k), s.wire_bytes(own.size()), k};
+  }
+  QNCCL_CHECK(s.all_to_all(sends.data(), recvs.data()));
+  // The own shard is quantized between nodes: its residual is added there.
+  s.widen_input_only(own, acc);
+  for (int j = 0; j < n; j++)
+    if (j != r) s.add_decoded(from(j), own.size(), acc);
+  return s.status;
+}
+
+}  // namespace
+
+ncclResult_t hierarchical(Segment& s, Workspace& w) {
+  const HierPlan& plan = *s.hier;
+  const Topology& t = *plan.topology;
+  const int nlocal = t.local_ranks, l = t.local_rank, last = nlocal - 1;
+  const size_t even = s.count / (size_t)nlocal;
+  const Range own = shard(s.count, nlocal, l), block = {own.begin, own.begin + even};
+  const Range rest = {even * (size_t)nlocal, s.count};
+
+  // The stage between nodes: this rank's shard, with the ranks of its local
+  // index. Its random streams follow the intra stage's L steps.
+  Segment inter = s;
+  inter.hier = nullptr;
+  inter.comm = t.cross;
+  inter.rank = t.node;
+  inter.nranks = t.nodes;
+  inter.average_over = s.nranks;
+  inter.step_base = (uint64_t)nlocal;
+  inter.y = s.output(own);
+  inter.count = own.size();
+  inter.residual = s.residual != nullptr ? s.residual + own.begin : nullptr;
+
+  // 1. Reduce-scatter inside the node.
+  if (plan.intra_bits == 0) {
+    const Collective scatter[2] = {
+        {Collective::kReduceScatter, s.x, s.output(block), even, 0},
+        {Collective::kReduce, s.input(rest), s.output(rest), rest.size(), last}};
+    QNCCL_CHECK(s.collectives(t.local, scatter, 2));
+    inter.x = s.output(own);  // in place
+  } else {
+    Segment intra = s;
+    intra.hier = nullptr;
+    intra.comm = t.local;
+    intra.rank = l;
+    intra.nranks = nlocal;
+    intra.params.bits = plan.intra_bits;
+    w.stage.resize(own.size());
+    const ncclResult_t res = quantized_reduce_scatter(intra, w, w.stage.data());
+    s.in_progress = s.in_progress || intra.in_progress;
+    QNCCL_CHECK(res);
+    inter.x = reinterpret_cast<const char*>(w.stage.data());
+    inter.input_type = ncclFloat32;
+    inter.input_size = sizeof(float);
+  }
+
+  // 2. Allreduce of the shard across nodes.
+  const ncclResult_t res = plan.inter(inter, w);
+  s.in_progress = s.in_progress || inter.in_progress;
+  QNCCL_CHECK(res);
+  QNCCL_CHECK(inter.status);
+
+  // 3. Allgather inside the node (in place: each rank's block is in y).
+  const Collective gather[2] = {
+      {Collective::kAllGather, s.output(block), s.y, even, 0},
+      {Collective::kBroadcast, s.output(rest), s.output(rest), rest.size(), last}};
+  return s.collectives(t.local, gather, 2);
+}
+
+}  // namespace qnccl
