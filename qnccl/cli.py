@@ -97,8 +97,14 @@ RUN_OPTIONS = (
                                                 help="values per bucket, >= 1 (default 128)")),
     ("--rounding", "QNCCL_ROUNDING", dict(choices=("stochastic", "nearest"),
                                           help="default stochastic")),
-    ("--algo", "QNCCL_ALGO", dict(choices=("auto", "ring", "tree", "sra"),
+    ("--algo", "QNCCL_ALGO", dict(choices=("auto", "ring", "tree", "sra", "hier"),
                                   help="default auto (docs/allreduce.md)")),
+    ("--inter-algo", "QNCCL_INTER_ALGO", dict(
+        choices=("auto", "ring", "tree", "sra"),
+        help="hier: the algorithm between nodes (default auto)")),
+    ("--intra-bits", "QNCCL_INTRA_BITS", dict(
+        type=int_in(0, 8), metavar="N",
+        help="hier: 0 reduces inside a node exactly (default), 1..8 quantizes it")),
     ("--min-bytes", "QNCCL_MIN_BYTES", dict(
         type=_byte_size, metavar="N",
         help="smaller allreduces pass through exact; K, M, G suffixes allowed (default 64K)")),
@@ -259,7 +265,7 @@ def nccl_wheel():
 
 
 _ROUNDING_NAMES = {0: "nearest", 1: "stochastic"}
-_ALGO_NAMES = {0: "auto", 1: "ring", 2: "tree", 3: "sra"}
+_ALGO_NAMES = {0: "auto", 1: "ring", 2: "tree", 3: "sra", 4: "hier"}
 _DEBUG_NAMES = {0: "WARN", 1: "INFO", 2: "TRACE"}
 
 
@@ -269,6 +275,8 @@ def describe_env_config(config):
     return (f"bits={allreduce.codec.bits} bucket={allreduce.codec.bucketSize} "
             f"rounding={_ROUNDING_NAMES.get(allreduce.codec.rounding, allreduce.codec.rounding)} "
             f"algo={_ALGO_NAMES.get(allreduce.algo, allreduce.algo)} "
+            f"inter_algo={_ALGO_NAMES.get(allreduce.interAlgo, allreduce.interAlgo)} "
+            f"intra_bits={allreduce.intraBits} "
             f"min_bytes={config.minBytes} seed={allreduce.codec.seed} "
             f"warmup={config.warmupCalls} enable={config.enable} "
             f"error_feedback={config.allreduce.errorFeedback} "

@@ -252,7 +252,8 @@ def test_info_lines(preloaded):
     and its statistics at ncclCommDestroy."""
     output = preloaded.output
     configs = re.findall(
-        rf"{INFO}/{NRANKS}: bits=4 bucket=64 rounding=stochastic algo=auto min_bytes={MIN_BYTES} "
+        rf"{INFO}/{NRANKS}: bits=4 bucket=64 rounding=stochastic algo=auto inter_algo=auto "
+        rf"intra_bits=0 min_bytes={MIN_BYTES} "
         rf"seed={SEED} warmup=0 error_feedback=0 enable=1 nccl=(\S+)$", output, re.M)
     assert sorted(int(rank) for rank, _ in configs) == list(range(NRANKS)), output[-4000:]
     assert {Path(path).resolve() for _, path in configs} == {HOST_NCCL.resolve()}
@@ -354,8 +355,8 @@ def env_config(capi):
     return cli.describe_env_config(config)
 
 
-DEFAULTS = ("bits=4 bucket=128 rounding=stochastic algo=auto min_bytes=65536 seed=0 warmup=0 "
-            "enable=1 error_feedback=0 debug=WARN")
+DEFAULTS = ("bits=4 bucket=128 rounding=stochastic algo=auto inter_algo=auto intra_bits=0 "
+            "min_bytes=65536 seed=0 warmup=0 enable=1 error_feedback=0 debug=WARN")
 
 
 def test_default_configuration(capi):
@@ -371,6 +372,11 @@ def test_default_configuration(capi):
     ("QNCCL_ROUNDING", "nearest", "rounding=nearest"),
     ("QNCCL_ALGO", "sra", "algo=sra"),
     ("QNCCL_ALGO", "tree", "algo=tree"),
+    ("QNCCL_ALGO", "hier", "algo=hier"),
+    ("QNCCL_INTER_ALGO", "ring", "inter_algo=ring"),
+    ("QNCCL_INTER_ALGO", "sra", "inter_algo=sra"),
+    ("QNCCL_INTRA_BITS", "0", "intra_bits=0"),
+    ("QNCCL_INTRA_BITS", "8", "intra_bits=8"),
     ("QNCCL_MIN_BYTES", "0", "min_bytes=0"),
     ("QNCCL_MIN_BYTES", "12345", "min_bytes=12345"),
     ("QNCCL_MIN_BYTES", "2K", "min_bytes=2048"),
@@ -394,7 +400,9 @@ ALLOWED = {
     "QNCCL_BITS": r"1 ?\.\. ?8",
     "QNCCL_BUCKET_SIZE": r">= ?1",
     "QNCCL_ROUNDING": r"stochastic.*nearest|nearest.*stochastic",
-    "QNCCL_ALGO": r"auto.*ring.*tree.*sra",
+    "QNCCL_ALGO": r"auto.*ring.*tree.*sra.*hier",
+    "QNCCL_INTER_ALGO": r"auto.*ring.*tree.*sra",
+    "QNCCL_INTRA_BITS": r"0 \(exact\) or 1\.\.8",
     "QNCCL_MIN_BYTES": r">= ?0.*K.*M.*G",
     "QNCCL_SEED": r"64-bit|2\^64",
     "QNCCL_ERROR_FEEDBACK": r"\b0 or 1\b",
@@ -410,6 +418,8 @@ ALLOWED = {
     ("QNCCL_BUCKET_SIZE", "0"), ("QNCCL_BUCKET_SIZE", "-5"), ("QNCCL_BUCKET_SIZE", "12abc"),
     ("QNCCL_ROUNDING", "round"),
     ("QNCCL_ALGO", "butterfly"),
+    ("QNCCL_INTER_ALGO", "hier"), ("QNCCL_INTER_ALGO", "fast"),
+    ("QNCCL_INTRA_BITS", "9"), ("QNCCL_INTRA_BITS", "-1"), ("QNCCL_INTRA_BITS", "exact"),
     ("QNCCL_MIN_BYTES", "-1"), ("QNCCL_MIN_BYTES", "10X"), ("QNCCL_MIN_BYTES", "1.5M"),
     ("QNCCL_MIN_BYTES", "99999999999G"),
     ("QNCCL_SEED", "-1"), ("QNCCL_SEED", str(2**64)), ("QNCCL_SEED", "abc"),
@@ -437,7 +447,7 @@ def test_run_flags_set_the_variables():
     """Each flag sets its variable (overriding the environment), values in the
     library's syntax; variables without a flag pass through untouched."""
     args = parse_run("--bits", "3", "--bucket-size", "256", "--rounding", "nearest", "--algo",
-                     "tree", "--min-bytes", "2K", "--seed", str(2**64 - 1), "--warmup-calls",
+                     "tree", "--inter-algo", "ring", "--intra-bits", "6", "--min-bytes", "2K", "--seed", str(2**64 - 1), "--warmup-calls",
                      "5", "--error-feedback", "--debug", "info", "--nccl-lib", str(HOST_NCCL), "--disable",
                      "--", "prog", "--bits", "7")
     env = cli.run_environment(args, {"QNCCL_BITS": "2", "QNCCL_ERROR_FEEDBACK": "0",
@@ -445,7 +455,8 @@ def test_run_flags_set_the_variables():
     assert args.cmd == ["--", "prog", "--bits", "7"]
     assert {k: v for k, v in env.items() if k.startswith("QNCCL_")} == {
         "QNCCL_BITS": "3", "QNCCL_BUCKET_SIZE": "256", "QNCCL_ROUNDING": "nearest",
-        "QNCCL_ALGO": "tree", "QNCCL_MIN_BYTES": "2048", "QNCCL_SEED": str(2**64 - 1),
+        "QNCCL_ALGO": "tree", "QNCCL_INTER_ALGO": "ring", "QNCCL_INTRA_BITS": "6",
+        "QNCCL_MIN_BYTES": "2048", "QNCCL_SEED": str(2**64 - 1),
         "QNCCL_WARMUP_CALLS": "5", "QNCCL_DEBUG": "INFO",
         "QNCCL_NCCL_LIB": str(HOST_NCCL.resolve()), "QNCCL_ENABLE": "0",
         "QNCCL_ERROR_FEEDBACK": "1"}
@@ -462,7 +473,9 @@ def test_run_flags_set_the_variables():
     (["--rounding", "up"], r"--rounding: invalid choice: 'up' \(choose from '?stochastic'?, "
                            r"'?nearest'?\)"),
     (["--algo", "butterfly"], r"--algo: invalid choice: 'butterfly' \(choose from '?auto'?, "
-                              r"'?ring'?, '?tree'?, '?sra'?\)"),
+                              r"'?ring'?, '?tree'?, '?sra'?, '?hier'?\)"),
+    (["--inter-algo", "hier"], r"--inter-algo: invalid choice: 'hier'"),
+    (["--intra-bits", "9"], r"--intra-bits: must be an integer in 0\.\.8"),
     (["--min-bytes", "-1"], r"--min-bytes: must be an integer >= 0 with an optional K, M or G"),
     (["--min-bytes", "5X"], r"--min-bytes: must be an integer >= 0 with an optional K, M or G"),
     (["--seed", "-1"], r"--seed: must be an integer in 0\.\.18446744073709551615"),

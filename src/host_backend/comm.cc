@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <mutex>
+#include <vector>
 #include <thread>
 #include <unordered_map>
 
@@ -182,10 +183,37 @@ ncclResult_t check_split(int color, const ncclComm_t* newcomm, const ncclConfig_
   return check_config(config, fn);
 }
 
+/* Waits until every rank of `parent` has reached the split: the ranks' colors
+ * and keys are gathered without blocking, and the wait ends, as a
+ * collective's does, when `parent` is aborted from another thread. (An
+ * aborted wait leaves MPI's request, and the memory it writes, behind.) */
+ncclResult_t gather_split_arguments(const CommRef& parent, int color, int key) {
+  auto all = std::make_shared<std::vector<int>>(2 * (size_t)parent->nranks);
+  const int mine[2] = {color, key};
+  MPI_Request request;
+  QNCCL_CHECK(mpi_result(MPI_Iallgather(mine, 2, MPI_INT, all->data(), 2, MPI_INT, parent->mpi,
+                                        &request), "ncclCommSplit", "MPI_Iallgather"));
+  for (Deadline pace(0);; pace.pause()) {
+    int done = 0;
+    QNCCL_CHECK(mpi_result(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "ncclCommSplit",
+                           "MPI_Test"));
+    if (done) return ncclSuccess;
+    if (parent->aborted) {
+      static std::mutex mutex;
+      static std::vector<std::shared_ptr<std::vector<int>>> abandoned;  // MPI may still write
+      std::lock_guard<std::mutex> lock(mutex);
+      abandoned.push_back(all);
+      return set_error(ncclInvalidUsage, "ncclCommSplit: the communicator was aborted "
+                       "(ncclCommAbort) while the split waited for its ranks");
+    }
+  }
+}
+
 /* MPI_Comm_split of `parent` into a registered child (or none), whose handle
- * goes to *newcomm. */
+ * goes to *newcomm, once every rank has arrived. */
 ncclResult_t split(const CommRef& parent, int color, int key, bool child_blocking,
                    ncclComm_t* newcomm) {
+  QNCCL_CHECK(gather_split_arguments(parent, color, key));
   MPI_Comm mpi;
   QNCCL_CHECK(mpi_result(MPI_Comm_split(parent->mpi, color, key, &mpi), "ncclCommSplit",
                          "MPI_Comm_split"));

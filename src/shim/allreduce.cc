@@ -15,6 +15,7 @@
 #include "engine/comm_state.h"
 #include "engine/nccl_api.h"
 #include "engine/report.h"
+#include "engine/topology.h"
 #include "shim/shim.h"
 
 using namespace qnccl;
@@ -106,14 +107,27 @@ ncclResult_t all_reduce(const void* send, void* recv, size_t count, ncclDataType
       comm_state(comm, &shim->config, &st) != ncclSuccess)
     return fail(ncclInvalidArgument);
   const Decision d = decide(*shim, count, type, op);
+  if (d.compress) {
+    if (check_allreduce("ncclAllReduce", send, recv, count, type, d.reduction, &d.config,
+                        comm) != ncclSuccess)
+      return fail(ncclInvalidArgument);
+    // Outside a group the node layout can be found now (a collective, as the
+    // call itself), so the report names the algorithm auto picks.
+    const bool layout = d.config.algo == qncclAlgoAuto || d.config.algo == qncclAlgoHier;
+    if (layout && group_depth == 0 && !st->topology.known) {
+      int rank = 0, nranks = 0;
+      nccl->commUserRank(comm, &rank);
+      nccl->commCount(comm, &nranks);
+      if (const ncclResult_t res = discover_topology(*nccl, comm, rank, nranks, *st);
+          res != ncclSuccess)
+        return fail(res);
+    }
+  }
   report_kind(comm, *shim, *st, type, op, d, count, *nccl);
   if (!d.compress) {
     st->stats.callsPassedThrough++;
     return nccl->allReduce(send, recv, count, type, op, comm, stream);
   }
-  if (check_allreduce("ncclAllReduce", send, recv, count, type, d.reduction, &d.config, comm) !=
-      ncclSuccess)
-    return fail(ncclInvalidArgument);
   const AllReduceCall call = {send, recv, count, type, d.reduction, d.config, comm, stream};
   if (group_depth > 0) {
     deferred.push_back(call);
