@@ -53,6 +53,7 @@ const char* algo_name(qncclAlgo_t algo) {
     case qncclAlgoRing: return "ring";
     case qncclAlgoTree: return "tree";
     case qncclAlgoSra: return "sra";
+    case qncclAlgoHier: return "hier";
     default: return "auto";
   }
 }

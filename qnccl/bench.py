@@ -51,6 +51,8 @@ class Config:
     bits: int = None
     bucket_size: int = None
     algo: str = None
+    nodes: int = 1  # > 1: emulated nodes (perf/netlab --nodes), the rate between them
+    ranks: int = None  # None: --ranks
 
     @property
     def slug(self):
@@ -71,6 +73,20 @@ class Config:
         return [sys.executable, "-m", "qnccl", "run", "--bits", str(self.bits),
                 "--bucket-size", str(self.bucket_size), "--algo", self.algo,
                 "--rounding", args.rounding, "--", *perf]
+
+
+NODES, NODE_RANKS = 2, 4  # the multi-node section: 2 nodes x 2 ranks
+
+
+def node_configurations(args):
+    """The multi-node section: 2 nodes x 2 ranks, --rate between the nodes."""
+    where = dict(nodes=NODES, ranks=NODE_RANKS)
+    configs = [Config("2x2 uncompressed (NCCL API)", "nccl", **where)]
+    if "mpi" in args.baselines:
+        configs.append(Config("2x2 MPI_Allreduce", "mpi", **where))
+    configs += [Config(f"2x2 qnccl {bits}b B128 {algo}", "qnccl", bits, 128, algo, **where)
+                for bits in (8, 4) for algo in ("ring", "sra", "hier")]
+    return configs
 
 
 def configurations(args):
@@ -117,8 +133,9 @@ def run_config(config, args, out_dir, log):
     log_path = out_dir / "logs" / f"{config.slug}.log"
     json_path.unlink(missing_ok=True)
     mpirun = shutil.which("mpirun") or "mpirun"
-    cmd = [str(NETLAB), "--rate", args.rate, "--", mpirun, "-np", str(args.ranks),
-           *config.argv(args), "-J", str(json_path)]
+    lab = ["--nodes", str(config.nodes)] if config.nodes > 1 else []
+    cmd = [str(NETLAB), *lab, "--rate", args.rate, "--", mpirun, "-np",
+           str(config.ranks or args.ranks), *config.argv(args), "-J", str(json_path)]
     record = {**dataclasses.asdict(config), "command": cmd, "status": "ok", "message": None}
     start = time.monotonic()
     with open(log_path, "w") as log_file:
@@ -217,14 +234,23 @@ def format_table(records, sizes, header):
     return "\n".join(lines)
 
 
-def plot(records, sizes, title, path):
+def plot(panels, path):
+    """One panel per (records, sizes, title), side by side, in one figure."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(11, 6.5))
+    fig, axes = plt.subplots(1, len(panels), figsize=(11 * len(panels), 6.5), squeeze=False)
+    for ax, (records, sizes, title) in zip(axes[0], panels):
+        plot_panel(ax, records, sizes, title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_panel(ax, records, sizes, title):
     colors = {8: "tab:blue", 4: "tab:green", 2: "tab:red"}
-    styles = {"ring": "-", "tree": ":", "sra": "--"}
+    styles = {"ring": "-", "tree": ":", "sra": "--", "hier": "-."}
     for r in records:
         busbw = [r["busbw_gbps"].get(str(s)) for s in sizes]
         points = [(s, b) for s, b in zip(sizes, busbw) if b is not None]
@@ -245,9 +271,6 @@ def plot(records, sizes, title, path):
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7, ncol=2, loc="center left", bbox_to_anchor=(1.01, 0.5))
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 # ---- the command ------------------------------------------------------------------------
@@ -297,9 +320,14 @@ def main(args):
                   else "unthrottled loopback (perf/netlab could not make a namespace)")
     if link == "unthrottled":
         log(f"qnccl bench: {lab_message}")
-    configs = configurations(args)
+    flat = configurations(args)
+    nodes = node_configurations(args) if "on" in args.nodes_section and link != "unthrottled" \
+        else []
+    configs = flat + nodes
     log(f"qnccl bench: {len(configs)} configurations, {args.ranks} ranks, "
-        f"{mib(args.sizes[0])}..{mib(args.sizes[1])}, {link_words}")
+        f"{mib(args.sizes[0])}..{mib(args.sizes[1])}, {link_words}"
+        + (f"; then {NODES} nodes x {NODE_RANKS // NODES} ranks, {link} between the nodes, "
+           f"shared memory inside" if nodes else ""))
     started = time.monotonic()
     records = []
     for i, config in enumerate(configs, 1):
@@ -309,12 +337,27 @@ def main(args):
         if record["status"] != "ok":
             log(f"      {record['status']}: {record['message']}")
 
-    sizes = summarize(records)
+    flat_records, node_records = records[:len(flat)], records[len(flat):]
+    sizes = summarize(flat_records)
     title = (f"allreduce of float32 (sum), {args.ranks} ranks, {link_words}, {args.rounding} "
              f"rounding; busbw from the median of {args.iters} calls (speedup over "
              f"uncompressed all_reduce_perf at the same size)")
-    table = format_table(records, sizes, title)
+    table = format_table(flat_records, sizes, title)
     print("\n" + table + "\n")
+    panels = [(flat_records, sizes, f"allreduce busbw, {args.ranks} ranks, {link_words}")]
+    two_nodes = None
+    if node_records:
+        node_sizes = summarize(node_records)
+        node_title = (f"{NODES} nodes x {NODE_RANKS // NODES} ranks (perf/netlab --nodes): "
+                      f"{link} between the nodes, shared memory inside; {args.rounding} rounding, "
+                      f"bucket 128; hier = exact inside nodes, quantized between them")
+        node_table = format_table(node_records, node_sizes, node_title)
+        print(node_table + "\n")
+        table += "\n\n" + node_table
+        panels.append((node_records, node_sizes, f"allreduce busbw, {NODES} nodes x "
+                       f"{NODE_RANKS // NODES} ranks, {link} between nodes"))
+        two_nodes = {"nodes": NODES, "nranks": NODE_RANKS, "sizes": node_sizes,
+                     "configurations": node_records, "table": node_table}
     report = {
         "benchmark": "qnccl bench",
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
@@ -324,12 +367,12 @@ def main(args):
         "nranks": args.ranks, "sizes": sizes, "datatype": "float", "op": "sum",
         "rounding": args.rounding, "iters": args.iters, "warmup": args.warmup,
         "command": " ".join(sys.argv), "wall_s": round(time.monotonic() - started, 1),
-        "configurations": records, "table": table,
+        "configurations": flat_records, "two_nodes": two_nodes, "table": table,
     }
     report_path = out_dir / "report.json"
     report_path.write_text(json.dumps(report, indent=1) + "\n")
     plot_path = out_dir / "busbw.png"
-    plot(records, sizes, f"allreduce busbw, {args.ranks} ranks, {link_words}", plot_path)
+    plot(panels, plot_path)
     print(f"report: {report_path}\nplot:   {plot_path}\n"
           f"done in {report['wall_s'] / 60:.1f} min")
     failed = [r["name"] for r in records if r["status"] == "failed" or r.get("check_ok") is False]

@@ -475,6 +475,11 @@ def build_parser():
                        help="default stochastic (QNCCL's default)")
     bench.add_argument("--baselines", type=_name_list(("mpi", "torch")), default=["mpi", "torch"],
                        help="besides uncompressed all_reduce_perf: mpi, torch (default both)")
+    bench.add_argument("--nodes-section", type=_name_list(("on", "off")), default=["on"],
+                       metavar="on|off",
+                       help="then 2 emulated nodes x 2 ranks, --rate between the nodes: "
+                            "uncompressed, MPI_Allreduce, flat ring/SRA and hierarchical at 8 "
+                            "and 4 bits (default on)")
     bench.add_argument("--iters", type=int_in(1), default=3, metavar="N",
                        help="timed calls per size; busbw from their median (default 3)")
     bench.add_argument("--warmup", type=int_in(0), default=1, metavar="N",

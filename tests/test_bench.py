@@ -36,7 +36,8 @@ def run_bench(args, timeout=300):
 def small_bench(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     args = ["--sizes", "256K:512K", "--bits", "4", "--buckets", "128,1024", "--algos", "sra,ring",
-            "--baselines", "mpi", "--iters", "2", "--rate", "10gbit", "--out", str(out)]
+            "--baselines", "mpi", "--iters", "2", "--rate", "10gbit", "--nodes-section", "off",
+            "--out", str(out)]
     status, output = run_bench(args)
     assert status == 0, output
     return out, output, json.loads((out / "report.json").read_text())
