@@ -116,3 +116,29 @@ def test_bad_options(args, message, tmp_path):
     assert status == 2, output
     assert message in output
     assert not (tmp_path / "report.json").exists()
+
+
+def test_two_node_section(tmp_path):
+    """The multi-node section: 2 nodes x 2 ranks, every configuration ran and
+    checked, hierarchical runs put a third of flat SRA's bytes per input byte on
+    the wire (only the shard crosses nodes: 1/L, L = 2, of 2(K-1)/K = 1 vs 3/2)."""
+    args = ["--sizes", "256K:256K", "--bits", "4", "--buckets", "128", "--algos", "sra",
+            "--baselines", "mpi", "--iters", "1", "--rate", "10gbit", "--out", str(tmp_path)]
+    status, output = run_bench(args)
+    assert status == 0, output
+    report = json.loads((tmp_path / "report.json").read_text())
+    section = report["two_nodes"]
+    names = [c["name"] for c in section["configurations"]]
+    assert names == ["2x2 uncompressed (NCCL API)", "2x2 MPI_Allreduce"] + [
+        f"2x2 qnccl {b}b B128 {a}" for b in (8, 4) for a in ("ring", "sra", "hier")]
+    by_name = {c["name"]: c for c in section["configurations"]}
+    for config in section["configurations"]:
+        assert config["status"] == "ok" and config["check_ok"], config
+        assert config["nodes"] == 2 and config["perf"]["nranks"] == 4
+    for bits in (8, 4):
+        hier = by_name[f"2x2 qnccl {bits}b B128 hier"]
+        sra = by_name[f"2x2 qnccl {bits}b B128 sra"]
+        assert {r["algo"] for r in hier["perf"]["rows"]} == {"hier"}
+        assert hier["wire_bytes_per_input_byte"] == pytest.approx(
+            sra["wire_bytes_per_input_byte"] / 3, rel=0.02)
+    assert section["table"] in output and section["table"] in report["table"]

@@ -10,6 +10,7 @@ import pytest
 
 from conftest import DTYPES, from_float32, make_values, widen
 from qnccl.emulate import codec as emu
+from qnccl.emulate import hierarchical
 from qnccl.emulate.allreduce import (allreduce, auto_algo, chunks, quantizations_per_value,
                                      segment_length, segments, stream_id)
 
@@ -413,3 +414,50 @@ def test_rejected_arguments_name_the_argument(rng):
         allreduce([])
     with pytest.raises(TypeError, match="float32, float16 or bfloat16"):
         allreduce([np.zeros(3, np.int32)] * 2)
+
+
+# ---- the hierarchical algorithm (docs/allreduce.md, Hierarchical) -------------------------
+
+
+
+@pytest.mark.parametrize("inter", ["ring", "tree", "sra"])
+@pytest.mark.parametrize("intra_bits", [0, 3])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_hierarchical_paths_agree_and_bound_holds(inter, intra_bits, dtype):
+    """The rank-by-rank path (with bounds) and the vectorized one (error feedback's,
+    residuals zero) give the same bytes; |output - exact| <= bound; on nodes in
+    round-robin order too (local index and node order follow the ranks)."""
+    rng = np.random.default_rng(intra_bits + 7)
+    for nodes in ([0, 0, 1, 1, 2, 2], ["b", "a", "b", "a", "b", "a"]):
+        for count in (0, 2, 5, 1001):
+            xs = [from_float32(rng.standard_normal(count), dtype) for _ in range(6)]
+            out, bound = allreduce(xs, algo="hier", nodes=nodes, inter_algo=inter,
+                                   intra_bits=intra_bits, dtype=dtype, op="avg",
+                                   bucket_size=16, return_bounds=True, call=3)
+            es = [np.zeros(count, np.float32) for _ in range(6)]
+            fast = allreduce(xs, algo="hier", nodes=nodes, inter_algo=inter,
+                             intra_bits=intra_bits, dtype=dtype, op="avg", bucket_size=16,
+                             residuals=es, call=3)
+            assert np.array_equal(np.asarray(out[0]).view(np.uint8),
+                                  np.asarray(fast[0]).view(np.uint8))
+            exact = np.mean([widen(x, dtype).astype(np.float64) for x in xs], axis=0)
+            assert (np.abs(widen(out[0], dtype) - exact) <= bound).all()
+
+
+def test_hierarchical_layout_rules():
+    lay = hierarchical.layout(["x", "y", "x", "y"], 4)
+    assert lay.members == ((0, 2), (1, 3)) and lay.hierarchical
+    assert lay.cross(0) == (0, 1) and lay.cross(1) == (2, 3)
+    assert not hierarchical.layout([0, 0, 0, 0], 4).hierarchical  # one node
+    assert not hierarchical.layout([0, 1, 2, 3], 4).hierarchical  # one rank per node
+    assert not hierarchical.layout([0, 0, 1], 3).uniform
+    xs = [np.ones(300, np.float32)] * 3
+    # auto on an uneven layout is the flat algorithm, bit for bit
+    flat = allreduce(xs, algo="auto", seed=1)
+    assert np.array_equal(allreduce(xs, algo="auto", nodes=[0, 0, 1], seed=1)[0], flat[0])
+    with pytest.raises(ValueError, match="same number of ranks on every node"):
+        allreduce(xs, algo="hier", nodes=[0, 0, 1])
+    with pytest.raises(ValueError, match="needs nodes"):
+        allreduce(xs, algo="hier")
+    with pytest.raises(ValueError, match="intra_bits"):
+        allreduce(xs[:2], algo="hier", nodes=[0, 1], intra_bits=9)

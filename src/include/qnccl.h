@@ -107,11 +107,11 @@ typedef struct {
    * the buffer's kind of memory, until qncclCommResetErrorFeedback or the
    * communicator's end. 0: none. */
   int errorFeedback;
-  /* qncclAlgoHier (also when auto picks it): the quantized algorithm between
-   * nodes, qncclAlgoAuto (picked for the shard size and node count), Ring,
-   * Tree or Sra. */
+  /* With qncclAlgoHier, also when auto picks it: the quantized algorithm
+   * between nodes: Ring, Tree, Sra, or Auto, which picks one for the shard
+   * size and the node count. */
   qncclAlgo_t interAlgo;
-  /* qncclAlgoHier: 0 reduces inside a node exactly, with the real NCCL's
+  /* With qncclAlgoHier: 0 reduces inside a node exactly, with the real NCCL's
    * ncclReduceScatter; 1..8 quantizes each rank's contribution to its node's
    * reduction with that many bits (codec's bucket size, rounding and seed). */
   int intraBits;
