@@ -285,7 +285,7 @@ ncclResult_t run_call(Segment& s, const void* sendbuff, void* recvbuff, size_t c
                        "use a flat algorithm (QNCCL_ALGO=auto picks one)",
                        state.topology.host.c_str(), state.topology.local_ranks, s.nranks);
     }
-    QNCCL_CHECK(make_hierarchy(*s.nccl, comm, s.rank, s.nranks, state));
+    QNCCL_CHECK(make_hierarchy(*s.nccl, comm, s.rank, state));
     const Topology& t = state.topology;
     plan.topology = &t;
     plan.inter_algo = resolve_inter_algo(config.interAlgo, count, datatype, t.local_ranks, t.nodes);

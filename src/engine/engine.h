@@ -267,6 +267,12 @@ ncclResult_t ring(Segment& s, Workspace& w);
 ncclResult_t tree(Segment& s, Workspace& w);
 ncclResult_t sra(Segment& s, Workspace& w);
 ncclResult_t hierarchical(Segment& s, Workspace& w);  // needs s.hier
+/* SRA's scatter-reduce (sra.cc) over the parts part(s, k) of the segment:
+ * every rank's part k goes encoded (step k) to rank k, which adds them, in
+ * rank order, to its own values (with their residual when `own_residual`)
+ * in `acc`. Uses wire slots 0..2N-1 of `slot` bytes. */
+ncclResult_t scatter_reduce(Segment& s, Workspace& w, Range (*part)(const Segment&, int),
+                            size_t slot, bool own_residual, float* acc);
 
 /* docs/allreduce.md, "Choosing an algorithm": the flat algorithm for
  * `nranks` ranks, or qncclAlgoHier when `topology` (nullptr: one node)

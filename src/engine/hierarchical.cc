@@ -8,8 +8,6 @@
  * the whole segment through it. */
 #include "engine/engine.h"
 
-#include <vector>
-
 #include "common/error.h"
 #include "engine/topology.h"
 
@@ -24,32 +22,7 @@ Range shard(size_t count, int nshards, int k) {
   return Range{(size_t)k * even, k == nshards - 1 ? count : (size_t)(k + 1) * even};
 }
 
-/* The quantized reduce-scatter inside the node, into `acc` (float32, this
- * rank's shard): SRA's first phase with shards for chunks. Each rank's
- * values of shard k go to rank k encoded (step k); rank k adds them to its
- * own, exact, in rank order. */
-ncclResult_t quantized_reduce_scatter(Segment& s, Workspace& w, float* acc) {
-  const int n = s.nranks, r = s.rank;
-  const Range own = shard(s.count, n, r);
-  const size_t slot = s.wire_bytes(shard(s.count, n, n - 1).size());
-  w.wire.resize(2 * (size_t)n * slot);
-  auto to = [&](int k) { return w.slot((size_t)k, slot); };
-  auto from = [&](int k) { return w.slot((size_t)(n + k), slot); };
-  std::vector<Transfer> sends(n), recvs(n);
-  for (int k = 0; k < n; k++) {
-    if (k == r) continue;
-    const Range c = shard(s.count, n, k);
-    s.encode_input(c, (uint64_t)k, to(k));
-    sends[k] = {to(k), s.wire_bytes(c.size()), k};
-    recvs[k] = {from(k), s.wire_bytes(own.size()), k};
-  }
-  QNCCL_CHECK(s.all_to_all(sends.data(), recvs.data()));
-  // The own shard is quantized between nodes: its residual is added there.
-  s.widen_input_only(own, acc);
-  for (int j = 0; j < n; j++)
-    if (j != r) s.add_decoded(from(j), own.size(), acc);
-  return s.status;
-}
+Range shard_of(const Segment& s, int k) { return shard(s.count, s.nranks, k); }
 
 }  // namespace
 
@@ -88,8 +61,12 @@ ncclResult_t hierarchical(Segment& s, Workspace& w) {
     intra.rank = l;
     intra.nranks = nlocal;
     intra.params.bits = plan.intra_bits;
+    // SRA's scatter-reduce with shards for chunks. The own shard is
+    // quantized between nodes: its residual is added there.
+    const size_t slot = intra.wire_bytes(shard(s.count, nlocal, last).size());
     w.stage.resize(own.size());
-    const ncclResult_t res = quantized_reduce_scatter(intra, w, w.stage.data());
+    w.wire.resize(2 * (size_t)nlocal * slot);
+    const ncclResult_t res = scatter_reduce(intra, w, shard_of, slot, false, w.stage.data());
     s.in_progress = s.in_progress || intra.in_progress;
     QNCCL_CHECK(res);
     inter.x = reinterpret_cast<const char*>(w.stage.data());

@@ -9,32 +9,47 @@
 
 namespace qnccl {
 
+ncclResult_t scatter_reduce(Segment& s, Workspace& w, Range (*part)(const Segment&, int),
+                            size_t slot, bool own_residual, float* acc) {
+  const int n = s.nranks, r = s.rank;
+  const Range own = part(s, r);
+  // Slot k holds what goes to rank k; slot n + k what comes from rank k.
+  auto to = [&](int k) { return w.slot((size_t)k, slot); };
+  auto from = [&](int k) { return w.slot((size_t)(n + k), slot); };
+  std::vector<Transfer> sends(n), recvs(n);  // indexed by peer
+  for (int k = 0; k < n; k++) {
+    if (k == r) continue;
+    const Range c = part(s, k);
+    s.encode_input(c, (uint64_t)k, to(k));
+    sends[k] = {to(k), s.wire_bytes(c.size()), k};
+    recvs[k] = {from(k), s.wire_bytes(own.size()), k};
+  }
+  QNCCL_CHECK(s.all_to_all(sends.data(), recvs.data()));
+  if (own_residual)
+    s.widen_input(own, acc);
+  else
+    s.widen_input_only(own, acc);
+  for (int j = 0; j < n; j++)
+    if (j != r) s.add_decoded(from(j), own.size(), acc);
+  return s.status;
+}
+
 ncclResult_t sra(Segment& s, Workspace& w) {
   const int n = s.nranks, r = s.rank;
   const Range own = s.chunk(r);
   const size_t slot = s.wire_bytes(Segment::max_chunk(s.count, s.params.bucket, n));
   w.acc.resize(own.size());
   w.wire.resize(2 * (size_t)n * slot);
-  // Slot k holds what goes to rank k; slot n + k what comes from rank k.
   auto to = [&](int k) { return w.slot((size_t)k, slot); };
   auto from = [&](int k) { return w.slot((size_t)(n + k), slot); };
-  std::vector<Transfer> sends(n), recvs(n);  // indexed by peer
+  float* acc = w.acc.data();
 
   // Scatter-reduce: chunk k of this rank's values goes to rank k.
-  for (int k = 0; k < n; k++) {
-    if (k == r) continue;
-    const Range c = s.chunk(k);
-    s.encode_input(c, (uint64_t)k, to(k));
-    sends[k] = {to(k), s.wire_bytes(c.size()), k};
-    recvs[k] = {from(k), s.wire_bytes(own.size()), k};
-  }
-  QNCCL_CHECK(s.all_to_all(sends.data(), recvs.data()));
-  float* acc = w.acc.data();
-  s.widen_input(own, acc);
-  for (int j = 0; j < n; j++)
-    if (j != r) s.add_decoded(from(j), own.size(), acc);
+  QNCCL_CHECK(scatter_reduce(
+      s, w, [](const Segment& g, int k) { return g.chunk(k); }, slot, true, acc));
 
   // Allgather: this rank's result, encoded once, goes to every rank.
+  std::vector<Transfer> sends(n), recvs(n);  // indexed by peer
   s.encode_result(own, acc, (uint64_t)n, to(r));
   s.decode_output(to(r), own);
   for (int k = 0; k < n; k++) {

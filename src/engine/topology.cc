@@ -111,12 +111,8 @@ ncclResult_t discover_topology(const NcclApi& nccl, ncclComm_t comm, int rank, i
   return ncclSuccess;
 }
 
-ncclResult_t make_hierarchy(const NcclApi& nccl, ncclComm_t comm, int rank, int nranks,
-                            CommState& state) {
-  QNCCL_CHECK(discover_topology(nccl, comm, rank, nranks, state));
-  Topology& t = state.topology;
-  if (!t.uniform)
-    return set_error(ncclInternalError, "quantized allreduce: no hierarchy on an uneven layout");
+ncclResult_t make_hierarchy(const NcclApi& nccl, ncclComm_t comm, int rank, CommState& state) {
+  Topology& t = state.topology;  // discovered, uniform
   if (t.local == nullptr) QNCCL_CHECK(split(nccl, comm, host_color(t.host), rank, state, &t.local));
   if (t.cross == nullptr) {
     QNCCL_CHECK(split(nccl, comm, t.local_rank, rank, state, &t.cross));

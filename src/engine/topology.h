@@ -39,9 +39,9 @@ ncclResult_t discover_topology(const NcclApi& nccl, ncclComm_t comm, int rank, i
                                CommState& state);
 
 /* Makes state.topology's local and cross communicators (collective, once)
- * for a layout whose nodes hold the same number of ranks. */
-ncclResult_t make_hierarchy(const NcclApi& nccl, ncclComm_t comm, int rank, int nranks,
-                            CommState& state);
+ * once discover_topology() found a layout whose nodes hold the same number of
+ * ranks. */
+ncclResult_t make_hierarchy(const NcclApi& nccl, ncclComm_t comm, int rank, CommState& state);
 
 /* Ends those communicators (`abort`: ncclCommAbort, else ncclCommDestroy),
  * when their parent ends. */
