@@ -11,6 +11,9 @@
 #include <stdint.h>
 #include <string.h>
 
+#include <map>
+#include <memory>
+#include <mutex>
 #include <vector>
 
 #include "host_backend/host.h"
@@ -85,11 +88,62 @@ ncclResult_t check_reduce(const ncclComm* comm, ncclDataType_t type, ncclRedOp_t
 
 /* ---- execution: posting MPI's nonblocking collectives ---- */
 
-/* A temporary of `bytes` that lives until the collective completes. */
+/* Freed temporaries, reused by later collectives: a fresh one cost a pass
+ * to clear it and, whenever malloc had given its pages back to the system,
+ * a page fault per page (a 16 MiB ReduceScatter took 3x as long every other
+ * call). Buffers come back when the last collective using them lets go
+ * (group.cc keeps an abandoned one's); at most kCachedBytes stay cached. */
+class TemporaryPool {
+ public:
+  static TemporaryPool& get() {
+    static TemporaryPool* pool = new TemporaryPool();  // outlives the progress thread's last use
+    return *pool;
+  }
+
+  /* A buffer of at least `bytes`, uninitialized, back in the pool when the
+   * last copy of the pointer goes. */
+  std::shared_ptr<char> take(size_t bytes) {
+    std::unique_ptr<char[]> buffer;
+    size_t capacity = bytes;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto it = free_.lower_bound(bytes);
+      if (it != free_.end() && it->first <= 2 * bytes) {  // not a much larger one
+        capacity = it->first;
+        buffer = std::move(it->second);
+        cached_ -= capacity;
+        free_.erase(it);
+      }
+    }
+    if (!buffer) buffer.reset(new char[capacity > 0 ? capacity : 1]);
+    char* p = buffer.release();
+    return std::shared_ptr<char>(p, [capacity](char* q) { get().give_back(q, capacity); });
+  }
+
+ private:
+  static constexpr size_t kCachedBytes = (size_t)256 << 20;
+
+  void give_back(char* p, size_t capacity) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    free_.emplace(capacity, std::unique_ptr<char[]>(p));
+    cached_ += capacity;
+    while (cached_ > kCachedBytes) {  // the smallest go first
+      cached_ -= free_.begin()->first;
+      free_.erase(free_.begin());
+    }
+  }
+
+  std::mutex mutex_;
+  std::multimap<size_t, std::unique_ptr<char[]>> free_;  // by capacity
+  size_t cached_ = 0;
+};
+
+/* A temporary of `bytes` (uninitialized) that lives until the collective
+ * completes. */
 char* temporary(Posted* out, size_t bytes) {
-  auto memory = std::make_shared<std::vector<char>>(bytes);
+  std::shared_ptr<char> memory = TemporaryPool::get().take(bytes);
   out->keep.push_back(memory);
-  return memory->data();
+  return memory.get();
 }
 
 /* What MPI reduces: the PreMulSum-scaled copy, MPI_IN_PLACE when the input
@@ -136,22 +190,48 @@ ncclResult_t post_all_reduce(const CommRef& comm, const void* send, void* recv, 
   return ncclSuccess;
 }
 
-/* out = ((b_0 op b_1) op b_2) ... op b_{n-1} of `nranks` blocks of `count`
- * values `stride` bytes apart, rounding to the type after each operation.
- * NCCL's result depends on its algorithm's order; the backend's on the
- * inputs alone, so qnccl.emulate can reproduce it (docs/host-backend.md). */
-void reduce_in_rank_order(const Reduction& red, const char* blocks, size_t stride, int nranks,
-                          size_t count, void* out) {
+/* result = ((b_0 op b_1) op b_2) ... op b_{n-1} of the `nranks` blocks of
+ * `count` values at block[0..n-1], rounding to the type after each
+ * operation. NCCL's result depends on its algorithm's order; the backend's
+ * on the inputs alone, so qnccl.emulate can reproduce it
+ * (docs/host-backend.md). One block may be `result` itself (its values are
+ * already there); when that is not block 0, block 0 must be writable: it
+ * carries the partial result up to it. */
+void reduce_in_rank_order(const Reduction& red, const std::vector<const char*>& block,
+                          size_t count, void* result) {
   const size_t size = type_size(red.type);
   if (count == 0) return;
-  memmove(out, blocks, count * size);
-  for (int r = 1; r < nranks; r++)
+  // inout = in op inout: the ops are commutative, so each is the rank order's.
+  auto fold = [&](const void* in, void* inout) {
     for_each_chunk(count, size, [&](size_t offset, int n) {
-      // inout = in op inout: IEEE addition and multiplication are commutative.
-      MPI_Reduce_local(at(blocks + r * stride, offset, size), at(out, offset, size), n,
-                       red.mpi_type, red.op);
+      MPI_Reduce_local(at(in, offset, size), at(inout, offset, size), n, red.mpi_type, red.op);
       return ncclSuccess;
     });
+  };
+  const int nranks = (int)block.size();
+  int there = -1;  // the block already in `result`
+  for (int k = 0; k < nranks; k++)
+    if (block[k] == result) there = k;
+  if (there < 0) memmove(result, block[0], count * size);
+  void* acc = there > 0 ? const_cast<char*>(block[0]) : result;
+  for (int k = 1; k < nranks; k++) {
+    if (k == there) {
+      fold(acc, result);
+      acc = result;
+    } else {
+      fold(block[k], acc);
+    }
+  }
+}
+
+/* Once the blocks are in: the rank-order reduction into `result`, then avg. */
+void reduce_when_done(const Reduction& red, std::vector<const char*> block, size_t count,
+                      void* result, Posted* out) {
+  const int nranks = (int)block.size();
+  out->finish = [=] {
+    reduce_in_rank_order(red, block, count, result);
+    if (red.average) divide(red.type, result, count, nranks);
+  };
 }
 
 /* Every rank's `count` values of `in` gathered at `root` as rank-major blocks
@@ -168,30 +248,27 @@ ncclResult_t post_gather(const CommRef& comm, const void* in, size_t count, cons
   });
 }
 
-/* Block r of every rank's rank-major `in` (blocks of `count`) gathered at rank
- * r as the rank-major blocks of a temporary. */
-ncclResult_t post_exchange_blocks(const CommRef& comm, const void* in, size_t count,
-                                  const Reduction& red, const char* fn, char** blocks,
-                                  Posted* out) {
+/* An MPI_Ialltoallv of whole blocks of `count` values: rank k gets block k
+ * of `in` when to[k], and block j of `recv` is rank j's when from[j] (the
+ * flags live as counts until the operation completes). */
+ncclResult_t post_block_exchange(const CommRef& comm, const void* in, const std::vector<int>& to,
+                                 char* recv, const std::vector<int>& from, size_t count,
+                                 const Reduction& red, const char* fn, Posted* out) {
   const size_t size = type_size(red.type);
-  *blocks = temporary(out, comm->nranks * count * size);
+  auto counts = std::make_shared<std::vector<int>>(to);
+  counts->insert(counts->end(), from.begin(), from.end());
+  for (int k = 0; k < comm->nranks; k++) counts->push_back(k);  // displacements, in blocks
+  out->keep.push_back(counts);
+  const int* sendcounts = counts->data();
+  const int* recvcounts = sendcounts + comm->nranks;
+  const int* displs = recvcounts + comm->nranks;
   return for_each_chunk(count, size, [&](size_t offset, int n) {
     RankBlock block(red.mpi_type, n, count * size);
     MPI_Request r;
-    return posted(MPI_Ialltoall(at(in, offset, size), 1, block.type(), at(*blocks, offset, size),
-                                1, block.type(), comm->mpi, &r), &r, fn, "MPI_Ialltoall", out);
+    return posted(MPI_Ialltoallv(at(in, offset, size), sendcounts, displs, block.type(),
+                                 at(recv, offset, size), recvcounts, displs, block.type(),
+                                 comm->mpi, &r), &r, fn, "MPI_Ialltoallv", out);
   });
-}
-
-/* Once the blocks are in: the rank-order reduction into `result`, then avg. */
-void reduce_when_done(const CommRef& comm, const Reduction& red, const char* blocks,
-                      size_t count, void* result, Posted* out) {
-  const int nranks = comm->nranks;
-  const Reduction r = red;
-  out->finish = [=] {
-    reduce_in_rank_order(r, blocks, count * type_size(r.type), nranks, count, result);
-    if (r.average) divide(r.type, result, count, nranks);
-  };
 }
 
 /* Gathered at the root, reduced there in rank order. */
@@ -200,19 +277,43 @@ ncclResult_t post_reduce(const CommRef& comm, const void* send, void* recv, size
   const void* input = reduce_input(red, send, nullptr, count, out);
   char* blocks = nullptr;
   QNCCL_CHECK(post_gather(comm, input, count, red, root, "ncclReduce", &blocks, out));
-  if (comm->rank == root) reduce_when_done(comm, red, blocks, count, recv, out);
+  if (comm->rank != root) return ncclSuccess;
+  std::vector<const char*> block;
+  for (int k = 0; k < comm->nranks; k++) block.push_back(blocks + k * count * type_size(red.type));
+  reduce_when_done(red, block, count, recv, out);
   return ncclSuccess;
 }
 
-/* Rank r's output is the reduction of every rank's block r of the input: the
- * blocks are exchanged (all-to-all), then reduced in rank order. */
+/* Rank r's output is the reduction of every rank's block r of the input.
+ * Each rank's block r goes to rank r, nothing to itself; block 0 (rank 0's)
+ * lands straight in the output where the output does not hold the rank's
+ * own block (in place), so only rank 0 copies a block there. */
 ncclResult_t post_reduce_scatter(const CommRef& comm, const void* send, void* recv,
                                  size_t recvcount, const Reduction& red, Posted* out) {
-  const void* input = reduce_input(red, send, nullptr, recvcount * comm->nranks, out);
-  char* blocks = nullptr;
-  QNCCL_CHECK(post_exchange_blocks(comm, input, recvcount, red, "ncclReduceScatter", &blocks,
-                                   out));
-  reduce_when_done(comm, red, blocks, recvcount, recv, out);
+  const int nranks = comm->nranks, rank = comm->rank;
+  const char* input =
+      static_cast<const char*>(reduce_input(red, send, nullptr, recvcount * nranks, out));
+  const size_t stride = recvcount * type_size(red.type);
+  const char* own = input + rank * stride;
+  char* result = static_cast<char*>(recv);
+  const bool direct = rank != 0 && own != result;
+  char* blocks = temporary(out, nranks * stride);
+  // Rank 0's blocks, then everyone else's.
+  std::vector<int> to(nranks, 0), from(nranks, 0);
+  for (int k = 1; k < nranks; k++) to[k] = rank == 0;
+  from[0] = rank != 0;
+  const char* fn = "ncclReduceScatter";
+  QNCCL_CHECK(post_block_exchange(comm, input, to, direct ? result : blocks, from, recvcount, red,
+                                  fn, out));
+  for (int k = 0; k < nranks; k++) {
+    to[k] = rank != 0 && k != rank;
+    from[k] = k != 0 && k != rank;
+  }
+  QNCCL_CHECK(post_block_exchange(comm, input, to, blocks, from, recvcount, red, fn, out));
+  std::vector<const char*> block;
+  for (int k = 0; k < nranks; k++)
+    block.push_back(k == rank ? own : k == 0 && direct ? result : blocks + k * stride);
+  reduce_when_done(red, block, recvcount, result, out);
   return ncclSuccess;
 }
 
