@@ -41,6 +41,17 @@ def test_hierarchical_matches_the_emulator(nodes, ranks):
     assert f"layout: {layout}" in out
 
 
+def test_hierarchical_on_host_ids_matches_the_emulator():
+    """The same program on one host, its 4 ranks made 2 nodes by NCCL_HOSTID (all
+    on shared memory): the layout comes from the variable as from host names.
+    Needs no namespaces, so `make sanitize` runs it under ThreadSanitizer: the
+    lanes of pipelined segments, nested in the lock-step of a group's calls."""
+    out = mpi.run(4, [sys.executable, str(PROGRAMS / "allreduce_check.py"), "hier",
+                      "--ranks-per-node", "2"], timeout=900).stdout
+    assert "layout: ['node0', 'node0', 'node1', 'node1']" in out
+    assert re.search(r"SUMMARY hier: 4 ranks, \d+ cases, 0 failures", out), out[-6000:]
+
+
 @needs_netns
 @pytest.mark.parametrize("nodes, ranks", [(2, 4), (2, 6)])
 def test_hierarchical_error_feedback_matches_the_emulator(nodes, ranks):

@@ -5,6 +5,7 @@
 #include <stdint.h>
 
 #include <memory>
+#include <vector>
 
 #include "codec/codec_math.h"
 #include "common/error.h"
@@ -49,28 +50,22 @@ Algorithm algorithm(qncclAlgo_t algo) {
 }
 
 /* Counts the call (it gets the next `call` number) and runs the algorithm
- * on each segment; `residual` holds the buffer's error-feedback residuals,
- * or is nullptr. */
-ncclResult_t run_segments(Segment& s, Workspace& w, qncclAlgo_t algo, const void* sendbuff,
-                          void* recvbuff, size_t count, const qncclAllReduceConfig_t& config,
-                          float* residual, CommState& state) {
+ * on each segment, in the workspace at `memory` of `size` (its lanes: see
+ * run_pipelined); `residual` holds the buffer's error-feedback residuals,
+ * or is nullptr. `device`: of the buffers, or -1. */
+ncclResult_t run_segments(Segment& s, void* memory, const WorkspaceSize& size, qncclAlgo_t algo,
+                          const void* sendbuff, void* recvbuff, size_t count,
+                          const qncclAllReduceConfig_t& config, float* residual, CommState& state,
+                          int device) {
   s.call = state.calls++;
-  s.fed_input = w.fed_input;
   s.wire_sent = &state.stats.bytesOnWire;
   state.stats.callsCompressed++;
   state.stats.bytesIn += count * s.type_size;
-  const Algorithm run = algorithm(algo);
-  const size_t step = segment_values(config);
-  for (size_t first = 0, g = 0; first < count; first += step, g++) {
-    s.index = g;
-    s.x = static_cast<const char*>(sendbuff) + first * s.type_size;
-    s.y = static_cast<char*>(recvbuff) + first * s.type_size;
-    s.count = count - first < step ? count - first : step;
-    s.residual = residual != nullptr ? residual + first : nullptr;
-    QNCCL_CHECK(run(s, w));
-    QNCCL_CHECK(s.status);
-  }
-  return ncclSuccess;
+  const Segments segs = {static_cast<const char*>(sendbuff), static_cast<char*>(recvbuff),
+                         residual, count, segment_values(config), s.input_size, s.type_size};
+  std::vector<Workspace> w(size.lanes);
+  for (size_t j = 0; j < size.lanes; j++) w[j].assign(memory, size, j);
+  return run_pipelined(s, segs, algorithm(algo), w.data(), size.lanes, device);
 }
 
 #ifdef QNCCL_WITH_CUDA
@@ -143,8 +138,6 @@ ncclResult_t run_on_device(Segment& s, int device, qncclAlgo_t algo, const Works
       break;
   }
   s.compute = device_compute(s.stream);
-  Workspace w;
-  w.assign(ws.memory, need);
   // Ordered after the communicator's previous call, with a call number from
   // the device counter (each graph replay takes a new one). Only a call of
   // nothing on a communicator without a workspace has neither.
@@ -156,7 +149,8 @@ ncclResult_t run_on_device(Segment& s, int device, qncclAlgo_t algo, const Works
   if (config.errorFeedback && count > 0)
     res = residual_for_call(s.comm, state, sendbuff, count, s.type, device, s.stream, &residual);
   if (res == ncclSuccess)
-    res = run_segments(s, w, algo, sendbuff, recvbuff, count, config, residual, state);
+    res = run_segments(s, ws.memory, need, algo, sendbuff, recvbuff, count, config, residual,
+                       state, device);
   if (counted) {
     const ncclResult_t end = device_call_end(ws, s.stream, capturing);
     if (res == ncclSuccess) res = end;
@@ -296,6 +290,8 @@ ncclResult_t run_call(Segment& s, const void* sendbuff, void* recvbuff, size_t c
   } else {
     need = workspace_size(algo, count, config, s.nranks);
   }
+  const size_t W = segment_values(config);
+  need.lanes = pipeline_lanes(algo, (count + W - 1) / W);
   if (config.errorFeedback && algo == qncclAlgoRing && config.codec.bits <= 2 &&
       s.nranks >= 8 && !state.warned_feedback_ring) {
     state.warned_feedback_ring = true;
@@ -316,10 +312,12 @@ ncclResult_t run_call(Segment& s, const void* sendbuff, void* recvbuff, size_t c
   float* residual = nullptr;
   if (config.errorFeedback && count > 0)
     QNCCL_CHECK(residual_for_call(comm, state, sendbuff, count, datatype, -1, nullptr, &residual));
-  std::unique_ptr<uint64_t[]> memory(new uint64_t[(need.bytes() + 7) / 8]);
-  Workspace w;
-  w.assign(memory.get(), need);
-  return run_segments(s, w, algo, sendbuff, recvbuff, count, config, residual, state);
+  if (state.host_workspace_bytes < need.bytes()) {
+    state.host_workspace.reset(new uint64_t[(need.bytes() + 7) / 8]);
+    state.host_workspace_bytes = need.bytes();
+  }
+  return run_segments(s, state.host_workspace.get(), need, algo, sendbuff, recvbuff, count,
+                      config, residual, state, -1);
 }
 
 }  // namespace
@@ -327,7 +325,8 @@ ncclResult_t run_call(Segment& s, const void* sendbuff, void* recvbuff, size_t c
 ncclResult_t run_allreduce(const void* sendbuff, void* recvbuff, size_t count,
                            ncclDataType_t datatype, ncclRedOp_t op,
                            const qncclAllReduceConfig_t& config, ncclComm_t comm,
-                           cudaStream_t stream, CommState& state, Lockstep* lockstep) {
+                           cudaStream_t stream, CommState& state, Lockstep* lockstep,
+                           size_t lane) {
   if (const ncclResult_t failed = state.failure; failed != ncclSuccess) {
     std::lock_guard<std::mutex> lock(state.api);
     return set_error(failed, "quantized allreduce: an earlier quantized call on this "
@@ -337,6 +336,7 @@ ncclResult_t run_allreduce(const void* sendbuff, void* recvbuff, size_t count,
   Segment s;
   s.state = &state;
   s.lockstep = lockstep;
+  s.lane = lane;
   const ncclResult_t res = run_call(s, sendbuff, recvbuff, count, datatype, op, config, comm,
                                     stream, state);
   if (res == ncclSuccess) return s.in_progress ? ncclInProgress : ncclSuccess;

@@ -102,6 +102,10 @@ struct CommState {
   } stats;
   Topology topology;             // found by the first call that needs it
   DeviceWorkspace device;        // calls on device buffers
+  /* Calls on host buffers: grown to the largest call's need, then kept
+   * (fresh memory each call cost a page fault per page). */
+  std::unique_ptr<uint64_t[]> host_workspace;
+  size_t host_workspace_bytes = 0;
   ResidualStore residuals;       // error feedback
   bool warned_residual_capture = false;  // the pass-through during capture was reported
   bool warned_feedback_ring = false;     // error feedback on a low-bit ring was reported

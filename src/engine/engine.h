@@ -94,7 +94,8 @@ class Segment {
   const NcclApi* nccl;
   ncclComm_t comm;
   CommState* state;     // abort flag and the lock around calls into the real NCCL
-  Lockstep* lockstep = nullptr;  // set when the call runs in step with others (run_allreduces)
+  Lockstep* lockstep = nullptr;  // set when the segment runs in step with others
+  size_t lane = 0;               // its lane of `lockstep`
   mutable bool in_progress = false;  // the real NCCL answered ncclInProgress (nonblocking comm)
   bool refused = false;  // failed on every rank alike before any transfer: nobody waits
   cudaStream_t stream;
@@ -222,11 +223,15 @@ struct WorkspaceSize {
   size_t fed_input_values = 0;  // error feedback: Segment::fed_input
   size_t stage_values = 0;      // hierarchical: a stage's float32 result
   size_t wire_bytes = 0;
-  size_t wire_offset() const {
-    const size_t floats = (acc_values + fed_input_values + stage_values) * sizeof(float);
-    return (floats + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign;
+  size_t lanes = 1;             // pipelined segments: one workspace per lane
+  static size_t aligned(size_t bytes) {
+    return (bytes + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign;
   }
-  size_t bytes() const { return wire_offset() + wire_bytes; }
+  size_t wire_offset() const {
+    return aligned((acc_values + fed_input_values + stage_values) * sizeof(float));
+  }
+  size_t lane_bytes() const { return aligned(wire_offset() + wire_bytes); }  // lanes' stride
+  size_t bytes() const { return (lanes - 1) * lane_bytes() + wire_offset() + wire_bytes; }
 };
 /* W of docs/allreduce.md: values per segment. */
 size_t segment_values(const qncclAllReduceConfig_t& config);
@@ -258,10 +263,41 @@ struct Workspace {
   WorkArea<float> fed_input;
   WorkArea<float> stage;
   WorkArea<uint8_t> wire;
-  /* Points acc and wire into `memory`, size.bytes() bytes aligned to 256. */
-  void assign(void* memory, const WorkspaceSize& size);
+  /* Points acc and wire into lane `lane`'s part of `memory`, size.bytes()
+   * bytes aligned to 256. */
+  void assign(void* memory, const WorkspaceSize& size, size_t lane = 0);
   uint8_t* slot(size_t i, size_t slot_bytes) { return wire.data() + i * slot_bytes; }
 };
+
+/* The segments of one call (docs/allreduce.md, "Segments and chunks"). */
+struct Segments {
+  const char* x;
+  char* y;
+  float* residual;  // error feedback, or nullptr
+  size_t count;     // values of the call
+  size_t values;    // W, of each segment but the last
+  size_t input_size, type_size;
+  size_t size() const { return (count + values - 1) / values; }
+  /* Points `s` at segment g. */
+  void place(Segment& s, size_t g) const;
+};
+
+/* Lanes of a hierarchical call's pipeline: its intra-node stage, two steps
+ * between nodes and its allgather (a 2-node ring or SRA) each busy with a
+ * different segment in every round. */
+constexpr size_t kHierLanes = 4;
+/* How many lanes the segments of a call run on (1: one after another). A
+ * function of values every rank shares, so all agree. */
+size_t pipeline_lanes(qncclAlgo_t algo, size_t segments);
+/* Runs `run` on every segment of `segs` (engine/pipeline.cc, docs/allreduce.md,
+ * "Pipelined segments"): with one lane one after another in `w[0]`; with
+ * more, lane j (on its own thread, in workspace w[j], on `device` when it is
+ * not -1) takes j empty steps, then segments j, j + lanes, ..., all lanes in
+ * lock-step (engine/lockstep.h), so each real group carries the steps of
+ * several segments. Every segment's bytes are those it has alone. The first
+ * failure, in segment order, is the call's. */
+ncclResult_t run_pipelined(Segment& s, const Segments& segs, Algorithm run, Workspace* w,
+                           size_t lanes, int device);
 
 ncclResult_t ring(Segment& s, Workspace& w);
 ncclResult_t tree(Segment& s, Workspace& w);
@@ -312,7 +348,8 @@ ncclResult_t wait_until_ready(const NcclApi& nccl, ncclComm_t comm, CommState& s
 ncclResult_t run_allreduce(const void* sendbuff, void* recvbuff, size_t count,
                            ncclDataType_t type, ncclRedOp_t op,
                            const qncclAllReduceConfig_t& config, ncclComm_t comm,
-                           cudaStream_t stream, CommState& state, Lockstep* lockstep = nullptr);
+                           cudaStream_t stream, CommState& state, Lockstep* lockstep = nullptr,
+                           size_t lane = 0);
 
 /* A checked quantized allreduce, as a group defers it. */
 struct AllReduceCall {

@@ -2,6 +2,7 @@
  * communicators in lock-step (engine/lockstep.h). */
 #include "engine/lockstep.h"
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <string>
@@ -13,16 +14,20 @@
 
 namespace qnccl {
 
-ncclResult_t Lockstep::step(Post& post) {
-  {
-    std::unique_lock<std::mutex> lock(mutex_);
-    const uint64_t round = round_;
-    posted_.push_back(&post);
-    changed_.notify_all();
-    changed_.wait(lock, [&] { return round_ != round; });
-  }
+ncclResult_t Lockstep::step(size_t lane, Post& post) {
+  Post* one = &post;
+  step(lane, &one, 1);
   if (post.result == ncclSuccess) return ncclSuccess;
   return set_error(post.result, "%s", post.message.c_str());  // into this thread's last error
+}
+
+void Lockstep::step(size_t lane, Post* const* posts, size_t n) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  const uint64_t round = round_;
+  for (size_t i = 0; i < n; i++) posted_.emplace_back(lane, posts[i]);
+  arrived_++;
+  changed_.notify_all();
+  changed_.wait(lock, [&] { return round_ != round; });
 }
 
 void Lockstep::finished() {
@@ -34,12 +39,21 @@ void Lockstep::finished() {
 void Lockstep::drive() {
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
-    changed_.wait(lock, [&] { return posted_.size() == running_; });
+    changed_.wait(lock, [&] { return arrived_ == running_; });
     if (running_ == 0) return;
+    // Lane order, the same on every rank: steps of several lanes on one
+    // communicator then pair up with their peers' in the same order.
+    std::stable_sort(posted_.begin(), posted_.end(),
+                     [](const auto& a, const auto& b) { return a.first < b.first; });
     std::vector<Post*> round;
-    round.swap(posted_);
+    for (const auto& p : posted_) round.push_back(p.second);
+    posted_.clear();
+    arrived_ = 0;
     lock.unlock();
-    transfer(round.data(), round.size());
+    if (outer_ != nullptr)
+      outer_->step(outer_lane_, round.data(), round.size());
+    else
+      transfer(round.data(), round.size());
     lock.lock();
     round_++;
     changed_.notify_all();
@@ -57,14 +71,16 @@ struct Sequence {
   std::string message;
 };
 
-/* Runs `seq` (on `lockstep` unless it is null); stops at its first failure. */
-void run_sequence(Sequence& seq, const std::vector<AllReduceCall>& all, Lockstep* lockstep) {
+/* Runs `seq` (as lane `lane` of `lockstep` unless it is null); stops at its
+ * first failure. */
+void run_sequence(Sequence& seq, const std::vector<AllReduceCall>& all, Lockstep* lockstep,
+                  size_t lane) {
   for (const AllReduceCall* c : seq.calls) {
     std::shared_ptr<CommState> state;
     ncclResult_t res = comm_state(c->comm, nullptr, &state);
     if (res == ncclSuccess)
       res = run_allreduce(c->sendbuff, c->recvbuff, c->count, c->type, c->op, c->config, c->comm,
-                          c->stream, *state, lockstep);
+                          c->stream, *state, lockstep, lane);
     if (res == ncclInProgress) {
       seq.in_progress = true;
     } else if (res != ncclSuccess) {
@@ -88,13 +104,13 @@ ncclResult_t run_allreduces(const std::vector<AllReduceCall>& calls) {
     seqs[it->second].calls.push_back(&c);
   }
   if (seqs.size() == 1) {
-    run_sequence(seqs[0], calls, nullptr);
+    run_sequence(seqs[0], calls, nullptr, 0);
   } else {
     Lockstep lockstep(seqs.size());
     std::vector<std::thread> threads;
     for (size_t i = 0; i < seqs.size(); i++) {
       try {
-        threads.emplace_back(run_sequence, std::ref(seqs[i]), std::cref(calls), &lockstep);
+        threads.emplace_back(run_sequence, std::ref(seqs[i]), std::cref(calls), &lockstep, i);
       } catch (const std::system_error& e) {
         seqs[i].result = ncclSystemError;
         seqs[i].failed_at = (size_t)(seqs[i].calls[0] - calls.data());

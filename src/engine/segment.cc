@@ -79,7 +79,8 @@ WorkspaceSize hier_workspace_size(qncclAlgo_t inter, size_t count,
   return size;
 }
 
-void Workspace::assign(void* memory, const WorkspaceSize& size) {
+void Workspace::assign(void* base, const WorkspaceSize& size, size_t lane) {
+  void* memory = static_cast<char*>(base) + lane * size.lane_bytes();
   acc.assign(memory, size.acc_values);
   fed_input.assign(static_cast<float*>(memory) + size.acc_values, size.fed_input_values);
   stage.assign(static_cast<float*>(memory) + size.acc_values + size.fed_input_values,
@@ -170,7 +171,7 @@ bool Post::carries_bytes() const {
 
 ncclResult_t Segment::step(Post& post) const {
   if (status != ncclSuccess) return status;  // a compute step failed: send nothing
-  if (lockstep != nullptr) return lockstep->step(post);
+  if (lockstep != nullptr) return lockstep->step(lane, post);
   if (!post.carries_bytes()) return ncclSuccess;
   Post* one = &post;
   transfer(&one, 1);

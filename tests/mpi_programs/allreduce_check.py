@@ -4,7 +4,8 @@
     mpirun -np N python allreduce_check.py ordering
     mpirun -np N python allreduce_check.py misuse
     mpirun -np N python allreduce_check.py calls
-    mpirun -np N python allreduce_check.py hier      (on several nodes: perf/netlab --nodes)
+    mpirun -np N python allreduce_check.py hier      (on several nodes: perf/netlab --nodes,
+                                                      or --ranks-per-node K on one host)
 
 Every rank loads QNCCL's host backend (build/host/libnccl.so.2) before any
 engine call, so libqnccl.so's dlopen("libnccl.so.2", RTLD_NOLOAD) finds it,
@@ -31,9 +32,12 @@ calls     each communicator counts its own calls from 0: two alive at once,
 hier      the hierarchical algorithm on the job's node layout (host names, or
           NCCL_HOSTID): qncclCommTopology against the gathered host names, then
           inter ring/tree/SRA/auto x types x shapes x exact or quantized intra
-          stage, and auto, against the emulator with nodes=; on a layout whose
-          nodes differ, auto runs flat and an explicit hier fails on every rank
-          with ncclInvalidUsage naming the layout.
+          stage, and auto, against the emulator with nodes=; then two
+          communicators' calls of several segments in one group through the
+          interposed ncclAllReduce (pipelined segments inside the lock-step of
+          the group's calls). On a layout whose nodes differ, auto runs flat and
+          an explicit hier fails on every rank with ncclInvalidUsage naming the
+          layout. --ranks-per-node K makes the layout on one host (NCCL_HOSTID).
 
 Prints one line per failure, then a summary; exits non-zero on any failure.
 """
@@ -404,6 +408,41 @@ def hier_cases():
     return cases
 
 
+def grouped_hier(failures):
+    """Hierarchical calls of several default-size segments on two communicators in
+    one group, through the interposed ncclAllReduce (QNCCL_* variables): the calls
+    run in lock-step, and each one's pipelined segments (engine/pipeline.cc) take
+    its steps, so each real group carries segments of both. Each is call 0 of its
+    communicator."""
+    seed = 7071
+    os.environ.update(QNCCL_ALGO="hier", QNCCL_BITS="4", QNCCL_BUCKET_SIZE="128",
+                      QNCCL_ROUNDING="stochastic", QNCCL_SEED=str(seed),
+                      QNCCL_INTER_ALGO="auto", QNCCL_INTRA_BITS="0")
+    width = segment_length(0, 128)
+    cases = [Case("hier", "float32", 2 * width + 5003, "stochastic", "sum", False, seed=seed),
+             Case("hier", "bfloat16", width + 301, "stochastic", "avg", True, seed=seed)]
+    comms = [init_comm(), init_comm()]
+    inputs = [rank_input(case, RANK) for case in cases]
+    sends = [x.copy() for x in inputs]
+    recvs = [send if case.inplace else np.full(send.nbytes, UNWRITTEN, np.uint8).view(send.dtype)
+             for case, send in zip(cases, sends)]
+    check_nccl(lib.ncclGroupStart(), "ncclGroupStart")
+    for comm, case, send, recv in zip(comms, cases, sends, recvs):
+        check_nccl(lib.ncclAllReduce(ffi.from_buffer(send), ffi.from_buffer(recv), case.count,
+                                     NCCL_TYPES[case.dtype], OPS[case.op], comm, ffi.NULL),
+                   "ncclAllReduce")
+    check_nccl(lib.ncclGroupEnd(), "ncclGroupEnd")
+    for case, x, send, recv in zip(cases, inputs, sends, recvs):
+        send_ok = case.inplace or np.array_equal(bits_of(send), bits_of(x))
+        gathered = COMM.gather((recv, send_ok), root=0)
+        if RANK == 0:
+            outputs, send_oks = zip(*gathered)
+            check_case(case, 0, outputs, send_oks, failures)
+    for comm in comms:
+        check_nccl(lib.ncclCommDestroy(comm), "ncclCommDestroy")
+    return len(cases)
+
+
 def hier(comm, failures):
     """The node layout from the host names, then hier_cases() (or, on a layout
     whose nodes differ, auto and a refused explicit hier)."""
@@ -427,7 +466,7 @@ def hier(comm, failures):
     if len(sizes) == 1:
         cases = hier_cases()
         run_cases(comm, cases, failures)
-        return len(cases) + 1
+        return len(cases) + 1 + grouped_hier(failures)
     # Uneven: auto runs flat (the emulator's auto on these nodes says the same) and
     # an explicit hier fails on every rank, naming the layout, without a call number.
     base = Case("hier", "float32", 5000, seed=9)
@@ -455,7 +494,11 @@ def hier(comm, failures):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("program", choices=("matrix", "ordering", "misuse", "calls", "hier"))
+    parser.add_argument("--ranks-per-node", type=int, default=0,
+                        help="hier on one host: NCCL_HOSTID=node<rank // K> for each rank")
     args = parser.parse_args()
+    if args.ranks_per_node:
+        os.environ["NCCL_HOSTID"] = f"node{RANK // args.ranks_per_node}"
     comm = init_comm()
     failures = Failures()
     programs = {"matrix": matrix, "ordering": ordering, "misuse": misuse, "calls": calls,

@@ -1,0 +1,114 @@
+/* The segments of a call (docs/allreduce.md, "Segments and chunks" and
+ * "Pipelined segments"): one after another, or on lanes that run
+ * consecutive segments staggered by one step, in lock-step, so that each
+ * real group carries different stages of several segments at once. */
+#include <string>
+#include <system_error>
+#include <thread>
+#include <vector>
+
+#include "common/error.h"
+#include "engine/engine.h"
+#include "engine/lockstep.h"
+
+namespace qnccl {
+
+void Segments::place(Segment& s, size_t g) const {
+  const size_t first = g * values;
+  s.index = g;
+  s.x = x + first * input_size;
+  s.y = y + first * type_size;
+  s.count = count - first < values ? count - first : values;
+  s.residual = residual != nullptr ? residual + first : nullptr;
+}
+
+size_t pipeline_lanes(qncclAlgo_t algo, size_t segments) {
+  if (algo != qncclAlgoHier) return 1;
+  return segments < kHierLanes ? (segments > 0 ? segments : 1) : kHierLanes;
+}
+
+namespace {
+
+/* One lane: its own copy of the segment state, and how it ended. */
+struct Lane {
+  explicit Lane(const Segment& call) : s(call) {}
+  Segment s;
+  ncclResult_t result = ncclSuccess;
+  size_t failed_at = 0;  // the segment
+  std::string message;
+};
+
+/* Lane j: j empty steps, then segments j, j + lanes, j + 2 lanes, ... until
+ * its first failure. */
+void run_lane(Lane& lane, const Segments& segs, Algorithm run, Workspace& w, size_t lanes,
+              int device) {
+  Segment& s = lane.s;
+  s.fed_input = w.fed_input;
+  ncclResult_t res = ncclSuccess;
+#ifdef QNCCL_WITH_CUDA
+  int previous = -1;  // a new thread: nothing to restore
+  if (device >= 0) res = set_current_device(device, &previous);
+#else
+  (void)device;
+#endif
+  for (size_t k = 0; res == ncclSuccess && k < s.lane; k++) res = s.exchange(nullptr, 0, nullptr, 0);
+  for (size_t g = s.lane; res == ncclSuccess && g < segs.size(); g += lanes) {
+    segs.place(s, g);
+    res = run(s, w);
+    if (res == ncclSuccess) res = s.status;
+    if (res != ncclSuccess) lane.failed_at = g;
+  }
+  if (res != ncclSuccess) {
+    lane.result = res;
+    lane.message = last_error();
+  }
+  s.lockstep->finished();
+}
+
+}  // namespace
+
+ncclResult_t run_pipelined(Segment& s, const Segments& segs, Algorithm run, Workspace* w,
+                           size_t lanes, int device) {
+  if (lanes <= 1) {
+    s.fed_input = w[0].fed_input;
+    for (size_t g = 0; g < segs.size(); g++) {
+      segs.place(s, g);
+      QNCCL_CHECK(run(s, w[0]));
+      QNCCL_CHECK(s.status);
+    }
+    return ncclSuccess;
+  }
+  // Each round of this lockstep is one step of the call's own lane when the
+  // call itself runs in lock-step with others (run_allreduces).
+  Lockstep lockstep(lanes, s.lockstep, s.lane);
+  std::vector<Lane> lane(lanes, Lane(s));
+  std::vector<std::thread> threads;
+  for (size_t j = 0; j < lanes; j++) {
+    lane[j].s.lockstep = &lockstep;
+    lane[j].s.lane = j;
+    try {
+      threads.emplace_back(run_lane, std::ref(lane[j]), std::cref(segs), run, std::ref(w[j]),
+                           lanes, device);
+    } catch (const std::system_error& e) {
+      // Rank-local, like a failed allocation: the peers wait for this
+      // lane's steps until the communicator is aborted.
+      lane[j].result = ncclSystemError;
+      lane[j].failed_at = j;
+      lane[j].message = std::string("quantized allreduce: could not start a thread for a "
+                                    "lane of the pipelined segments: ") + e.what();
+      lockstep.finished();
+    }
+  }
+  lockstep.drive();
+  for (std::thread& t : threads) t.join();
+  const Lane* failed = nullptr;
+  for (const Lane& l : lane) {
+    s.in_progress = s.in_progress || l.s.in_progress;
+    if (l.result != ncclSuccess && (failed == nullptr || l.failed_at < failed->failed_at))
+      failed = &l;
+  }
+  if (failed == nullptr) return ncclSuccess;
+  return set_error(failed->result, "%s", failed->message.c_str());
+}
+
+}  // namespace qnccl
