@@ -36,6 +36,24 @@ void Lockstep::finished() {
   changed_.notify_all();
 }
 
+void Lockstep::run(const std::function<void(size_t)>& lane,
+                   const std::function<void(size_t, const char*)>& not_started) {
+  std::vector<std::thread> threads;
+  for (size_t j = 0, lanes = running_; j < lanes; j++) {
+    try {
+      threads.emplace_back([this, &lane, j] {
+        lane(j);
+        finished();
+      });
+    } catch (const std::system_error& e) {
+      not_started(j, e.what());
+      finished();
+    }
+  }
+  drive();
+  for (std::thread& t : threads) t.join();
+}
+
 void Lockstep::drive() {
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
@@ -90,7 +108,6 @@ void run_sequence(Sequence& seq, const std::vector<AllReduceCall>& all, Lockstep
       break;
     }
   }
-  if (lockstep != nullptr) lockstep->finished();
 }
 
 }  // namespace
@@ -107,20 +124,14 @@ ncclResult_t run_allreduces(const std::vector<AllReduceCall>& calls) {
     run_sequence(seqs[0], calls, nullptr, 0);
   } else {
     Lockstep lockstep(seqs.size());
-    std::vector<std::thread> threads;
-    for (size_t i = 0; i < seqs.size(); i++) {
-      try {
-        threads.emplace_back(run_sequence, std::ref(seqs[i]), std::cref(calls), &lockstep, i);
-      } catch (const std::system_error& e) {
-        seqs[i].result = ncclSystemError;
-        seqs[i].failed_at = (size_t)(seqs[i].calls[0] - calls.data());
-        seqs[i].message = std::string("quantized allreduce: could not start a thread for the "
-                                      "group's calls on another communicator: ") + e.what();
-        lockstep.finished();
-      }
-    }
-    lockstep.drive();
-    for (std::thread& t : threads) t.join();
+    lockstep.run([&](size_t i) { run_sequence(seqs[i], calls, &lockstep, i); },
+                 [&](size_t i, const char* why) {
+                   seqs[i].result = ncclSystemError;
+                   seqs[i].failed_at = (size_t)(seqs[i].calls[0] - calls.data());
+                   seqs[i].message = std::string("quantized allreduce: could not start a "
+                                                 "thread for the group's calls on another "
+                                                 "communicator: ") + why;
+                 });
   }
   const Sequence* failed = nullptr;
   bool in_progress = false;

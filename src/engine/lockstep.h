@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include <condition_variable>
+#include <functional>
 #include <mutex>
 #include <utility>
 #include <vector>
@@ -35,13 +36,17 @@ class Lockstep {
   /* The same for a step of several posts (an inner lockstep's round): their
    * results are in the posts. */
   void step(size_t lane, Post* const* posts, size_t n);
-  /* From a lane's thread: it has no more steps. */
-  void finished();
-  /* From the driving thread: moves the steps, round by round, until every
-   * lane has finished. */
-  void drive();
+  /* From the driving thread: runs lane(j) for every lane on a thread of its
+   * own and moves the steps, round by round, until every lane has returned.
+   * A lane whose thread cannot start gets not_started(j, why) instead and
+   * takes no steps (rank-local, like a failed allocation: its peers wait for
+   * its steps until the communicator is aborted). */
+  void run(const std::function<void(size_t)>& lane,
+           const std::function<void(size_t, const char*)>& not_started);
 
  private:
+  void finished();  // a lane has no more steps
+  void drive();
   std::mutex mutex_;
   std::condition_variable changed_;
   size_t running_;

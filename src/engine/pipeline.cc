@@ -3,8 +3,6 @@
  * consecutive segments staggered by one step, in lock-step, so that each
  * real group carries different stages of several segments at once. */
 #include <string>
-#include <system_error>
-#include <thread>
 #include <vector>
 
 #include "common/error.h"
@@ -62,7 +60,6 @@ void run_lane(Lane& lane, const Segments& segs, Algorithm run, Workspace& w, siz
     lane.result = res;
     lane.message = last_error();
   }
-  s.lockstep->finished();
 }
 
 }  // namespace
@@ -82,25 +79,17 @@ ncclResult_t run_pipelined(Segment& s, const Segments& segs, Algorithm run, Work
   // call itself runs in lock-step with others (run_allreduces).
   Lockstep lockstep(lanes, s.lockstep, s.lane);
   std::vector<Lane> lane(lanes, Lane(s));
-  std::vector<std::thread> threads;
   for (size_t j = 0; j < lanes; j++) {
     lane[j].s.lockstep = &lockstep;
     lane[j].s.lane = j;
-    try {
-      threads.emplace_back(run_lane, std::ref(lane[j]), std::cref(segs), run, std::ref(w[j]),
-                           lanes, device);
-    } catch (const std::system_error& e) {
-      // Rank-local, like a failed allocation: the peers wait for this
-      // lane's steps until the communicator is aborted.
-      lane[j].result = ncclSystemError;
-      lane[j].failed_at = j;
-      lane[j].message = std::string("quantized allreduce: could not start a thread for a "
-                                    "lane of the pipelined segments: ") + e.what();
-      lockstep.finished();
-    }
   }
-  lockstep.drive();
-  for (std::thread& t : threads) t.join();
+  lockstep.run([&](size_t j) { run_lane(lane[j], segs, run, w[j], lanes, device); },
+               [&](size_t j, const char* why) {
+                 lane[j].result = ncclSystemError;
+                 lane[j].failed_at = j;
+                 lane[j].message = std::string("quantized allreduce: could not start a thread "
+                                               "for a lane of the pipelined segments: ") + why;
+               });
   const Lane* failed = nullptr;
   for (const Lane& l : lane) {
     s.in_progress = s.in_progress || l.s.in_progress;
