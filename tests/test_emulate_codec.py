@@ -99,7 +99,7 @@ def _uniform_reference(seed, stream, i):
         return x ^ (x >> 16)
 
     key = mix64(seed ^ mix64(stream))
-    h = hash32((hash32((i & mask32) ^ (key & mask32)) + ((key >> 32) ^ (i >> 32))) & mask32)
+    h = hash32(((i & mask32) * ((key & mask32) | 1) + ((key >> 32) ^ (i >> 32))) & mask32)
     return (h >> 8) / 2.0**24
 
 
@@ -127,6 +127,33 @@ def test_rng_uniform_is_uniform_and_streams_are_uncorrelated():
                   emu.rng_uniform(7, 0, index + np.uint64(2**32))):
         assert abs(np.corrcoef(u, other)[0, 1]) < 5 * sd
         assert np.mean(u == other) < 1e-3
+    # Neighbours within a stream: no serial correlation at small lags, and
+    # the pairs (u[i], u[i+1]) fill a 4 x 4 grid evenly.
+    for lag in (1, 2, 3, 8, 128):
+        assert abs(np.corrcoef(u[:-lag], u[lag:])[0, 1]) < 5 * sd
+    pairs = np.bincount((u[:-1] * 4).astype(int) * 4 + (u[1:] * 4).astype(int), minlength=16)
+    chi2 = ((pairs - (n - 1) / 16) ** 2 / ((n - 1) / 16)).sum()
+    assert chi2 < 50
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2**63])
+def test_streams_of_consecutive_ids_are_uncorrelated(seed):
+    """The collectives number their streams (call, segment, rank, step): the
+    uniforms of many streams at the same index are as independent as those
+    of one stream along its indices."""
+    streams = np.arange(4096, dtype=np.uint64)
+    index = np.arange(64, dtype=np.uint64)
+    keys = emu.rng_key(np.uint64(seed), streams)
+    u = emu.uniform_from_key(keys[:, None], index[None, :])  # (streams, index)
+    n = u.shape[0]
+    sd = 1 / np.sqrt(n)
+    for i in range(0, 64, 7):
+        assert abs(np.corrcoef(u[:, i], u[:, i + 1 if i < 63 else 0])[0, 1]) < 5 * sd
+    for a, b in ((0, 1), (1, 2), (0, 4095)):
+        assert abs(np.corrcoef(u[a], u[b])[0, 1]) < 5 / np.sqrt(u.shape[1])
+    histogram = np.bincount((u[:, 5] * 16).astype(int), minlength=16)
+    chi2 = ((histogram - n / 16) ** 2 / (n / 16)).sum()
+    assert chi2 < 50
 
 
 # ---- the code bit stream ---------------------------------------------------

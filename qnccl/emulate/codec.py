@@ -224,7 +224,7 @@ def uniform_from_key(key, index):
     i_lo = (i & np.uint64(0xFFFFFFFF)).astype(np.uint32)
     i_hi = (i >> np.uint64(32)).astype(np.uint32)
     with np.errstate(over="ignore"):
-        h = _hash32(_hash32(i_lo ^ k0) + (k1 ^ i_hi))
+        h = _hash32(i_lo * (k0 | np.uint32(1)) + (k1 ^ i_hi))
     return (h >> np.uint32(8)).astype(F32) * _TWO_POW_MINUS_24
 
 
@@ -232,7 +232,7 @@ def rng_uniform(seed, stream, index):
     """u of the values at `index` (their positions in the quantize call), float32 in [0, 1):
 
         key = mix64(seed ^ mix64(stream));  k0 = key mod 2^32;  k1 = key >> 32
-        h   = hash32(hash32((i mod 2^32) ^ k0) + (k1 ^ (i >> 32)))
+        h   = hash32((i mod 2^32) * (k0 | 1) + (k1 ^ (i >> 32)))
         u   = (h >> 8) * 2^-24
     """
     return uniform_from_key(rng_key(_uint64("seed", seed), _uint64("stream", stream)), index)

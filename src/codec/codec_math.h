@@ -52,11 +52,6 @@ QNCCL_HD float round_even(float t) {
   return (t + shift) - shift;
 }
 
-QNCCL_HD float round_down(float t) {
-  float r = round_even(t);
-  return r > t ? r - 1.0f : r;
-}
-
 /* Min, max and a non-finite flag of a bucket, accumulated element by element
  * in any order (min and max are exact, so any order gives the same result). */
 struct BucketStats {
@@ -155,10 +150,11 @@ QNCCL_HD uint32_t encode_nearest(const BucketParams& p, float x) {
 
 /* Rounds up with probability equal to the fractional position: unbiased. */
 QNCCL_HD uint32_t encode_stochastic(const BucketParams& p, float x, float u) {
-  float t = grid_position(p, x);
-  float f = round_down(t);
-  float q = f + (u < t - f ? 1.0f : 0.0f);
-  return (uint32_t)(int32_t)clamp_code(q, p.top);
+  const float t = grid_position(p, x);
+  const int32_t f = (int32_t)t;  // floor: t >= 0, and truncation is exact
+  const int32_t q = f + (u < t - (float)f ? 1 : 0);
+  const int32_t top = (int32_t)p.top;
+  return (uint32_t)(q > top ? top : q);
 }
 
 QNCCL_HD float decode(const BucketParams& p, uint32_t q) {

@@ -5,11 +5,15 @@
  * same (seed, stream, i), whatever thread or lane handles element i.
  *
  *   key        = mix64(seed ^ mix64(stream))         once per call
- *   h          = hash32(hash32(lo32(i) ^ lo32(key)) + (hi32(key) ^ hi32(i)))
+ *   h          = hash32(lo32(i) * (lo32(key) | 1) + (hi32(key) ^ hi32(i)))
  *   u          = (h >> 8) * 2^-24                    uniform on [0, 1), 24 bits
  *
  * mix64 is the splitmix64 finalizer; hash32 a 32-bit xorshift-multiply
- * finalizer. 32-bit multiplies keep the per-element work vectorizable. */
+ * finalizer. Each stream walks the 32-bit inputs of one hash32 with its own
+ * odd stride and offset (a Weyl sequence), so two streams meet at the same
+ * index only where i * (stride difference) hits the offset difference: a
+ * handful of indices in 2^32. Three 32-bit multiplies per value keep the
+ * per-element work cheap and vectorizable. */
 #ifndef QNCCL_CODEC_RNG_H_
 #define QNCCL_CODEC_RNG_H_
 
@@ -46,7 +50,7 @@ QNCCL_HD RngKey rng_key(uint64_t seed, uint64_t stream) {
  * split form lets a loop over a run that does not cross a multiple of 2^32
  * keep hi fixed (and vectorize). */
 QNCCL_HD float rng_uniform_split(RngKey key, uint32_t lo, uint32_t hi) {
-  uint32_t h = hash32(hash32(lo ^ key.lo) + (key.hi ^ hi));
+  uint32_t h = hash32(lo * (key.lo | 1u) + (key.hi ^ hi));
   return (float)(int32_t)(h >> 8) * 0x1p-24f;  // via int32: SIMD converts signed natively
 }
 
