@@ -81,14 +81,14 @@ BucketMeta bucket_meta(const typename D::T* x, size_t n) {
 }
 
 template <class D>
-void encode_nearest_run(const typename D::T* x, size_t n, const BucketParams& p, uint8_t* codes) {
+inline __attribute__((always_inline)) void encode_nearest_run(const typename D::T* __restrict x, size_t n, const BucketParams& p, uint8_t* __restrict codes) {
   for (size_t j = 0; j < n; j++) codes[j] = (uint8_t)encode_nearest(p, D::load(x[j]));
 }
 
 /* Values [first, first + n) of the call; the run lies inside one tile. */
 template <class D>
-void encode_stochastic_run(const typename D::T* x, size_t n, const BucketParams& p, RngKey key,
-                           uint64_t first, uint8_t* codes) {
+inline __attribute__((always_inline)) void encode_stochastic_run(const typename D::T* __restrict x, size_t n, const BucketParams& p, RngKey key,
+                           uint64_t first, uint8_t* __restrict codes) {
   uint32_t lo = (uint32_t)first, hi = (uint32_t)(first >> 32);
   for (uint32_t j = 0; j < (uint32_t)n; j++)
     codes[j] = (uint8_t)encode_stochastic(p, D::load(x[j]), rng_uniform_split(key, lo + j, hi));
@@ -142,6 +142,33 @@ void unpack_stage(const uint8_t* in, size_t n, size_t room, uint8_t* stage) {
   }
 }
 
+/* The parameters of the next buckets, derived a batch at a time: the
+ * buckets that start in the current tile (at most kAhead). Their two
+ * divisions each are independent, so a batch overlaps them instead of
+ * waiting for each bucket's before its values. */
+constexpr size_t kAhead = 64;
+
+struct Ahead {
+  BucketParams params[kAhead];
+  size_t size = 0, next = 0;
+
+  /* Buckets first, first + 1, ... that start before `tile_end` (values;
+   * buckets of `bucket` values from value `at`), whose metadata is at
+   * `metas`, of `left` buckets still to come. */
+  template <int BITS>
+  void refill(const uint8_t* metas, size_t left, size_t at, size_t tile_end, size_t bucket) {
+    size = std::min(std::min(kAhead, left), (tile_end - at + bucket - 1) / bucket);
+    next = 0;
+    for (size_t k = 0; k < size; k++) {
+      BucketMeta m;
+      memcpy(&m, metas + k * kMetaBytes, kMetaBytes);
+      params[k] = bucket_params(m, BITS);
+    }
+  }
+  bool empty() const { return next == size; }
+  const BucketParams& pop() { return params[next++]; }
+};
+
 template <class D, int BITS>
 void encode_buffer(const typename D::T* src, size_t count, const CodecParams& p, uint8_t* dst) {
   const size_t nb = num_buckets(count, p.bucket);
@@ -151,15 +178,24 @@ void encode_buffer(const typename D::T* src, size_t count, const CodecParams& p,
   alignas(64) uint8_t stage[kTile + kGroup];
 
   size_t bucket = 0, bucket_end = 0;
+  Ahead ahead;
   BucketParams bp{};
   for (size_t t0 = 0; t0 < count; t0 += kTile) {
     const size_t t1 = std::min(count, t0 + kTile);
     for (size_t i = t0; i < t1;) {
       if (i == bucket_end) {
+        if (ahead.empty()) {  // min and max of the buckets starting in this tile, then their params
+          uint8_t* metas = dst + bucket * kMetaBytes;
+          size_t b0 = i, k = 0;
+          for (; k < kAhead && b0 < t1; k++, b0 += p.bucket) {
+            const BucketMeta m = bucket_meta<D>(src + b0, std::min(count, b0 + p.bucket) - b0);
+            memcpy(metas + k * kMetaBytes, &m, kMetaBytes);
+          }
+          ahead.refill<BITS>(metas, k, i, t1, p.bucket);
+        }
         bucket_end = std::min(count, i + p.bucket);
-        BucketMeta m = bucket_meta<D>(src + i, bucket_end - i);
-        memcpy(dst + bucket++ * kMetaBytes, &m, kMetaBytes);
-        bp = bucket_params(m, BITS);
+        bucket++;
+        bp = ahead.pop();
       }
       const size_t end = std::min(t1, bucket_end);
       uint8_t* out = stage + (i - t0);
@@ -201,6 +237,7 @@ void decode_buffer(const uint8_t* src, size_t count, const CodecParams& p, typen
   alignas(64) uint8_t stage[kTile + kGroup];
 
   size_t bucket = 0, bucket_end = 0;
+  Ahead ahead;
   BucketParams bp{};
   for (size_t t0 = 0; t0 < count; t0 += kTile) {
     const size_t t1 = std::min(count, t0 + kTile);
@@ -208,10 +245,10 @@ void decode_buffer(const uint8_t* src, size_t count, const CodecParams& p, typen
     unpack_stage<BITS>(codes + offset, t1 - t0, room - offset, stage);
     for (size_t i = t0; i < t1;) {
       if (i == bucket_end) {
+        if (ahead.empty()) ahead.refill<BITS>(src + bucket * kMetaBytes, nb - bucket, i, t1, p.bucket);
         bucket_end = std::min(count, i + p.bucket);
-        BucketMeta m;
-        memcpy(&m, src + bucket++ * kMetaBytes, kMetaBytes);
-        bp = bucket_params(m, BITS);
+        bucket++;
+        bp = ahead.pop();
       }
       const size_t end = std::min(t1, bucket_end);
       decode_run<D, ACCUMULATE>(stage + (i - t0), end - i, bp, dst + i);
