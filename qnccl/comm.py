@@ -22,7 +22,8 @@ __all__ = ["reset_error_feedback", "residual", "stats"]
 _NCCL_TYPES = {"float32": "ncclFloat32", "float16": "ncclFloat16", "bfloat16": "ncclBfloat16"}
 _STATS = (("callsCompressed", "calls_compressed"), ("callsPassedThrough", "calls_passed_through"),
           ("bytesIn", "bytes_in"), ("bytesOnWire", "bytes_on_wire"),
-          ("residualBuffers", "residual_buffers"), ("residualBytes", "residual_bytes"))
+          ("residualBuffers", "residual_buffers"), ("residualBytes", "residual_bytes"),
+          ("computeSteps", "compute_steps"), ("groups", "groups"))
 
 
 def _comm(comm):

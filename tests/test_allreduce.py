@@ -67,3 +67,12 @@ def test_each_communicator_counts_its_own_calls():
     two communicators alive at once count separately, and one made after
     another was destroyed starts at 0 again (its handle may be the old one's)."""
     run_check(3, "calls")
+
+
+@pytest.mark.parametrize("nprocs", [3, 8])
+def test_steps_and_groups_per_call(nprocs):
+    """qncclCommGetStats' computeSteps and groups of one call of one segment,
+    on every rank, equal docs/allreduce.md's "Steps per call" for ring, tree
+    and SRA x sum/avg (8 ranks: the issue's figures; 3: a tree whose root has
+    one leaf child and one missing)."""
+    run_check(nprocs, "counts")

@@ -59,6 +59,7 @@ ncclResult_t run_segments(Segment& s, void* memory, const WorkspaceSize& size, q
                           int device) {
   s.call = state.calls++;
   s.wire_sent = &state.stats.bytesOnWire;
+  s.compute_steps = &state.stats.computeSteps;
   state.stats.callsCompressed++;
   state.stats.bytesIn += count * s.type_size;
   const Segments segs = {static_cast<const char*>(sendbuff), static_cast<char*>(recvbuff),

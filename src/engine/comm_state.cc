@@ -36,8 +36,8 @@ ncclResult_t comm_state(ncclComm_t comm, const qncclEnvConfig_t* config,
 
 qncclStats_t comm_stats(const CommState& state) {
   const CommState::Counters& c = state.stats;
-  return qncclStats_t{c.callsCompressed,  c.callsPassedThrough, c.bytesIn,
-                      c.bytesOnWire,      c.residualBuffers,    c.residualBytes};
+  return qncclStats_t{c.callsCompressed, c.callsPassedThrough, c.bytesIn,      c.bytesOnWire,
+                      c.residualBuffers, c.residualBytes,      c.computeSteps, c.groups};
 }
 
 void clear_residuals(CommState& state) {

@@ -98,7 +98,7 @@ struct CommState {
    * (qncclCommGetStats, the report of an abort from PyTorch's watchdog). */
   struct Counters {
     std::atomic<uint64_t> callsCompressed{0}, callsPassedThrough{0}, bytesIn{0}, bytesOnWire{0},
-        residualBuffers{0}, residualBytes{0};
+        residualBuffers{0}, residualBytes{0}, computeSteps{0}, groups{0};
   } stats;
   Topology topology;             // found by the first call that needs it
   DeviceWorkspace device;        // calls on device buffers

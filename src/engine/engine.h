@@ -119,6 +119,7 @@ class Segment {
    * (DeviceWorkspace::calls), which then override `call`. */
   const uint64_t* device_call = nullptr;
   std::atomic<uint64_t>* wire_sent;  // bytes this rank has sent (statistics)
+  std::atomic<uint64_t>* compute_steps;  // compute steps issued (statistics)
   // This segment.
   uint64_t index;
   const char* x;  // this rank's input values of the segment
@@ -178,7 +179,9 @@ class Segment {
   mutable ncclResult_t status = ncclSuccess;
 
  private:
+  /* Every compute step goes through here: counts it, keeps its failure. */
   void record(ncclResult_t res) const {
+    compute_steps->fetch_add(1, std::memory_order_relaxed);
     if (status == ncclSuccess) status = res;
   }
   ncclResult_t step(Post& post) const;  // exchange() and collectives()

@@ -237,6 +237,12 @@ void transfer(Post* const* posts, size_t n) {
   if (n == 0) return;
   const NcclApi& nccl = *posts[0]->segment->nccl;
   const ncclResult_t start = nccl.groupStart();
+  for (size_t i = 0; i < n; i++) {  // statistics: the group counts once per communicator
+    CommState* state = posts[i]->segment->state;
+    bool first = true;
+    for (size_t j = 0; j < i && first; j++) first = posts[j]->segment->state != state;
+    if (first) state->stats.groups.fetch_add(1, std::memory_order_relaxed);
+  }
   for (size_t i = 0; i < n; i++)
     posts[i]->result = start == ncclSuccess ? post_transfers(*posts[i]) : start;
   // Outside the locks: on a blocking communicator the group end may wait for

@@ -226,6 +226,12 @@ typedef struct {
   uint64_t bytesOnWire;       /* bytes this rank sent for them */
   uint64_t residualBuffers;   /* error feedback: buffers holding a residual now */
   uint64_t residualBytes;     /* memory those residuals take now (count * 4 each) */
+  uint64_t computeSteps;      /* compute steps the compressed calls ran (codec, widening,
+                                 averaging, error feedback): one pass over their values each
+                                 on host buffers, one kernel each on device buffers (a
+                                 quantize: two or three, statistics then encoding) */
+  uint64_t groups;            /* real NCCL groups the compressed calls issued (one per
+                                 transport step that moves bytes) */
 } qncclStats_t;
 
 /* Counters of `comm` since its creation. */

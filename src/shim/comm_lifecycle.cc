@@ -34,10 +34,11 @@ void report_stats(ncclComm_t comm) {
   const qncclStats_t s = comm_stats(*state);
   info(comm, state->debug,
        ": compressed=%llu passed_through=%llu bytes_in=%llu bytes_on_wire=%llu "
-       "residual_buffers=%llu residual_bytes=%llu",
+       "residual_buffers=%llu residual_bytes=%llu compute_steps=%llu groups=%llu",
        (unsigned long long)s.callsCompressed, (unsigned long long)s.callsPassedThrough,
        (unsigned long long)s.bytesIn, (unsigned long long)s.bytesOnWire,
-       (unsigned long long)s.residualBuffers, (unsigned long long)s.residualBytes);
+       (unsigned long long)s.residualBuffers, (unsigned long long)s.residualBytes,
+       (unsigned long long)s.computeSteps, (unsigned long long)s.groups);
 }
 
 /* Destroy and abort may come from another thread (PyTorch's watchdog) while

@@ -4,6 +4,7 @@
     mpirun -np N python allreduce_check.py ordering
     mpirun -np N python allreduce_check.py misuse
     mpirun -np N python allreduce_check.py calls
+    mpirun -np N python allreduce_check.py counts
     mpirun -np N python allreduce_check.py hier      (on several nodes: perf/netlab --nodes,
                                                       or --ranks-per-node K on one host)
 
@@ -29,6 +30,10 @@ misuse    invalid configurations fail with ncclInvalidArgument and a message
           the emulator's call 0.
 calls     each communicator counts its own calls from 0: two alive at once,
           calls interleaved, then a communicator made after one was destroyed.
+counts    the compute steps and real NCCL groups one call of one segment costs each
+          rank (qncclCommGetStats' computeSteps and groups), for ring, tree and SRA x
+          sum/avg, against the counts of docs/allreduce.md ("Steps per call"); each
+          call also matches the emulator.
 hier      the hierarchical algorithm on the job's node layout (host names, or
           NCCL_HOSTID): qncclCommTopology against the gathered host names, then
           inter ring/tree/SRA/auto x types x shapes x exact or quantized intra
@@ -387,6 +392,39 @@ def calls(comm, failures):
     return 7
 
 
+def expected_counts(algo, op, rank, nranks):
+    """(compute steps, groups) of one call of one segment whose chunks all hold values, on
+    `rank` (docs/allreduce.md, "Steps per call")."""
+    n, avg = nranks, op == "avg"
+    if algo == "ring":  # n-1 steps of encode, widen, add; the result; n-1 decodes
+        return 3 * (n - 1) + 2 + avg + (n - 1), 2 * (n - 1)
+    if algo == "sra":  # n-1 encodes; widen and n-1 adds; the result; n-1 decodes
+        return (n - 1) + n + 2 + avg + (n - 1), 2 * (n - 1)
+    children = sum(c < n for c in (2 * rank + 1, 2 * rank + 2))
+    # widen, one add per child, encode (the root: the result), decode
+    steps = 1 + children + 1 + (avg and rank == 0) + 1
+    return steps, 2 * ((rank != 0) + (children > 0))
+
+
+def counts(comm, failures):
+    import qnccl.comm
+    cases = [Case(algo, "float32", 128 * 8 * NRANKS, op=op, seed=41)
+             for algo in ("ring", "tree", "sra") for op in ("sum", "avg")]
+    for i, case in enumerate(cases):
+        before = qnccl.comm.stats(comm)
+        run_cases(comm, [case], failures, first_call=i)
+        after = qnccl.comm.stats(comm)
+        got = (after["compute_steps"] - before["compute_steps"], after["groups"] - before["groups"])
+        want = expected_counts(case.algo, case.op, RANK, NRANKS)
+        everyone = COMM.gather((got, want), root=0)
+        if RANK == 0:
+            for rank, (g, w) in enumerate(everyone):
+                if g != w:
+                    failures.add(case, f"rank {rank}: (compute steps, groups) per call = {g}, "
+                                       f"expected {w}")
+    return len(cases)
+
+
 def hier_cases():
     """inter x types x shapes, the intra stage exact or quantized; ops, in place,
     bits, roundings and seeds rotate; then auto."""
@@ -493,7 +531,8 @@ def hier(comm, failures):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("program", choices=("matrix", "ordering", "misuse", "calls", "hier"))
+    parser.add_argument("program",
+                        choices=("matrix", "ordering", "misuse", "calls", "counts", "hier"))
     parser.add_argument("--ranks-per-node", type=int, default=0,
                         help="hier on one host: NCCL_HOSTID=node<rank // K> for each rank")
     args = parser.parse_args()
@@ -502,7 +541,7 @@ def main():
     comm = init_comm()
     failures = Failures()
     programs = {"matrix": matrix, "ordering": ordering, "misuse": misuse, "calls": calls,
-                "hier": hier}
+                "counts": counts, "hier": hier}
     cases = programs[args.program](comm, failures)
     # libqnccl's ncclCommDestroy: it also ends the communicators QNCCL split off
     check_nccl(lib.ncclCommDestroy(comm), "ncclCommDestroy")
