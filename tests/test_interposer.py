@@ -288,7 +288,7 @@ def expected_stats(calls, rank):
 def stats_lines(output):
     return {int(rank): tuple(map(int, counters)) for rank, *counters in re.findall(
         rf"{INFO}: compressed=(\d+) passed_through=(\d+) bytes_in=(\d+) bytes_on_wire=(\d+) "
-        r"residual_buffers=0 residual_bytes=0$", output, re.M)}
+        r"residual_buffers=0 residual_bytes=0 compute_steps=\d+ groups=\d+$", output, re.M)}
 
 
 def test_statistics_at_destroy(preloaded):

@@ -44,6 +44,13 @@ struct HostCodec {
   /* Decodes `count` values; accumulate ? dst += y : dst = y, in `type`. */
   void (*dequantize)(const void* src, size_t count, const CodecParams& p, void* dst,
                      ncclDataType_t type, bool accumulate);
+  /* acc = float32(src) (+ residual, unless null), then acc = acc + D(wire)
+   * for each of the `nwires` compressed buffers of `count` values, in order:
+   * the same float32 additions as a widening and nwires dequantize-
+   * accumulates, in one pass. */
+  void (*reduce)(const void* src, ncclDataType_t type, const float* residual,
+                 const uint8_t* const* wires, int nwires, size_t count, const CodecParams& p,
+                 float* acc);
 };
 
 /* The host codec of this process: the fastest the CPU runs, or the one
@@ -58,6 +65,9 @@ ncclResult_t device_quantize(const void* src, size_t count, ncclDataType_t type,
                              const CodecParams& p, void* dst, cudaStream_t stream);
 ncclResult_t device_dequantize(const void* src, size_t count, const CodecParams& p, void* dst,
                                ncclDataType_t type, bool accumulate, cudaStream_t stream);
+ncclResult_t device_reduce(const void* src, ncclDataType_t type, const float* residual,
+                           const uint8_t* const* wires, int nwires, size_t count,
+                           const CodecParams& p, float* acc, cudaStream_t stream);
 /* Where `ptr` points: *device is its device (device or managed memory), or
  * -1 for host memory, which is also every pointer when the machine has no
  * CUDA driver or no device. A pointer the CUDA runtime cannot classify (a

@@ -152,6 +152,43 @@ ncclResult_t dequantize_as(const uint8_t* wire, size_t count, const CodecParams&
   return launch(name, ceil_div(ceil_div(count, kGroup), kWarp), a, stream);
 }
 
+/* Up to kReduceWires wires per launch; the first widens src, the next ones
+ * carry on from acc. */
+template <class Type>
+ncclResult_t reduce_as(const typename Type::T* src, const float* residual,
+                       const uint8_t* const* wires, int nwires, size_t count, const CodecParams& p,
+                       float* acc, cudaStream_t stream) {
+  if (!aligned_to(src, sizeof(*src)))
+    return set_error(ncclInvalidArgument, "the input is not aligned to its %zu-byte elements",
+                     sizeof(*src));
+  ReduceArgs<Type> a = {};
+  a.residual = residual;
+  a.acc = acc;
+  a.count = count;
+  a.bucket = p.bucket;
+  a.meta_bytes = num_buckets(count, p.bucket) * kMetaBytes;
+  a.code_bytes = code_bytes(count, p.bits);
+  a.src_vectors = aligned_to(src, 16);
+  a.residual_vectors = aligned_to(residual, 16);
+  a.acc_vectors = aligned_to(acc, 16);
+  char name[64];
+  snprintf(name, sizeof name, "qnccl_reduce_%s_%d", Type::kName, p.bits);
+  const size_t warps = ceil_div(ceil_div(count, kGroup), kWarp);
+  int done = 0;
+  do {  // at least once: with no wires, the widening alone
+    a.src = done == 0 ? src : nullptr;
+    a.nwires = nwires - done < kReduceWires ? nwires - done : kReduceWires;
+    a.wire_aligned = true;
+    for (int w = 0; w < a.nwires; w++) {
+      a.wires[w] = wires[done + w];
+      a.wire_aligned = a.wire_aligned && aligned_to(a.wires[w], 8);
+    }
+    QNCCL_CHECK(launch(name, warps, a, stream));
+    done += a.nwires;
+  } while (done < nwires);
+  return ncclSuccess;
+}
+
 /* The kernels divide by p.bucket and instantiate bits 1..8 only. */
 bool valid(const CodecParams& p) {
   return p.bits >= QNCCL_MIN_BITS && p.bits <= QNCCL_MAX_BITS && p.bucket >= 1;
@@ -181,6 +218,20 @@ ncclResult_t device_dequantize(const void* src, size_t count, const CodecParams&
     using Type = decltype(t);
     res = dequantize_as<Type>(static_cast<const uint8_t*>(src), count, p,
                               static_cast<typename Type::T*>(dst), accumulate, stream);
+  });
+  return res;
+}
+
+ncclResult_t device_reduce(const void* src, ncclDataType_t type, const float* residual,
+                           const uint8_t* const* wires, int nwires, size_t count,
+                           const CodecParams& p, float* acc, cudaStream_t stream) {
+  if (!valid(p)) return set_error(ncclInternalError, "device reduce: invalid codec parameters");
+  if (count == 0) return ncclSuccess;
+  ncclResult_t res = set_error(ncclInvalidArgument, "device reduce: not a codec type");
+  dispatch_float_type(type, [&](auto t) {
+    using Type = decltype(t);
+    res = reduce_as<Type>(static_cast<const typename Type::T*>(src), residual, wires, nwires,
+                          count, p, acc, stream);
   });
   return res;
 }

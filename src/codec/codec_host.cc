@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include <algorithm>
+#include <vector>
 
 #include "codec/codec.h"
 #include "codec/codec_math.h"
@@ -229,31 +230,69 @@ void decode_run(const uint8_t* codes, size_t n, const BucketParams& p, typename 
   }
 }
 
-template <class D, int BITS, bool ACCUMULATE>
-void decode_buffer(const uint8_t* src, size_t count, const CodecParams& p, typename D::T* dst) {
-  const size_t nb = num_buckets(count, p.bucket);
-  const uint8_t* codes = src + nb * kMetaBytes;
-  const size_t room = code_bytes(count, BITS);
-  alignas(64) uint8_t stage[kTile + kGroup];
+/* Reads one compressed buffer tile after tile: the bucket it is in and the
+ * parameters of the buckets ahead carry over from one tile to the next. */
+template <int BITS>
+class Decoder {
+ public:
+  Decoder(const uint8_t* src, size_t count, size_t bucket)
+      : metas_(src), codes_(src + num_buckets(count, bucket) * kMetaBytes), count_(count),
+        buckets_(num_buckets(count, bucket)), bucket_(bucket), room_(code_bytes(count, BITS)) {}
 
-  size_t bucket = 0, bucket_end = 0;
-  Ahead ahead;
-  BucketParams bp{};
-  for (size_t t0 = 0; t0 < count; t0 += kTile) {
-    const size_t t1 = std::min(count, t0 + kTile);
+  /* Values [t0, t1) of tile t0 (the tiles in order): dst = y, or dst += y. */
+  template <class D, bool ACCUMULATE>
+  void tile(size_t t0, size_t t1, uint8_t* stage, typename D::T* dst) {
     const size_t offset = t0 / kGroup * BITS;
-    unpack_stage<BITS>(codes + offset, t1 - t0, room - offset, stage);
+    unpack_stage<BITS>(codes_ + offset, t1 - t0, room_ - offset, stage);
     for (size_t i = t0; i < t1;) {
-      if (i == bucket_end) {
-        if (ahead.empty()) ahead.refill<BITS>(src + bucket * kMetaBytes, nb - bucket, i, t1, p.bucket);
-        bucket_end = std::min(count, i + p.bucket);
-        bucket++;
-        bp = ahead.pop();
+      if (i == bucket_end_) {
+        if (ahead_.empty())
+          ahead_.refill<BITS>(metas_ + next_ * kMetaBytes, buckets_ - next_, i, t1, bucket_);
+        bucket_end_ = std::min(count_, i + bucket_);
+        next_++;
+        bp_ = ahead_.pop();
       }
-      const size_t end = std::min(t1, bucket_end);
-      decode_run<D, ACCUMULATE>(stage + (i - t0), end - i, bp, dst + i);
+      const size_t end = std::min(t1, bucket_end_);
+      decode_run<D, ACCUMULATE>(stage + (i - t0), end - i, bp_, dst + i);
       i = end;
     }
+  }
+
+ private:
+  const uint8_t* metas_;
+  const uint8_t* codes_;
+  size_t count_, buckets_, bucket_, room_;
+  size_t next_ = 0, bucket_end_ = 0;  // the next bucket, the end of the current one
+  Ahead ahead_;
+  BucketParams bp_{};
+};
+
+template <class D, int BITS, bool ACCUMULATE>
+void decode_buffer(const uint8_t* src, size_t count, const CodecParams& p, typename D::T* dst) {
+  alignas(64) uint8_t stage[kTile + kGroup];
+  Decoder<BITS> decoder(src, count, p.bucket);
+  for (size_t t0 = 0; t0 < count; t0 += kTile)
+    decoder.template tile<D, ACCUMULATE>(t0, std::min(count, t0 + kTile), stage, dst);
+}
+
+/* acc = widen(src) (+ residual), then + D(wire) for each wire in order, a
+ * tile at a time: the tile of acc stays in the cache while every wire's
+ * tile is added to it. */
+template <class D, int BITS>
+void reduce_buffer(const typename D::T* src, const float* residual, const uint8_t* const* wires,
+                   int nwires, size_t count, const CodecParams& p, float* acc) {
+  alignas(64) uint8_t stage[kTile + kGroup];
+  std::vector<Decoder<BITS>> decoders;
+  decoders.reserve((size_t)nwires);
+  for (int j = 0; j < nwires; j++) decoders.emplace_back(wires[j], count, p.bucket);
+  for (size_t t0 = 0; t0 < count; t0 += kTile) {
+    const size_t t1 = std::min(count, t0 + kTile);
+    if (residual == nullptr) {
+      for (size_t i = t0; i < t1; i++) acc[i] = D::load(src[i]);
+    } else {
+      for (size_t i = t0; i < t1; i++) acc[i] = accumulate(D::load(src[i]), residual[i]);
+    }
+    for (Decoder<BITS>& d : decoders) d.template tile<F32, true>(t0, t1, stage, acc);
   }
 }
 
@@ -280,11 +319,24 @@ void dequantize(const void* src, size_t count, const CodecParams& p, void* dst,
   });
 }
 
+void reduce(const void* src, ncclDataType_t type, const float* residual,
+            const uint8_t* const* wires, int nwires, size_t count, const CodecParams& p,
+            float* acc) {
+  dispatch_float_type(type, [&](auto d) {
+    using D = decltype(d);
+    dispatch_bits(p.bits, [&](auto bits) {
+      reduce_buffer<D, bits.value>((const typename D::T*)src, residual, wires, nwires, count, p,
+                                   acc);
+    });
+  });
+}
+
 }  // namespace
 
 #define QNCCL_STRINGIFY2(x) #x
 #define QNCCL_STRINGIFY(x) QNCCL_STRINGIFY2(x)
-extern const HostCodec kHostCodec = {QNCCL_STRINGIFY(QNCCL_CODEC_ISA), quantize, dequantize};
+extern const HostCodec kHostCodec = {QNCCL_STRINGIFY(QNCCL_CODEC_ISA), quantize, dequantize,
+                                     reduce};
 
 }  // namespace QNCCL_CODEC_ISA
 }  // namespace qnccl

@@ -15,7 +15,8 @@
  *   2. encode_kernel: one lane per packing group of 8 values (8 codes ->
  *      BITS bytes). A warp stages its 32 groups, 32*BITS contiguous bytes,
  *      in shared memory and stores them as whole words.
- * Dequantize is one pass, decode_kernel: one lane per packing group.
+ * Dequantize is one pass, decode_kernel: one lane per packing group; so is
+ * reduce_kernel, which widens the input and adds several decoded buffers.
  *
  * Per-lane work lives in QNCCL_HD functions; the kernels are the loops that
  * hand out lanes, plus the warp shuffles and shared-memory staging.
@@ -311,6 +312,56 @@ __device__ __forceinline__ void decode_kernel(const DecodeArgs<Type>& a) {
     decode_group<Type, BITS, ACCUMULATE>(a, g);
 }
 
+/* ---- Reduce -------------------------------------------------------------- */
+
+/* Values [8g, 8g + 8): acc = widen(src) (+ residual) or acc, then
+ * acc = acc + D(wire) for every wire, in order. */
+template <class Type, int BITS>
+QNCCL_HD void reduce_group(const ReduceArgs<Type>& a, size_t g) {
+  const size_t first = g * kGroup;
+  const int len = (int)min_size(kGroup, a.count - first);
+  float acc[kGroup];
+  if (a.src != nullptr) {
+    load_group<Type>(a.src, first, len, a.src_vectors, acc);
+    if (a.residual != nullptr) {
+      float e[kGroup];
+      load_group<F32>(a.residual, first, len, a.residual_vectors, e);
+      for (int j = 0; j < (int)kGroup; ++j) acc[j] = accumulate(acc[j], e[j]);
+    }
+  } else {
+    load_group<F32>(a.acc, first, len, a.acc_vectors, acc);
+  }
+  for (int w = 0; w < a.nwires; ++w) {
+    const uint8_t* meta = a.wires[w];
+    const uint64_t codes =
+        unpack8<BITS>(load_code_group<BITS>(meta + a.meta_bytes, a.code_bytes, g, a.wire_aligned));
+    size_t k = div_index(first, a.bucket);  // as in decode_group
+    size_t next = k * a.bucket + a.bucket;
+    BucketParams bp = bucket_params(load_meta(meta, k, a.wire_aligned), BITS);
+#pragma unroll
+    for (int j = 0; j < (int)kGroup; ++j) {
+      if (j >= len) break;
+      if (first + j == next) {
+        ++k;
+        next += a.bucket;
+        bp = bucket_params(load_meta(meta, k, a.wire_aligned), BITS);
+      }
+      const float y = bp.nonfinite ? bits_float(kCanonicalNanF32)
+                                   : decode(bp, (uint32_t)(codes >> (8 * j)) & 0xffu);
+      acc[j] = accumulate(acc[j], y);
+    }
+  }
+  store_group<F32>(a.acc, first, len, a.acc_vectors, acc);
+}
+
+template <class Type, int BITS>
+__device__ __forceinline__ void reduce_kernel(const ReduceArgs<Type>& a) {
+  const size_t groups = ceil_div(a.count, kGroup);
+  const size_t threads = gridDim.x * (size_t)blockDim.x;
+  for (size_t g = blockIdx.x * (size_t)blockDim.x + threadIdx.x; g < groups; g += threads)
+    reduce_group<Type, BITS>(a, g);
+}
+
 }  // namespace qnccl
 
 /* ---- Entry points -------------------------------------------------------- */
@@ -318,7 +369,7 @@ __device__ __forceinline__ void decode_kernel(const DecodeArgs<Type>& a) {
 /* One kernel per instantiation, with a C name the host looks up
  * (codec_cuda.cc, kernel_name()): qnccl_stats_<type>,
  * qnccl_encode_<type>_<bits>_<nearest|stochastic>,
- * qnccl_decode_<type>_<bits>_<store|accumulate>. */
+ * qnccl_decode_<type>_<bits>_<store|accumulate>, qnccl_reduce_<type>_<bits>. */
 #define QNCCL_KERNEL extern "C" __global__ void __launch_bounds__(qnccl::kBlockThreads)
 
 #define QNCCL_CODEC_BITS(TYPE, NAME, BITS)                                               \
@@ -335,6 +386,9 @@ __device__ __forceinline__ void decode_kernel(const DecodeArgs<Type>& a) {
   QNCCL_KERNEL qnccl_decode_##NAME##_##BITS##_accumulate(                                 \
       const qnccl::DecodeArgs<qnccl::TYPE> a) {                                           \
     qnccl::decode_kernel<qnccl::TYPE, BITS, true>(a);                                            \
+  }                                                                                       \
+  QNCCL_KERNEL qnccl_reduce_##NAME##_##BITS(const qnccl::ReduceArgs<qnccl::TYPE> a) {     \
+    qnccl::reduce_kernel<qnccl::TYPE, BITS>(a);                                           \
   }
 
 #define QNCCL_CODEC_TYPE(TYPE, NAME)                                                       \

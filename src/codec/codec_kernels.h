@@ -84,6 +84,23 @@ struct DecodeArgs {
   bool wire_aligned;  // meta (and so codes) is 8-byte aligned
 };
 
+/* Up to kReduceWires compressed buffers per launch of the reduce kernel
+ * (they cross as kernel parameters); more take further launches that carry
+ * on from acc. */
+constexpr int kReduceWires = 32;
+
+template <class Type>
+struct ReduceArgs {
+  const typename Type::T* src;  // widened into acc first; null: acc holds the sum so far
+  const float* residual;        // added to the widened src, or null
+  float* acc;
+  size_t count, bucket, meta_bytes, code_bytes;
+  const uint8_t* wires[kReduceWires];  // each: metadata, then codes at + meta_bytes
+  int nwires;
+  bool src_vectors, residual_vectors, acc_vectors;  // 16-byte aligned
+  bool wire_aligned;                                // every wire 8-byte aligned
+};
+
 }  // namespace qnccl
 
 #endif

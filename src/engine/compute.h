@@ -27,6 +27,12 @@ struct Compute {
   ncclResult_t (*dequantize)(const Compute& c, const uint8_t* wire, size_t n,
                              const CodecParams& p, void* dst, ncclDataType_t type,
                              bool accumulate);
+  /* acc = widen(src) as widen() does, then acc = acc + D(wires[j]) for
+   * j = 0..nwires-1 in order, as dequantize with `accumulate` does: the same
+   * float32 additions in one step (the reduction of ring, tree and SRA). */
+  ncclResult_t (*reduce)(const Compute& c, const void* src, size_t n, ncclDataType_t type,
+                         const float* residual, const uint8_t* const* wires, int nwires,
+                         const CodecParams& p, float* acc);
   /* acc[i] = float32(src[i]), exact; with `residual` (error feedback)
    * acc[i] = float32(src[i]) + residual[i], one float32 addition. */
   ncclResult_t (*widen)(const Compute& c, const void* src, size_t n, ncclDataType_t type,

@@ -56,6 +56,13 @@ ncclResult_t dequantize(const Compute& c, const uint8_t* wire, size_t n, const C
               device_dequantize(wire, n, p, dst, type, accumulate, c.stream));
 }
 
+ncclResult_t reduce(const Compute& c, const void* src, size_t n, ncclDataType_t type,
+                    const float* residual, const uint8_t* const* wires, int nwires,
+                    const CodecParams& p, float* acc) {
+  return step("reducing on the device",
+              device_reduce(src, type, residual, wires, nwires, n, p, acc, c.stream));
+}
+
 ncclResult_t widen(const Compute& c, const void* src, size_t n, ncclDataType_t type,
                    const float* residual, float* acc) {
   if (n == 0) return ncclSuccess;
@@ -88,7 +95,8 @@ ncclResult_t residual(const Compute& c, const float* v, float* e, size_t n, floa
 }  // namespace
 
 Compute device_compute(cudaStream_t stream) {
-  return Compute{"device", nullptr, stream, quantize, dequantize, widen, divide, residual};
+  return Compute{"device", nullptr, stream, quantize, dequantize, reduce, widen, divide,
+                 residual};
 }
 
 ncclResult_t set_current_device(int device, int* previous) {

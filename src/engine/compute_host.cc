@@ -20,6 +20,13 @@ ncclResult_t dequantize(const Compute& c, const uint8_t* wire, size_t n, const C
   return ncclSuccess;
 }
 
+ncclResult_t reduce(const Compute& c, const void* src, size_t n, ncclDataType_t type,
+                    const float* residual, const uint8_t* const* wires, int nwires,
+                    const CodecParams& p, float* acc) {
+  c.codec->reduce(src, type, residual, wires, nwires, n, p, acc);
+  return ncclSuccess;
+}
+
 ncclResult_t widen(const Compute&, const void* src, size_t n, ncclDataType_t type,
                    const float* residual, float* acc) {
   dispatch_float_type(type, [&](auto d) {
@@ -49,7 +56,8 @@ ncclResult_t residual(const Compute&, const float* v, float* e, size_t n, float 
 ncclResult_t host_compute(Compute* compute) {
   const HostCodec* codec;
   QNCCL_CHECK(host_codec(&codec));
-  *compute = Compute{"host", codec, nullptr, quantize, dequantize, widen, divide, residual};
+  *compute =
+      Compute{"host", codec, nullptr, quantize, dequantize, reduce, widen, divide, residual};
   return ncclSuccess;
 }
 

@@ -152,8 +152,10 @@ class Segment {
   void encode_result(Range r, float* acc, uint64_t step, uint8_t* wire);
   void decode_output(const uint8_t* wire, Range r) const;
   void widen_input(Range r, float* acc) const;                 // acc = x (+ e)
-  void widen_input_only(Range r, float* acc) const;            // acc = x, without e
-  void add_decoded(const uint8_t* wire, size_t n, float* acc) const;  // acc = acc + D(wire)
+  /* acc = x (+ e, with `residual`), then acc = acc + D(wires[j]) for each
+   * of the n wires in order: one step. */
+  void reduce_input(Range r, const uint8_t* const* wires, int n, float* acc,
+                    bool residual = true) const;
 
   /* Transport primitive: one group of sends and receives (zero-length ones
    * are skipped on both sides alike; a step with none makes no group, but

@@ -31,13 +31,12 @@ ncclResult_t ring(Segment& s, Workspace& w) {
     const Transfer send = {out, s.wire_bytes(sent.size()), right};
     const Transfer recv = {in, s.wire_bytes(got.size()), left};
     QNCCL_CHECK(s.exchange(&send, 1, &recv, 1));
-    s.widen_input(got, acc);
-    s.add_decoded(in, got.size(), acc);
+    s.reduce_input(got, &in, 1, acc);
   }
 
   // This rank owns chunk r + 1: encode the result once, use the decoded bytes.
   const Range own = chunk(r + 1);
-  if (n == 1) s.widen_input(own, acc);
+  if (n == 1) s.reduce_input(own, nullptr, 0, acc);
   s.encode_result(own, acc, n - 1, out);
   s.decode_output(out, own);
 

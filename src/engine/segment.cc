@@ -143,20 +143,17 @@ void Segment::decode_output(const uint8_t* wire, Range r) const {
     record(compute.dequantize(compute, wire, r.size(), params, output(r), type, false));
 }
 
-void Segment::add_decoded(const uint8_t* wire, size_t n, float* acc) const {
-  if (status == ncclSuccess)
-    record(compute.dequantize(compute, wire, n, params, acc, ncclFloat32, true));
-}
-
 void Segment::widen_input(Range r, float* acc) const {
   if (status == ncclSuccess)
     record(compute.widen(compute, input(r), r.size(), input_type,
                          residual != nullptr ? residual + r.begin : nullptr, acc));
 }
 
-void Segment::widen_input_only(Range r, float* acc) const {
+void Segment::reduce_input(Range r, const uint8_t* const* wires, int n, float* acc,
+                           bool with_residual) const {
+  const float* e = with_residual && residual != nullptr ? residual + r.begin : nullptr;
   if (status == ncclSuccess)
-    record(compute.widen(compute, input(r), r.size(), input_type, nullptr, acc));
+    record(compute.reduce(compute, input(r), r.size(), input_type, e, wires, n, params, acc));
 }
 
 bool Post::carries_bytes() const {

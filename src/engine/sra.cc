@@ -25,12 +25,10 @@ ncclResult_t scatter_reduce(Segment& s, Workspace& w, Range (*part)(const Segmen
     recvs[k] = {from(k), s.wire_bytes(own.size()), k};
   }
   QNCCL_CHECK(s.all_to_all(sends.data(), recvs.data()));
-  if (own_residual)
-    s.widen_input(own, acc);
-  else
-    s.widen_input_only(own, acc);
+  std::vector<const uint8_t*> received;  // in rank order
   for (int j = 0; j < n; j++)
-    if (j != r) s.add_decoded(from(j), own.size(), acc);
+    if (j != r) received.push_back(from(j));
+  s.reduce_input(own, received.data(), (int)received.size(), acc, own_residual);
   return s.status;
 }
 

@@ -37,8 +37,7 @@ ncclResult_t tree(Segment& s, Workspace& w) {
   // This rank's values plus its children's partial sums, encoded for its
   // parent (the root: the result).
   auto combine = [&] {
-    s.widen_input(all, acc);
-    for (int c = 0; c < nchildren; c++) s.add_decoded(from_child[c], s.count, acc);
+    s.reduce_input(all, from_child, nchildren, acc);
     if (r == 0)
       s.encode_result(all, acc, 1, result);
     else

@@ -396,14 +396,13 @@ def expected_counts(algo, op, rank, nranks):
     """(compute steps, groups) of one call of one segment whose chunks all hold values, on
     `rank` (docs/allreduce.md, "Steps per call")."""
     n, avg = nranks, op == "avg"
-    if algo == "ring":  # n-1 steps of encode, widen, add; the result; n-1 decodes
-        return 3 * (n - 1) + 2 + avg + (n - 1), 2 * (n - 1)
-    if algo == "sra":  # n-1 encodes; widen and n-1 adds; the result; n-1 decodes
-        return (n - 1) + n + 2 + avg + (n - 1), 2 * (n - 1)
+    if algo == "ring":  # n-1 steps of encode and reduce; the result; n-1 decodes
+        return 2 * (n - 1) + 2 + avg + (n - 1), 2 * (n - 1)
+    if algo == "sra":  # n-1 encodes; one reduce; the result; n-1 decodes
+        return (n - 1) + 1 + 2 + avg + (n - 1), 2 * (n - 1)
     children = sum(c < n for c in (2 * rank + 1, 2 * rank + 2))
-    # widen, one add per child, encode (the root: the result), decode
-    steps = 1 + children + 1 + (avg and rank == 0) + 1
-    return steps, 2 * ((rank != 0) + (children > 0))
+    # reduce (the children's sums with the input), encode (the root: the result), decode
+    return 3 + (avg and rank == 0), 2 * ((rank != 0) + (children > 0))
 
 
 def counts(comm, failures):
