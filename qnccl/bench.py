@@ -1,12 +1,13 @@
 """`qnccl bench` (`make bench`): quantized and uncompressed allreduce side by side
-on a bandwidth-limited link (docs/perf.md).
+on bandwidth-limited links (docs/perf.md).
 
 Every configuration is one MPI job of build/bin/all_reduce_perf (or of a
 baseline: mpi_all_reduce_perf, perf/torch_all_reduce_perf.py) inside
-perf/netlab, a network namespace whose loopback `tc` limits to --rate, with
-MPI over TCP. The jobs write nccl-tests style JSON; this module runs them one
-after another, shows progress, and puts their numbers into one comparison
-table, build/bench/report.json and a plot of busbw against size.
+perf/netlab, a network namespace whose loopback `tc` limits to a rate, with
+MPI over TCP; the whole matrix runs once per rate of --rates. The jobs write
+nccl-tests style JSON; this module runs them one after another, shows
+progress, and puts their numbers into one comparison table per rate,
+build/bench/report.json and a plot of busbw against size.
 """
 import dataclasses
 import datetime
@@ -53,10 +54,11 @@ class Config:
     algo: str = None
     nodes: int = 1  # > 1: emulated nodes (perf/netlab --nodes), the rate between them
     ranks: int = None  # None: --ranks
+    rate: str = "1gbit"  # perf/netlab --rate: of the loopback, or between the nodes
 
     @property
     def slug(self):
-        return re.sub(r"[^a-z0-9]+", "-", self.name.lower()).strip("-")
+        return re.sub(r"[^a-z0-9.]+", "-", f"{self.rate} {self.name}".lower()).strip("-")
 
     def argv(self, args):
         """The rank command (what mpirun starts) for this configuration."""
@@ -78,9 +80,9 @@ class Config:
 NODES, NODE_RANKS = 2, 4  # the multi-node section: 2 nodes x 2 ranks
 
 
-def node_configurations(args):
-    """The multi-node section: 2 nodes x 2 ranks, --rate between the nodes."""
-    where = dict(nodes=NODES, ranks=NODE_RANKS)
+def node_configurations(args, rate):
+    """The multi-node section: 2 nodes x 2 ranks, `rate` between the nodes."""
+    where = dict(nodes=NODES, ranks=NODE_RANKS, rate=rate)
     configs = [Config("2x2 uncompressed (NCCL API)", "nccl", **where)]
     if "mpi" in args.baselines:
         configs.append(Config("2x2 MPI_Allreduce", "mpi", **where))
@@ -89,13 +91,14 @@ def node_configurations(args):
     return configs
 
 
-def configurations(args):
-    configs = [Config("uncompressed (NCCL API)", "nccl")]
+def configurations(args, rate):
+    """The flat section at one rate: baselines, then bits x buckets x algorithms."""
+    configs = [Config("uncompressed (NCCL API)", "nccl", rate=rate)]
     if "mpi" in args.baselines:
-        configs.append(Config("MPI_Allreduce", "mpi"))
+        configs.append(Config("MPI_Allreduce", "mpi", rate=rate))
     if "torch" in args.baselines:
-        configs.append(Config("torch gloo", "torch-gloo"))
-    configs += [Config(f"qnccl {bits}b B{bucket} {algo}", "qnccl", bits, bucket, algo)
+        configs.append(Config("torch gloo", "torch-gloo", rate=rate))
+    configs += [Config(f"qnccl {bits}b B{bucket} {algo}", "qnccl", bits, bucket, algo, rate=rate)
                 for bits in args.bits for bucket in args.buckets for algo in args.algos]
     return configs
 
@@ -106,14 +109,36 @@ def mib(size):
     return f"{size >> 20} MiB" if size >= 1 << 20 and size % (1 << 20) == 0 else f"{size >> 10} KiB"
 
 
+@dataclasses.dataclass
+class Link:
+    """What perf/netlab gives the jobs for one requested rate."""
+    requested: str
+    rate: str         # the rate, or "unthrottled"
+    namespace: bool   # False: netlab could not make one (jobs on the host's network)
+    message: str      # netlab's own line
+
+    @property
+    def limited(self):
+        return self.rate != "unthrottled"
+
+    @property
+    def words(self):
+        if self.limited:
+            return f"loopback limited to {self.rate} by tc (perf/netlab)"
+        if self.namespace:
+            return "unlimited loopback (perf/netlab --rate none)"
+        return "unthrottled loopback (perf/netlab could not make a namespace)"
+
+
 def probe_link(rate):
-    """What perf/netlab gives the jobs here: (rate or "unthrottled", its message)."""
+    """The Link perf/netlab gives the jobs here for `rate`."""
     probe = subprocess.run([str(NETLAB), "--rate", rate, "--", "sh", "-c",
-                            'echo "$QNCCL_NETLAB_RATE"'],
+                            'echo "$QNCCL_NETLAB_RATE:$QNCCL_NETLAB_NS"'],
                            capture_output=True, text=True, timeout=60)
     if probe.returncode != 0:
         raise RuntimeError(f"perf/netlab failed (exit {probe.returncode}): {probe.stderr.strip()}")
-    return probe.stdout.strip() or "unthrottled", probe.stderr.strip()
+    got, _, namespace = probe.stdout.strip().partition(":")
+    return Link(rate, got or "unthrottled", bool(namespace), probe.stderr.strip())
 
 
 def job_environment():
@@ -134,7 +159,7 @@ def run_config(config, args, out_dir, log):
     json_path.unlink(missing_ok=True)
     mpirun = shutil.which("mpirun") or "mpirun"
     lab = ["--nodes", str(config.nodes)] if config.nodes > 1 else []
-    cmd = [str(NETLAB), *lab, "--rate", args.rate, "--", mpirun, "-np",
+    cmd = [str(NETLAB), *lab, "--rate", config.rate, "--", mpirun, "-np",
            str(config.ranks or args.ranks), *config.argv(args), "-J", str(json_path)]
     record = {**dataclasses.asdict(config), "command": cmd, "status": "ok", "message": None}
     start = time.monotonic()
@@ -311,63 +336,79 @@ def main(args):
     def log(message):
         print(message, flush=True)
 
-    try:
-        link, lab_message = probe_link(args.rate)
-    except (RuntimeError, subprocess.TimeoutExpired) as e:
-        print(f"qnccl bench: {e}", file=sys.stderr)
-        return 2
-    link_words = (f"loopback limited to {link} by tc (perf/netlab)" if link != "unthrottled"
-                  else "unthrottled loopback (perf/netlab could not make a namespace)")
-    if link == "unthrottled":
-        log(f"qnccl bench: {lab_message}")
-    flat = configurations(args)
-    nodes = node_configurations(args) if "on" in args.nodes_section and link != "unthrottled" \
-        else []
-    configs = flat + nodes
+    links = []
+    for rate in args.rates:
+        try:
+            links.append(probe_link(rate))
+        except (RuntimeError, subprocess.TimeoutExpired) as e:
+            print(f"qnccl bench: {e}", file=sys.stderr)
+            return 2
+    for link in links:
+        if not link.namespace:
+            log(f"qnccl bench: {link.message}")
+    sections = [(link, configurations(args, link.requested)) for link in links]
+    first = links[0]
+    nodes = (node_configurations(args, first.requested)
+             if "on" in args.nodes_section and first.limited else [])
+    configs = [c for _, section in sections for c in section] + nodes
     log(f"qnccl bench: {len(configs)} configurations, {args.ranks} ranks, "
-        f"{mib(args.sizes[0])}..{mib(args.sizes[1])}, {link_words}"
-        + (f"; then {NODES} nodes x {NODE_RANKS // NODES} ranks, {link} between the nodes, "
+        f"{mib(args.sizes[0])}..{mib(args.sizes[1])}, on "
+        + "; then ".join(link.words for link in links)
+        + (f"; then {NODES} nodes x {NODE_RANKS // NODES} ranks, {first.rate} between the nodes, "
            f"shared memory inside" if nodes else ""))
     started = time.monotonic()
     records = []
     for i, config in enumerate(configs, 1):
-        log(f"[{i:2d}/{len(configs)}] {config.name}{time_left(records, configs[i - 1:])}")
+        log(f"[{i:2d}/{len(configs)}] {config.name}"
+            f"{f' at {config.rate}' if len(links) > 1 and config.nodes == 1 else ''}"
+            f"{time_left(records, configs[i - 1:])}")
         record = run_config(config, args, out_dir, log)
         records.append(record)
         if record["status"] != "ok":
             log(f"      {record['status']}: {record['message']}")
 
-    flat_records, node_records = records[:len(flat)], records[len(flat):]
-    sizes = summarize(flat_records)
-    title = (f"allreduce of float32 (sum), {args.ranks} ranks, {link_words}, {args.rounding} "
-             f"rounding; busbw from the median of {args.iters} calls (speedup over "
-             f"uncompressed all_reduce_perf at the same size)")
-    table = format_table(flat_records, sizes, title)
-    print("\n" + table + "\n")
-    panels = [(flat_records, sizes, f"allreduce busbw, {args.ranks} ranks, {link_words}")]
+    tables, panels, report_sections = [], [], []
+    done = iter(records)
+    for link, section in sections:
+        section_records = [next(done) for _ in section]
+        sizes = summarize(section_records)
+        title = (f"allreduce of float32 (sum), {args.ranks} ranks, {link.words}, "
+                 f"{args.rounding} rounding; busbw from the median of {args.iters} calls "
+                 f"(speedup over uncompressed all_reduce_perf at the same size)")
+        table = format_table(section_records, sizes, title)
+        print("\n" + table + "\n")
+        tables.append(table)
+        panels.append((section_records, sizes,
+                       f"allreduce busbw, {args.ranks} ranks, {link.words}"))
+        report_sections.append({"link": {"rate": link.rate, "tool": "perf/netlab",
+                                         "requested": link.requested},
+                                "sizes": sizes, "configurations": section_records,
+                                "table": table})
+    node_records = list(done)
     two_nodes = None
     if node_records:
         node_sizes = summarize(node_records)
         node_title = (f"{NODES} nodes x {NODE_RANKS // NODES} ranks (perf/netlab --nodes): "
-                      f"{link} between the nodes, shared memory inside; {args.rounding} rounding, "
-                      f"bucket 128; hier = exact inside nodes, quantized between them")
+                      f"{first.rate} between the nodes, shared memory inside; {args.rounding} "
+                      f"rounding, bucket 128; hier = exact inside nodes, quantized between them")
         node_table = format_table(node_records, node_sizes, node_title)
         print(node_table + "\n")
-        table += "\n\n" + node_table
+        tables.append(node_table)
         panels.append((node_records, node_sizes, f"allreduce busbw, {NODES} nodes x "
-                       f"{NODE_RANKS // NODES} ranks, {link} between nodes"))
+                       f"{NODE_RANKS // NODES} ranks, {first.rate} between nodes"))
         two_nodes = {"nodes": NODES, "nranks": NODE_RANKS, "sizes": node_sizes,
+                     "link": {"rate": first.rate, "tool": "perf/netlab --nodes",
+                              "requested": first.requested},
                      "configurations": node_records, "table": node_table}
     report = {
         "benchmark": "qnccl bench",
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "host": {"name": socket.gethostname(), "cpus": os.cpu_count(),
                  "platform": platform.platform()},
-        "link": {"rate": link, "tool": "perf/netlab", "requested": args.rate},
-        "nranks": args.ranks, "sizes": sizes, "datatype": "float", "op": "sum",
+        "nranks": args.ranks, "datatype": "float", "op": "sum",
         "rounding": args.rounding, "iters": args.iters, "warmup": args.warmup,
         "command": " ".join(sys.argv), "wall_s": round(time.monotonic() - started, 1),
-        "configurations": flat_records, "two_nodes": two_nodes, "table": table,
+        "sections": report_sections, "two_nodes": two_nodes, "table": "\n\n".join(tables),
     }
     report_path = out_dir / "report.json"
     report_path.write_text(json.dumps(report, indent=1) + "\n")

@@ -399,6 +399,14 @@ def _name_list(allowed):
     return parse
 
 
+def _rate_list(text):
+    """Rates for perf/netlab --rate, comma-separated (netlab checks each)."""
+    rates = [r.strip() for r in text.split(",")]
+    if not all(rates) or len(set(rates)) != len(rates):
+        raise argparse.ArgumentTypeError(f"expected distinct comma-separated rates, got {text!r}")
+    return rates
+
+
 def cmd_bench(args):
     from . import bench
 
@@ -453,16 +461,20 @@ def build_parser():
     bench = commands.add_parser(
         "bench", help="quantized vs uncompressed allreduce on a rate-limited link (make bench)",
         description="Runs build/bin/all_reduce_perf with --ranks MPI ranks inside perf/netlab "
-                    "(a network namespace whose loopback tc limits to --rate, MPI over TCP): "
-                    "uncompressed, then through QNCCL for every bits x bucket x algorithm, "
-                    "beside MPI_Allreduce and torch.distributed (gloo) when torch is installed. "
-                    "Prints one table (busbw, speedup over uncompressed at each size, bytes on "
-                    "the wire per input byte, error), writes OUT/report.json and OUT/busbw.png. "
-                    "Exits 1 when a run fails or a result misses its error bound.")
+                    "(a network namespace whose loopback tc limits to each of --rates in turn, "
+                    "MPI over TCP): uncompressed, then through QNCCL for every bits x bucket x "
+                    "algorithm, beside MPI_Allreduce and torch.distributed (gloo) when torch is "
+                    "installed. Prints one table per rate (busbw, speedup over uncompressed at "
+                    "each size, bytes on the wire per input byte, error), writes "
+                    "OUT/report.json and OUT/busbw.png. Exits 1 when a run fails or a result "
+                    "misses its error bound.")
     bench.add_argument("--ranks", type=int_in(2, 64), default=4, metavar="N",
                        help="MPI ranks (default 4)")
-    bench.add_argument("--rate", default="1gbit",
-                       help="link rate for tc, e.g. 100mbit, 1gbit, 10gbit (default 1gbit)")
+    bench.add_argument("--rates", "--rate", type=_rate_list, default=["1gbit", "10gbit"],
+                       metavar="RATES",
+                       help="link rates for tc, comma list, e.g. 100mbit, 1gbit, 10gbit, or "
+                            "none for an unlimited loopback; the whole matrix runs at each "
+                            "(default 1gbit,10gbit)")
     bench.add_argument("--sizes", type=_size_range, default=(1 << 20, 64 << 20), metavar="MIN:MAX",
                        help="message sizes, doubling (default 1M:64M)")
     bench.add_argument("--bits", type=_int_list(1, 8), default=[8, 4, 2],
@@ -477,7 +489,8 @@ def build_parser():
                        help="besides uncompressed all_reduce_perf: mpi, torch (default both)")
     bench.add_argument("--nodes-section", type=_name_list(("on", "off")), default=["on"],
                        metavar="on|off",
-                       help="then 2 emulated nodes x 2 ranks, --rate between the nodes: "
+                       help="then 2 emulated nodes x 2 ranks, the first of --rates between "
+                            "the nodes: "
                             "uncompressed, MPI_Allreduce, flat ring/SRA and hierarchical at 8 "
                             "and 4 bits (default on)")
     bench.add_argument("--iters", type=int_in(1), default=3, metavar="N",

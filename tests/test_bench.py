@@ -32,12 +32,17 @@ def run_bench(args, timeout=300):
     return proc.returncode, out
 
 
+RATES = ("10gbit", "none")  # the small sweep runs at both: a limited and an unlimited loopback
+NAMES = ["uncompressed (NCCL API)", "MPI_Allreduce", "qnccl 4b B128 sra", "qnccl 4b B128 ring",
+         "qnccl 4b B1024 sra", "qnccl 4b B1024 ring"]
+
+
 @pytest.fixture(scope="module")
 def small_bench(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     args = ["--sizes", "256K:512K", "--bits", "4", "--buckets", "128,1024", "--algos", "sra,ring",
-            "--baselines", "mpi", "--iters", "2", "--rate", "10gbit", "--nodes-section", "off",
-            "--out", str(out)]
+            "--baselines", "mpi", "--iters", "2", "--rates", ",".join(RATES),
+            "--nodes-section", "off", "--out", str(out)]
     status, output = run_bench(args)
     assert status == 0, output
     return out, output, json.loads((out / "report.json").read_text())
@@ -45,38 +50,44 @@ def small_bench(tmp_path_factory):
 
 def test_every_configuration_ran(small_bench):
     out, output, report = small_bench
-    names = [c["name"] for c in report["configurations"]]
-    assert names == ["uncompressed (NCCL API)", "MPI_Allreduce", "qnccl 4b B128 sra",
-                     "qnccl 4b B128 ring", "qnccl 4b B1024 sra", "qnccl 4b B1024 ring"]
-    assert report["nranks"] == 4 and report["sizes"] == [256 << 10, 512 << 10]
-    for config in report["configurations"]:
-        assert config["status"] == "ok" and config["check_ok"], config
-        assert (out / "logs" / f"{re.sub(r'[^a-z0-9]+', '-', config['name'].lower()).strip('-')}.log").is_file()
-        rows = config["perf"]["rows"]
-        assert {r["size"] for r in rows} == {256 << 10, 512 << 10}
-        assert all(r["ok"] and r["agree"] for r in rows)
-        assert all(r["compressed"] == (config["kind"] == "qnccl") for r in rows)
-        if config["kind"] == "qnccl":
-            assert config["perf"]["qnccl"]["bits"] == config["bits"]
-            assert config["perf"]["qnccl"]["bucket_size"] == config["bucket_size"]
-            assert {r["algo"] for r in rows} == {config["algo"]}
+    assert report["nranks"] == 4 and report["two_nodes"] is None
+    assert [s["link"]["requested"] for s in report["sections"]] == list(RATES)
+    for section in report["sections"]:
+        assert [c["name"] for c in section["configurations"]] == NAMES
+        assert section["sizes"] == [256 << 10, 512 << 10]
+        for config in section["configurations"]:
+            assert config["status"] == "ok" and config["check_ok"], config
+            assert config["rate"] == section["link"]["requested"]
+            slug = re.sub(r"[^a-z0-9.]+", "-", f"{config['rate']} {config['name']}".lower())
+            assert (out / "logs" / f"{slug.strip('-')}.log").is_file()
+            assert f"--rate {config['rate']} " in " ".join(config["command"])
+            rows = config["perf"]["rows"]
+            assert {r["size"] for r in rows} == {256 << 10, 512 << 10}
+            assert all(r["ok"] and r["agree"] for r in rows)
+            assert all(r["compressed"] == (config["kind"] == "qnccl") for r in rows)
+            if config["kind"] == "qnccl":
+                assert config["perf"]["qnccl"]["bits"] == config["bits"]
+                assert config["perf"]["qnccl"]["bucket_size"] == config["bucket_size"]
+                assert {r["algo"] for r in rows} == {config["algo"]}
     # Progress: a line per configuration, then per size as the job prints it.
-    assert re.search(r"^\[ 1/6\] uncompressed", output, re.M)
-    assert re.search(r"^\[ 6/6\] qnccl 4b B1024 ring", output, re.M)
-    assert len(re.findall(r"^\s+512 KiB\s+\S+ ms\s+error", output, re.M)) == 6
+    assert re.search(r"^\[ 1/12\] uncompressed \(NCCL API\) at 10gbit", output, re.M)
+    assert re.search(r"^\[12/12\] qnccl 4b B1024 ring at none", output, re.M)
+    assert len(re.findall(r"^\s+512 KiB\s+\S+ ms\s+error", output, re.M)) == 12
 
 
-def test_table_matches_the_jobs(small_bench):
+@pytest.mark.parametrize("section", range(len(RATES)), ids=RATES)
+def test_table_matches_the_jobs(small_bench, section):
     _, output, report = small_bench
-    assert report["table"] in output
-    lines = {line.split("  ")[0].strip(): line for line in report["table"].splitlines()}
-    base = report["configurations"][0]
-    for config in report["configurations"]:
+    sec = report["sections"][section]
+    assert sec["table"] in output and sec["table"] in report["table"]
+    lines = {line.split("  ")[0].strip(): line for line in sec["table"].splitlines()}
+    base = sec["configurations"][0]
+    for config in sec["configurations"]:
         fields = lines[config["name"]][len(config["name"]):].split()
         wire, error, cells = float(fields[0]), float(fields[1]), fields[2:]
         oop = [r for r in config["perf"]["rows"] if r["placement"] == "out-of-place"]
         assert error == pytest.approx(max(r["error"] for r in oop), rel=0.06)
-        for i, size in enumerate(report["sizes"]):
+        for i, size in enumerate(sec["sizes"]):
             row = next(r for r in oop if r["size"] == size)
             busbw = size / 1e9 / (row["time_us_median"] / 1e6) * 1.5  # 2(n-1)/n, n = 4
             base_row = next(r for r in base["perf"]["rows"]
@@ -87,7 +98,7 @@ def test_table_matches_the_jobs(small_bench):
         if config["kind"] == "qnccl":  # the bytes docs/allreduce.md says each rank sends
             expected = max(sum(sent_bytes(size // 4, "float32", 4, rank, config["algo"], 4,
                                           config["bucket_size"]) for rank in range(4)) / 4 / size
-                           for size in report["sizes"])
+                           for size in sec["sizes"])
             assert wire == pytest.approx(expected, abs=6e-4)
         else:
             assert wire == 1.5
@@ -95,8 +106,11 @@ def test_table_matches_the_jobs(small_bench):
 
 def test_report_and_plot(small_bench):
     out, output, report = small_bench
-    assert report["link"]["requested"] == "10gbit"
-    assert report["link"]["rate"] in ("10gbit", "unthrottled")
+    limited, unlimited = (s["link"] for s in report["sections"])
+    assert limited["requested"] == "10gbit" and limited["rate"] in ("10gbit", "unthrottled")
+    assert unlimited["requested"] == "none" and unlimited["rate"] == "unthrottled"
+    assert "allreduce of float32 (sum), 4 ranks, unlimited loopback (perf/netlab --rate none)" \
+        in output or "could not make a namespace" in output
     png = (out / "busbw.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
     assert f"report: {out / 'report.json'}" in output and f"plot:   {out / 'busbw.png'}" in output
@@ -110,6 +124,9 @@ def test_report_and_plot(small_bench):
     (["--baselines", "nccl"], "each must be one of mpi, torch"),
     (["--ranks", "1"], "must be an integer in 2..64"),
     (["--rate", "fast"], "--rate 'fast' is not a rate"),
+    (["--rates", "1gbit,fast"], "--rate 'fast' is not a rate"),
+    (["--rates", "1gbit,,10gbit"], "expected distinct comma-separated rates"),
+    (["--rates", "1gbit,1gbit"], "expected distinct comma-separated rates"),
 ])
 def test_bad_options(args, message, tmp_path):
     status, output = run_bench([*args, "--out", str(tmp_path)], timeout=60)
