@@ -65,6 +65,11 @@ ncclResult_t device_quantize(const void* src, size_t count, ncclDataType_t type,
                              const CodecParams& p, void* dst, cudaStream_t stream);
 ncclResult_t device_dequantize(const void* src, size_t count, const CodecParams& p, void* dst,
                                ncclDataType_t type, bool accumulate, cudaStream_t stream);
+/* Decodes wires[i] (counts[i] values) into dsts[i] for i < n: the same
+ * bytes as n dequantizes, in one launch per 32 of them. */
+ncclResult_t device_decode_many(const uint8_t* const* wires, void* const* dsts,
+                                const size_t* counts, int n, const CodecParams& p,
+                                ncclDataType_t type, cudaStream_t stream);
 ncclResult_t device_reduce(const void* src, ncclDataType_t type, const float* residual,
                            const uint8_t* const* wires, int nwires, size_t count,
                            const CodecParams& p, float* acc, cudaStream_t stream);

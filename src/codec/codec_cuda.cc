@@ -189,6 +189,38 @@ ncclResult_t reduce_as(const typename Type::T* src, const float* residual,
   return ncclSuccess;
 }
 
+/* Up to kDecodeItems buffers per launch. */
+template <class Type>
+ncclResult_t decode_many_as(const uint8_t* const* wires, typename Type::T* const* dsts,
+                            const size_t* counts, int n, const CodecParams& p,
+                            cudaStream_t stream) {
+  char name[64];
+  snprintf(name, sizeof name, "qnccl_decode_many_%s_%d", Type::kName, p.bits);
+  for (int i = 0; i < n;) {
+    DecodeManyArgs<Type> a = {};
+    a.bucket = p.bucket;
+    a.dst_vectors = a.wire_aligned = true;
+    for (; i < n && a.n < kDecodeItems; i++) {
+      if (counts[i] == 0) continue;
+      if (!aligned_to(dsts[i], sizeof(typename Type::T)))
+        return set_error(ncclInvalidArgument,
+                         "an output is not aligned to its %zu-byte elements",
+                         sizeof(typename Type::T));
+      const int k = a.n++;
+      a.metas[k] = wires[i];
+      a.codes[k] = wires[i] + num_buckets(counts[i], p.bucket) * kMetaBytes;
+      a.code_bytes[k] = code_bytes(counts[i], p.bits);
+      a.dsts[k] = dsts[i];
+      a.counts[k] = counts[i];
+      a.first_group[k + 1] = a.first_group[k] + ceil_div(counts[i], kGroup);
+      a.dst_vectors = a.dst_vectors && aligned_to(dsts[i], 16);
+      a.wire_aligned = a.wire_aligned && aligned_to(wires[i], 8);
+    }
+    if (a.n > 0) QNCCL_CHECK(launch(name, ceil_div(a.first_group[a.n], kWarp), a, stream));
+  }
+  return ncclSuccess;
+}
+
 /* The kernels divide by p.bucket and instantiate bits 1..8 only. */
 bool valid(const CodecParams& p) {
   return p.bits >= QNCCL_MIN_BITS && p.bits <= QNCCL_MAX_BITS && p.bucket >= 1;
@@ -232,6 +264,19 @@ ncclResult_t device_reduce(const void* src, ncclDataType_t type, const float* re
     using Type = decltype(t);
     res = reduce_as<Type>(static_cast<const typename Type::T*>(src), residual, wires, nwires,
                           count, p, acc, stream);
+  });
+  return res;
+}
+
+ncclResult_t device_decode_many(const uint8_t* const* wires, void* const* dsts,
+                                const size_t* counts, int n, const CodecParams& p,
+                                ncclDataType_t type, cudaStream_t stream) {
+  if (!valid(p)) return set_error(ncclInternalError, "device decode: invalid codec parameters");
+  ncclResult_t res = set_error(ncclInvalidArgument, "device decode: not a codec type");
+  dispatch_float_type(type, [&](auto t) {
+    using Type = decltype(t);
+    res = decode_many_as<Type>(wires, reinterpret_cast<typename Type::T* const*>(dsts), counts,
+                               n, p, stream);
   });
   return res;
 }

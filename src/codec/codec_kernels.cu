@@ -312,6 +312,21 @@ __device__ __forceinline__ void decode_kernel(const DecodeArgs<Type>& a) {
     decode_group<Type, BITS, ACCUMULATE>(a, g);
 }
 
+/* Group G of all the items' groups, in item order: item i's group
+ * G - first_group[i], decoded as decode_kernel does. */
+template <class Type, int BITS>
+__device__ __forceinline__ void decode_many_kernel(const DecodeManyArgs<Type>& a) {
+  const size_t total = a.first_group[a.n];
+  const size_t threads = gridDim.x * (size_t)blockDim.x;
+  for (size_t G = blockIdx.x * (size_t)blockDim.x + threadIdx.x; G < total; G += threads) {
+    int i = 0;
+    while (G >= a.first_group[i + 1]) ++i;
+    const DecodeArgs<Type> d = {a.metas[i], a.codes[i], a.code_bytes[i], a.dsts[i],
+                                a.counts[i], a.bucket, a.dst_vectors, a.wire_aligned};
+    decode_group<Type, BITS, false>(d, G - a.first_group[i]);
+  }
+}
+
 /* ---- Reduce -------------------------------------------------------------- */
 
 /* Values [8g, 8g + 8): acc = widen(src) (+ residual) or acc, then
@@ -369,7 +384,8 @@ __device__ __forceinline__ void reduce_kernel(const ReduceArgs<Type>& a) {
 /* One kernel per instantiation, with a C name the host looks up
  * (codec_cuda.cc, kernel_name()): qnccl_stats_<type>,
  * qnccl_encode_<type>_<bits>_<nearest|stochastic>,
- * qnccl_decode_<type>_<bits>_<store|accumulate>, qnccl_reduce_<type>_<bits>. */
+ * qnccl_decode_<type>_<bits>_<store|accumulate>, qnccl_reduce_<type>_<bits>,
+ * qnccl_decode_many_<type>_<bits>. */
 #define QNCCL_KERNEL extern "C" __global__ void __launch_bounds__(qnccl::kBlockThreads)
 
 #define QNCCL_CODEC_BITS(TYPE, NAME, BITS)                                               \
@@ -389,6 +405,9 @@ __device__ __forceinline__ void reduce_kernel(const ReduceArgs<Type>& a) {
   }                                                                                       \
   QNCCL_KERNEL qnccl_reduce_##NAME##_##BITS(const qnccl::ReduceArgs<qnccl::TYPE> a) {     \
     qnccl::reduce_kernel<qnccl::TYPE, BITS>(a);                                           \
+  }                                                                                       \
+  QNCCL_KERNEL qnccl_decode_many_##NAME##_##BITS(const qnccl::DecodeManyArgs<qnccl::TYPE> a) { \
+    qnccl::decode_many_kernel<qnccl::TYPE, BITS>(a);                                      \
   }
 
 #define QNCCL_CODEC_TYPE(TYPE, NAME)                                                       \

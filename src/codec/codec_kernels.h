@@ -101,6 +101,25 @@ struct ReduceArgs {
   bool wire_aligned;                                // every wire 8-byte aligned
 };
 
+/* Up to kDecodeItems compressed buffers per launch of the decode-many
+ * kernel, each decoded into its own output; one lane per packing group of
+ * all of them. */
+constexpr int kDecodeItems = 32;
+
+template <class Type>
+struct DecodeManyArgs {
+  const uint8_t* metas[kDecodeItems];
+  const uint8_t* codes[kDecodeItems];
+  size_t code_bytes[kDecodeItems];
+  typename Type::T* dsts[kDecodeItems];
+  size_t counts[kDecodeItems];
+  size_t first_group[kDecodeItems + 1];  // item i: groups [first_group[i], first_group[i + 1])
+  int n;
+  size_t bucket;
+  bool dst_vectors;   // every dst 16-byte aligned
+  bool wire_aligned;  // every wire 8-byte aligned
+};
+
 }  // namespace qnccl
 
 #endif

@@ -27,6 +27,11 @@ struct Compute {
   ncclResult_t (*dequantize)(const Compute& c, const uint8_t* wire, size_t n,
                              const CodecParams& p, void* dst, ncclDataType_t type,
                              bool accumulate);
+  /* dsts[i] = D(wires[i]) of counts[i] values, in `type`, for i < n: the
+   * bytes of n dequantizes, in one step (the allgather's decodes). */
+  ncclResult_t (*decode_many)(const Compute& c, const uint8_t* const* wires, void* const* dsts,
+                              const size_t* counts, int n, const CodecParams& p,
+                              ncclDataType_t type);
   /* acc = widen(src) as widen() does, then acc = acc + D(wires[j]) for
    * j = 0..nwires-1 in order, as dequantize with `accumulate` does: the same
    * float32 additions in one step (the reduction of ring, tree and SRA). */

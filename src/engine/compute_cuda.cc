@@ -56,6 +56,12 @@ ncclResult_t dequantize(const Compute& c, const uint8_t* wire, size_t n, const C
               device_dequantize(wire, n, p, dst, type, accumulate, c.stream));
 }
 
+ncclResult_t decode_many(const Compute& c, const uint8_t* const* wires, void* const* dsts,
+                         const size_t* counts, int n, const CodecParams& p, ncclDataType_t type) {
+  return step("dequantizing on the device",
+              device_decode_many(wires, dsts, counts, n, p, type, c.stream));
+}
+
 ncclResult_t reduce(const Compute& c, const void* src, size_t n, ncclDataType_t type,
                     const float* residual, const uint8_t* const* wires, int nwires,
                     const CodecParams& p, float* acc) {
@@ -95,8 +101,8 @@ ncclResult_t residual(const Compute& c, const float* v, float* e, size_t n, floa
 }  // namespace
 
 Compute device_compute(cudaStream_t stream) {
-  return Compute{"device", nullptr, stream, quantize, dequantize, reduce, widen, divide,
-                 residual};
+  return Compute{"device", nullptr, stream, quantize, dequantize, decode_many, reduce, widen,
+                 divide,   residual};
 }
 
 ncclResult_t set_current_device(int device, int* previous) {

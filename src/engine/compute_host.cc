@@ -20,6 +20,12 @@ ncclResult_t dequantize(const Compute& c, const uint8_t* wire, size_t n, const C
   return ncclSuccess;
 }
 
+ncclResult_t decode_many(const Compute& c, const uint8_t* const* wires, void* const* dsts,
+                         const size_t* counts, int n, const CodecParams& p, ncclDataType_t type) {
+  for (int i = 0; i < n; i++) c.codec->dequantize(wires[i], counts[i], p, dsts[i], type, false);
+  return ncclSuccess;
+}
+
 ncclResult_t reduce(const Compute& c, const void* src, size_t n, ncclDataType_t type,
                     const float* residual, const uint8_t* const* wires, int nwires,
                     const CodecParams& p, float* acc) {
@@ -57,7 +63,8 @@ ncclResult_t host_compute(Compute* compute) {
   const HostCodec* codec;
   QNCCL_CHECK(host_codec(&codec));
   *compute =
-      Compute{"host", codec, nullptr, quantize, dequantize, reduce, widen, divide, residual};
+      Compute{"host",      codec,  nullptr, quantize, dequantize, decode_many,
+              reduce,      widen,  divide,  residual};
   return ncclSuccess;
 }
 

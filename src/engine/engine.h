@@ -151,6 +151,8 @@ class Segment {
   /* The owner's result: avg divides by N, then wire = Q(acc). */
   void encode_result(Range r, float* acc, uint64_t step, uint8_t* wire);
   void decode_output(const uint8_t* wire, Range r) const;
+  /* decode_output(wires[i], ranges[i]) for i < n, in one step. */
+  void decode_outputs(const uint8_t* const* wires, const Range* ranges, int n) const;
   void widen_input(Range r, float* acc) const;                 // acc = x (+ e)
   /* acc = x (+ e, with `residual`), then acc = acc + D(wires[j]) for each
    * of the n wires in order: one step. */

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "codec/codec_math.h"
 #include "common/error.h"
@@ -141,6 +142,17 @@ void Segment::quantize_float(Range r, const float* v, uint64_t step, float scale
 void Segment::decode_output(const uint8_t* wire, Range r) const {
   if (status == ncclSuccess)
     record(compute.dequantize(compute, wire, r.size(), params, output(r), type, false));
+}
+
+void Segment::decode_outputs(const uint8_t* const* wires, const Range* ranges, int n) const {
+  if (status != ncclSuccess || n == 0) return;
+  std::vector<void*> dsts((size_t)n);
+  std::vector<size_t> counts((size_t)n);
+  for (int i = 0; i < n; i++) {
+    dsts[i] = output(ranges[i]);
+    counts[i] = ranges[i].size();
+  }
+  record(compute.decode_many(compute, wires, dsts.data(), counts.data(), n, params, type));
 }
 
 void Segment::widen_input(Range r, float* acc) const {

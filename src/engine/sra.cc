@@ -56,8 +56,14 @@ ncclResult_t sra(Segment& s, Workspace& w) {
     recvs[k] = {from(k), s.wire_bytes(s.chunk(k).size()), k};
   }
   QNCCL_CHECK(s.all_to_all(sends.data(), recvs.data()));
-  for (int k = 0; k < n; k++)
-    if (k != r) s.decode_output(from(k), s.chunk(k));
+  std::vector<const uint8_t*> received;
+  std::vector<Range> ranges;
+  for (int k = 0; k < n; k++) {
+    if (k == r) continue;
+    received.push_back(from(k));
+    ranges.push_back(s.chunk(k));
+  }
+  s.decode_outputs(received.data(), ranges.data(), (int)received.size());
   return ncclSuccess;
 }
 
