@@ -63,7 +63,9 @@ KERNELS = {
     | {f"qnccl_encode_{t}_{b}_{r}" for t in TYPES for b in range(1, 9)
        for r in ("nearest", "stochastic")}
     | {f"qnccl_decode_{t}_{b}_{m}" for t in TYPES for b in range(1, 9)
-       for m in ("store", "accumulate")},
+       for m in ("store", "accumulate")}
+    | {f"qnccl_{k}_{t}_{b}" for k in ("reduce", "decode_many") for t in TYPES
+       for b in range(1, 9)},
     "engine": {f"qnccl_widen_{t}" for t in TYPES}
     | {"qnccl_divide", "qnccl_residual", "qnccl_set_calls", "qnccl_take_call"},
 }
