@@ -166,11 +166,11 @@ def make_values(rng, count, dtype, bucket_size, specials=True):
 def sent_bytes(count, dtype, nranks, rank, algo="auto", bits=4, bucket_size=128,
                segment_values=0):
     """Bytes rank `rank` sends in one quantized allreduce of `count` values
-    (docs/allreduce.md: per segment, ring sends 2(N-1) chunks, tree the whole
-    segment to its parent and to each child, SRA every other chunk and then its
+    (docs/allreduce.md: per segment, ring sends 2(N-1) chunks, tree every piece
+    of the segment to its parent and to each child, SRA every other chunk and then its
     own N-1 times; empty chunks send nothing): what qncclStats_t.bytesOnWire
     adds up for the call."""
-    from qnccl.emulate.allreduce import auto_algo, chunks, segments
+    from qnccl.emulate.allreduce import auto_algo, chunks, segments, tree_pieces
     from qnccl.emulate.codec import compressed_size
 
     if algo == "auto":
@@ -187,7 +187,8 @@ def sent_bytes(count, dtype, nranks, rank, algo="auto", bits=4, bucket_size=128,
                         for s in range(nranks - 1))
         elif algo == "tree":
             messages = (rank > 0) + sum(c < nranks for c in (2 * rank + 1, 2 * rank + 2))
-            sent += messages * compressed_size(m, bits, bucket_size)
+            sent += messages * sum(compressed_size(hi - lo, bits, bucket_size)
+                                   for lo, hi in tree_pieces(m, bucket_size))
         elif algo == "sra":
             sent += sum(size for k, size in enumerate(sizes) if k != rank)
             sent += (nranks - 1) * sizes[rank]

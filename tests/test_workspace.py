@@ -26,8 +26,9 @@ def expected_bytes(count, dtype, nranks, algo, bits, bucket, segment_values):
         algo = auto_algo(count, dtype, nranks)
     w = min(count, segment_length(segment_values, bucket))   # the largest segment
     c = min(w, bucket * (-(-w // bucket) // nranks + 1))       # the largest chunk
+    p = min(w, max(bucket, (1 << 18) // bucket * bucket))     # the largest tree piece
     acc, wire = {"ring": (c, 2 * compressed_size(c, bits, bucket)),
-                 "tree": (w, 3 * compressed_size(w, bits, bucket)),
+                 "tree": (p, 5 * compressed_size(p, bits, bucket)),
                  "sra": (c, 2 * nranks * compressed_size(c, bits, bucket))}[algo]
     return -(-4 * acc // ALIGN) * ALIGN + wire
 
@@ -59,10 +60,11 @@ def test_workspace_size_follows_the_spec(capi, algo):
 
 def test_default_workspace_matches_the_docs_example(capi):
     """docs/allreduce.md: with the defaults (W = 2^22, 4 bits, buckets of 128)
-    tree takes 16 MiB of accumulator plus 3 x 2.3 MiB of wire buffers."""
+    tree takes 1 MiB of accumulator (a piece of 2^18 values) plus 5 x 144 KiB of
+    wire buffers."""
     got = workspace_size(capi, 1 << 24, "float32", 8, "tree", 4, 128, 0)
-    assert got == (16 << 20) + 3 * compressed_size(1 << 22, 4, 128)
-    assert 2.2 < compressed_size(1 << 22, 4, 128) / 2**20 < 2.4
+    assert got == (1 << 20) + 5 * compressed_size(1 << 18, 4, 128)
+    assert compressed_size(1 << 18, 4, 128) == 144 << 10
 
 
 @pytest.mark.parametrize("argument, value, words", [

@@ -143,6 +143,18 @@ def chunks(count, nranks, bucket_size):
     return list(zip(edges[:-1], edges[1:]))
 
 
+TREE_PIECE_VALUES = 1 << 18
+
+
+def tree_pieces(count, bucket_size):
+    """(start, stop) of the pieces the tree moves a segment of `count` values in
+    (src/engine/tree.cc): 2^18 values rounded down to whole buckets, at least one
+    bucket. Each piece is quantized on the segment's stream from its first value
+    on, so the pieces change the bytes sent, not the values."""
+    p = max(bucket_size, TREE_PIECE_VALUES // bucket_size * bucket_size)
+    return [(start, min(start + p, count)) for start in range(0, count, p)]
+
+
 # ---- the quantities flowing between virtual ranks --------------------------------
 
 @dataclass

@@ -26,6 +26,10 @@ struct CodecParams {
    * wrote there (docs/allreduce.md, "CUDA graph capture"). */
   const uint64_t* call;
   uint64_t segment, rank, step;
+  /* Stochastic rounding: value i of this quantize draws u(first + i) of its
+   * stream, so quantizing bucket-aligned pieces of a range one at a time
+   * writes the codes quantizing the range at once would. */
+  uint64_t first = 0;
 };
 
 /* Argument checks shared by every entry point that takes a codec config or

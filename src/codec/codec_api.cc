@@ -76,7 +76,7 @@ ncclResult_t check_disjoint(const char* fn, const void* a, size_t abytes, const 
 
 CodecParams params_of(const qncclCodecConfig_t* config, uint64_t stream) {
   return CodecParams{config->bits, config->bucketSize, config->rounding, config->seed, stream,
-                     nullptr, 0, 0, 0};
+                     nullptr, 0, 0, 0, 0};
 }
 
 #ifdef QNCCL_WITH_CUDA

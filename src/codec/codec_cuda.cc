@@ -107,7 +107,8 @@ EncodeArgs<Type> plan_encode(const typename Type::T* src, size_t count, const Co
                           p.seed,
                           p.segment,
                           p.rank,
-                          p.step};
+                          p.step,
+                          p.first};
 }
 
 template <class Type>

@@ -26,11 +26,9 @@ namespace qnccl {
 namespace QNCCL_CODEC_ISA {
 namespace {
 
-/* Values per tile. A multiple of 8 (tiles start on packing groups) that
- * divides 2^32 (a tile never straddles a multiple of 2^32, so the high half
- * of the random-stream index is fixed within it). */
+/* Values per tile: a multiple of 8 (tiles start on packing groups). */
 constexpr size_t kTile = 4096;
-static_assert(kTile % kGroup == 0 && (1ull << 32) % kTile == 0, "tile alignment");
+static_assert(kTile % kGroup == 0, "tile alignment");
 
 /* Explicit vectors (GCC/Clang vector extensions) for the loops the
  * auto-vectorizer does not take on: the min/max reduction and the packing.
@@ -82,17 +80,30 @@ BucketMeta bucket_meta(const typename D::T* x, size_t n) {
 }
 
 template <class D>
-inline __attribute__((always_inline)) void encode_nearest_run(const typename D::T* __restrict x, size_t n, const BucketParams& p, uint8_t* __restrict codes) {
+inline __attribute__((always_inline)) void encode_nearest_run(const typename D::T* __restrict x,
+                                                               size_t n, const BucketParams& p,
+                                                               uint8_t* __restrict codes) {
   for (size_t j = 0; j < n; j++) codes[j] = (uint8_t)encode_nearest(p, D::load(x[j]));
 }
 
 /* Values [first, first + n) of the call; the run lies inside one tile. */
+/* Values [first, first + n) of the random stream. The high half of the
+ * index is fixed within each loop: a run that crosses a multiple of 2^32
+ * takes two. */
 template <class D>
-inline __attribute__((always_inline)) void encode_stochastic_run(const typename D::T* __restrict x, size_t n, const BucketParams& p, RngKey key,
-                           uint64_t first, uint8_t* __restrict codes) {
-  uint32_t lo = (uint32_t)first, hi = (uint32_t)(first >> 32);
-  for (uint32_t j = 0; j < (uint32_t)n; j++)
-    codes[j] = (uint8_t)encode_stochastic(p, D::load(x[j]), rng_uniform_split(key, lo + j, hi));
+inline __attribute__((always_inline)) void encode_stochastic_run(
+    const typename D::T* __restrict x, size_t n, const BucketParams& p, RngKey key,
+    uint64_t first, uint8_t* __restrict codes) {
+  for (size_t done = 0; done < n;) {
+    const uint64_t at = first + done;
+    const uint32_t lo = (uint32_t)at, hi = (uint32_t)(at >> 32);
+    const size_t run = (size_t)std::min<uint64_t>(n - done, (1ull << 32) - lo);
+    const typename D::T* xs = x + done;
+    uint8_t* out = codes + done;
+    for (uint32_t j = 0; j < (uint32_t)run; j++)
+      out[j] = (uint8_t)encode_stochastic(p, D::load(xs[j]), rng_uniform_split(key, lo + j, hi));
+    done += run;
+  }
 }
 
 /* Packs `n` staged codes (the stage is zero past n up to the next group)
@@ -203,7 +214,7 @@ void encode_buffer(const typename D::T* src, size_t count, const CodecParams& p,
       if (bp.nonfinite)
         memset(out, 0, end - i);
       else if (p.rounding == qncclRoundStochastic)
-        encode_stochastic_run<D>(src + i, end - i, bp, key, i, out);
+        encode_stochastic_run<D>(src + i, end - i, bp, key, p.first + i, out);
       else
         encode_nearest_run<D>(src + i, end - i, bp, out);
       i = end;

@@ -209,7 +209,7 @@ QNCCL_HD uint64_t encode_group(const EncodeArgs<Type>& a, RngKey key, size_t g) 
     uint32_t q = 0;  // a non-finite bucket's codes are zero
     if (!bp.nonfinite) {
       if constexpr (STOCHASTIC)
-        q = encode_stochastic(bp, x[j], rng_uniform(key, first + j));
+        q = encode_stochastic(bp, x[j], rng_uniform(key, a.first + first + j));
       else
         q = encode_nearest(bp, x[j]);
     }

@@ -63,6 +63,7 @@ struct EncodeArgs {
   // CodecParams::call and what goes with it: the key is read when the kernel runs.
   const uint64_t* call;
   uint64_t seed, segment, rank, step;
+  uint64_t first;  // value i draws u(first + i)
 };
 
 /* The random key of an encode: fixed when it was enqueued, or derived from

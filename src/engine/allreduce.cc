@@ -258,7 +258,7 @@ ncclResult_t run_call(Segment& s, const void* sendbuff, void* recvbuff, size_t c
   s.comm = comm;
   s.stream = stream;
   s.params = CodecParams{config.codec.bits, config.codec.bucketSize, config.codec.rounding,
-                         config.codec.seed, 0, nullptr, 0, 0, 0};
+                         config.codec.seed, 0, nullptr, 0, 0, 0, 0};
   s.type = s.input_type = datatype;
   s.type_size = s.input_size = float_type_size(datatype);
   s.average = op == ncclAvg;

@@ -147,9 +147,11 @@ class Segment {
    * exchange() returns it, so the algorithm stops at its next transport
    * step. */
   void encode_input(Range r, uint64_t step, uint8_t* wire);          // wire = Q(x)
-  void encode_acc(Range r, const float* acc, uint64_t step, uint8_t* wire);  // Q(acc)
+  /* Q(acc). `first`: r is the piece from value `first` of a larger
+   * quantization on the same stream (the tree's pieces), 0 otherwise. */
+  void encode_acc(Range r, const float* acc, uint64_t step, uint8_t* wire, uint64_t first = 0);
   /* The owner's result: avg divides by N, then wire = Q(acc). */
-  void encode_result(Range r, float* acc, uint64_t step, uint8_t* wire);
+  void encode_result(Range r, float* acc, uint64_t step, uint8_t* wire, uint64_t first = 0);
   void decode_output(const uint8_t* wire, Range r) const;
   /* decode_output(wires[i], ranges[i]) for i < n, in one step. */
   void decode_outputs(const uint8_t* const* wires, const Range* ranges, int n) const;
@@ -189,11 +191,13 @@ class Segment {
     if (status == ncclSuccess) status = res;
   }
   ncclResult_t step(Post& post) const;  // exchange() and collectives()
-  /* params' random stream for quantization `step` (from device_call when set). */
-  void set_stream(uint64_t step);
+  /* params' random stream for quantization `step` (from device_call when
+   * set), from its value `first` on. */
+  void set_stream(uint64_t step, uint64_t first = 0);
   /* wire = Q(v) of float32 values covering `r` on the stream of `step`; with
    * error feedback then e[r] = (v - D(wire)) * scale (non-finite: 0). */
-  void quantize_float(Range r, const float* v, uint64_t step, float scale, uint8_t* wire);
+  void quantize_float(Range r, const float* v, uint64_t step, float scale, uint8_t* wire,
+                      uint64_t first = 0);
 };
 
 /* The transfers (or collectives) of one step of one call, and how they
@@ -240,6 +244,8 @@ struct WorkspaceSize {
   size_t lane_bytes() const { return aligned(wire_offset() + wire_bytes); }  // lanes' stride
   size_t bytes() const { return (lanes - 1) * lane_bytes() + wire_offset() + wire_bytes; }
 };
+/* Values per piece of the tree's pipeline (docs/allreduce.md, "Tree"). */
+size_t tree_piece_values(size_t bucket);
 /* W of docs/allreduce.md: values per segment. */
 size_t segment_values(const qncclAllReduceConfig_t& config);
 /* `algo` is ring, tree or SRA (resolve auto first); `config` is checked. */

@@ -47,10 +47,12 @@ WorkspaceSize workspace_size(qncclAlgo_t algo, size_t count, const qncclAllReduc
   if (values == 0) return size;
   const size_t chunk = Segment::max_chunk(values, bucket, nranks);
   switch (algo) {
-    case qncclAlgoTree:  // encodes no input: fed_input unused
-      size.acc_values = values;
-      size.wire_bytes = 3 * compressed_bytes(values, bits, bucket);
+    case qncclAlgoTree: {  // encodes no input: fed_input unused
+      const size_t piece = std::min(values, tree_piece_values(bucket));
+      size.acc_values = piece;
+      size.wire_bytes = 5 * compressed_bytes(piece, bits, bucket);
       break;
+    }
     case qncclAlgoSra:
       size.acc_values = chunk;
       size.fed_input_values = config.errorFeedback ? chunk : 0;
@@ -109,29 +111,31 @@ void Segment::encode_input(Range r, uint64_t step, uint8_t* wire) {
   quantize_float(r, fed_input.data(), step, 1.0f, wire);
 }
 
-void Segment::set_stream(uint64_t step) {
+void Segment::set_stream(uint64_t step, uint64_t first) {
   params.stream = stream_id(call, index, stream_rank, step_base + step);
+  params.first = first;
   params.call = device_call;
   params.segment = index;
   params.rank = stream_rank;
   params.step = step_base + step;
 }
 
-void Segment::encode_acc(Range r, const float* acc, uint64_t step, uint8_t* wire) {
-  quantize_float(r, acc, step, 1.0f, wire);
+void Segment::encode_acc(Range r, const float* acc, uint64_t step, uint8_t* wire,
+                         uint64_t first) {
+  quantize_float(r, acc, step, 1.0f, wire, first);
 }
 
-void Segment::encode_result(Range r, float* acc, uint64_t step, uint8_t* wire) {
+void Segment::encode_result(Range r, float* acc, uint64_t step, uint8_t* wire, uint64_t first) {
   if (average && status == ncclSuccess)
     record(compute.divide(compute, acc, r.size(), (float)average_over));
   // avg: the residual of acc / N, times N, so residuals are in units of the sum.
-  quantize_float(r, acc, step, average ? (float)average_over : 1.0f, wire);
+  quantize_float(r, acc, step, average ? (float)average_over : 1.0f, wire, first);
 }
 
 void Segment::quantize_float(Range r, const float* v, uint64_t step, float scale,
-                             uint8_t* wire) {
+                             uint8_t* wire, uint64_t first) {
   if (status != ncclSuccess) return;
-  set_stream(step);
+  set_stream(step, first);
   record(compute.quantize(compute, v, r.size(), ncclFloat32, params, wire));
   if (residual == nullptr || status != ncclSuccess) return;
   float* e = residual + r.begin;  // already read into v: this is its one rewrite of the call

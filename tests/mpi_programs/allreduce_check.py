@@ -16,7 +16,8 @@ the cases in the same order (the random streams count the calls).
 matrix    algorithms x types x counts (0, 1, 300: empty chunks, 7919: prime,
           300007: large, 5003 in segments of 960, 1000 in segments of one
           bucket, 2049 in buckets of 1), roundings, sum/avg, in place or not,
-          bits 1..8, 64-bit seeds; then NaN/Inf inputs. Rank 0 gathers every
+          bits 1..8, 64-bit seeds; then NaN/Inf inputs; then the tree in several
+          pieces (786,209 values, stochastic). Rank 0 gathers every
           rank's output and checks: all ranks byte-identical; identical to
           qnccl.emulate.allreduce on the same inputs; for nearest rounding of
           finite inputs |output - exact float64 sum| within the emulator's
@@ -285,6 +286,12 @@ def matrix_cases():
                                                         ("float32", "float16", "bfloat16"))):
         cases.append(Case(algo, dtype, 4099, ("nearest", "stochastic")[i % 2], ("sum", "avg")[
             i // 2 % 2], inplace=bool(i % 3), bits=4, bucket=32, seed=2000 + i, data="special"))
+    # The tree in several pieces (2^18 values rounded down to buckets: 4 here, the last
+    # short), stochastic, so each piece's random numbers must continue the segment's.
+    for i, (dtype, bucket) in enumerate(itertools.product(("float32", "bfloat16"), (128, 1000))):
+        cases.append(Case("tree", dtype, 3 * 2**18 + 777, "stochastic", ("sum", "avg")[i % 2],
+                          inplace=bool(i // 2), bits=(4, 3)[i % 2], bucket=bucket,
+                          seed=3000 + i))
     return cases
 
 
