@@ -227,59 +227,62 @@ bool valid(const CodecParams& p) {
   return p.bits >= QNCCL_MIN_BITS && p.bits <= QNCCL_MAX_BITS && p.bucket >= 1;
 }
 
+/* The device entry points' common part: checks `p`, does nothing for no
+ * work, else runs fn(Type{}) for `type`'s codec type. `what` names the
+ * operation in messages. */
+template <class Fn>
+ncclResult_t on_codec_type(const char* what, const CodecParams& p, ncclDataType_t type,
+                           size_t work, Fn&& fn) {
+  if (!valid(p)) return set_error(ncclInternalError, "device %s: invalid codec parameters", what);
+  if (work == 0) return ncclSuccess;
+  bool known = false;
+  ncclResult_t res = ncclSuccess;
+  dispatch_float_type(type, [&](auto t) {
+    known = true;
+    res = fn(t);
+  });
+  if (!known) return set_error(ncclInvalidArgument, "device %s: not a codec type", what);
+  return res;
+}
+
 }  // namespace
 
 ncclResult_t device_quantize(const void* src, size_t count, ncclDataType_t type,
                              const CodecParams& p, void* dst, cudaStream_t stream) {
-  if (!valid(p)) return set_error(ncclInternalError, "device quantize: invalid codec parameters");
-  if (count == 0) return ncclSuccess;
-  ncclResult_t res = set_error(ncclInvalidArgument, "device quantize: not a codec type");
-  dispatch_float_type(type, [&](auto t) {
+  return on_codec_type("quantize", p, type, count, [&](auto t) {
     using Type = decltype(t);
-    res = quantize_as<Type>(static_cast<const typename Type::T*>(src), count, p,
-                            static_cast<uint8_t*>(dst), stream);
+    return quantize_as<Type>(static_cast<const typename Type::T*>(src), count, p,
+                             static_cast<uint8_t*>(dst), stream);
   });
-  return res;
 }
 
 ncclResult_t device_dequantize(const void* src, size_t count, const CodecParams& p, void* dst,
                                ncclDataType_t type, bool accumulate, cudaStream_t stream) {
-  if (!valid(p)) return set_error(ncclInternalError, "device dequantize: invalid codec parameters");
-  if (count == 0) return ncclSuccess;
-  ncclResult_t res = set_error(ncclInvalidArgument, "device dequantize: not a codec type");
-  dispatch_float_type(type, [&](auto t) {
+  return on_codec_type("dequantize", p, type, count, [&](auto t) {
     using Type = decltype(t);
-    res = dequantize_as<Type>(static_cast<const uint8_t*>(src), count, p,
-                              static_cast<typename Type::T*>(dst), accumulate, stream);
+    return dequantize_as<Type>(static_cast<const uint8_t*>(src), count, p,
+                               static_cast<typename Type::T*>(dst), accumulate, stream);
   });
-  return res;
 }
 
 ncclResult_t device_reduce(const void* src, ncclDataType_t type, const float* residual,
                            const uint8_t* const* wires, int nwires, size_t count,
                            const CodecParams& p, float* acc, cudaStream_t stream) {
-  if (!valid(p)) return set_error(ncclInternalError, "device reduce: invalid codec parameters");
-  if (count == 0) return ncclSuccess;
-  ncclResult_t res = set_error(ncclInvalidArgument, "device reduce: not a codec type");
-  dispatch_float_type(type, [&](auto t) {
+  return on_codec_type("reduce", p, type, count, [&](auto t) {
     using Type = decltype(t);
-    res = reduce_as<Type>(static_cast<const typename Type::T*>(src), residual, wires, nwires,
-                          count, p, acc, stream);
+    return reduce_as<Type>(static_cast<const typename Type::T*>(src), residual, wires, nwires,
+                           count, p, acc, stream);
   });
-  return res;
 }
 
 ncclResult_t device_decode_many(const uint8_t* const* wires, void* const* dsts,
                                 const size_t* counts, int n, const CodecParams& p,
                                 ncclDataType_t type, cudaStream_t stream) {
-  if (!valid(p)) return set_error(ncclInternalError, "device decode: invalid codec parameters");
-  ncclResult_t res = set_error(ncclInvalidArgument, "device decode: not a codec type");
-  dispatch_float_type(type, [&](auto t) {
+  return on_codec_type("decode", p, type, (size_t)n, [&](auto t) {
     using Type = decltype(t);
-    res = decode_many_as<Type>(wires, reinterpret_cast<typename Type::T* const*>(dsts), counts,
-                               n, p, stream);
+    return decode_many_as<Type>(wires, reinterpret_cast<typename Type::T* const*>(dsts), counts,
+                                n, p, stream);
   });
-  return res;
 }
 
 ncclResult_t pointer_device(const char* fn, const void* ptr, int* device) {

@@ -86,7 +86,6 @@ inline __attribute__((always_inline)) void encode_nearest_run(const typename D::
   for (size_t j = 0; j < n; j++) codes[j] = (uint8_t)encode_nearest(p, D::load(x[j]));
 }
 
-/* Values [first, first + n) of the call; the run lies inside one tile. */
 /* Values [first, first + n) of the random stream. The high half of the
  * index is fixed within each loop: a run that crosses a multiple of 2^32
  * takes two. */
@@ -164,12 +163,15 @@ struct Ahead {
   BucketParams params[kAhead];
   size_t size = 0, next = 0;
 
-  /* Buckets first, first + 1, ... that start before `tile_end` (values;
-   * buckets of `bucket` values from value `at`), whose metadata is at
-   * `metas`, of `left` buckets still to come. */
+  /* How many to derive at value `at`, a bucket start: the buckets of
+   * `bucket` values that start before `tile_end`, of `left` still to come. */
+  static size_t batch(size_t at, size_t tile_end, size_t bucket, size_t left) {
+    return std::min(std::min(kAhead, left), (tile_end - at + bucket - 1) / bucket);
+  }
+  /* The params of the n buckets whose metadata is at `metas`. */
   template <int BITS>
-  void refill(const uint8_t* metas, size_t left, size_t at, size_t tile_end, size_t bucket) {
-    size = std::min(std::min(kAhead, left), (tile_end - at + bucket - 1) / bucket);
+  void refill(const uint8_t* metas, size_t n) {
+    size = n;
     next = 0;
     for (size_t k = 0; k < size; k++) {
       BucketMeta m;
@@ -198,12 +200,13 @@ void encode_buffer(const typename D::T* src, size_t count, const CodecParams& p,
       if (i == bucket_end) {
         if (ahead.empty()) {  // min and max of the buckets starting in this tile, then their params
           uint8_t* metas = dst + bucket * kMetaBytes;
-          size_t b0 = i, k = 0;
-          for (; k < kAhead && b0 < t1; k++, b0 += p.bucket) {
+          const size_t n = Ahead::batch(i, t1, p.bucket, nb - bucket);
+          for (size_t k = 0; k < n; k++) {
+            const size_t b0 = i + k * p.bucket;
             const BucketMeta m = bucket_meta<D>(src + b0, std::min(count, b0 + p.bucket) - b0);
             memcpy(metas + k * kMetaBytes, &m, kMetaBytes);
           }
-          ahead.refill<BITS>(metas, k, i, t1, p.bucket);
+          ahead.refill<BITS>(metas, n);
         }
         bucket_end = std::min(count, i + p.bucket);
         bucket++;
@@ -258,7 +261,8 @@ class Decoder {
     for (size_t i = t0; i < t1;) {
       if (i == bucket_end_) {
         if (ahead_.empty())
-          ahead_.refill<BITS>(metas_ + next_ * kMetaBytes, buckets_ - next_, i, t1, bucket_);
+          ahead_.refill<BITS>(metas_ + next_ * kMetaBytes,
+                              Ahead::batch(i, t1, bucket_, buckets_ - next_));
         bucket_end_ = std::min(count_, i + bucket_);
         next_++;
         bp_ = ahead_.pop();

@@ -273,33 +273,42 @@ __device__ __forceinline__ void encode_kernel(const EncodeArgs<Type>& a) {
 
 /* ---- Dequantize --------------------------------------------------------- */
 
-/* Values [8g, 8g + 8) (those below count): dst = y, or dst += y. */
-template <class Type, int BITS, bool ACCUMULATE>
-QNCCL_HD void decode_group(const DecodeArgs<Type>& a, size_t g) {
+/* The decoded values of group g ([8g, 8g + len)) of one compressed buffer
+ * (its metadata at `meta`, its code area at `codes`): the canonical NaN in a
+ * non-finite bucket. */
+template <int BITS>
+QNCCL_HD void decode_values(const uint8_t* meta, const uint8_t* codes, size_t code_bytes,
+                            size_t bucket, bool aligned, size_t g, int len, float (&y)[kGroup]) {
   const size_t first = g * kGroup;
-  const int len = (int)min_size(kGroup, a.count - first);
-  const uint64_t codes =
-      unpack8<BITS>(load_code_group<BITS>(a.codes, a.code_bytes, g, a.wire_aligned));
-  float acc[kGroup] = {};
-  if constexpr (ACCUMULATE) load_group<Type>(a.dst, first, len, a.dst_vectors, acc);
-  size_t k = div_index(first, a.bucket);  // as in encode_group
-  size_t next = k * a.bucket + a.bucket;
-  BucketParams bp = bucket_params(load_meta(a.meta, k, a.wire_aligned), BITS);
-  float y[kGroup] = {};
+  const uint64_t packed = unpack8<BITS>(load_code_group<BITS>(codes, code_bytes, g, aligned));
+  size_t k = div_index(first, bucket);  // as in encode_group
+  size_t next = k * bucket + bucket;
+  BucketParams bp = bucket_params(load_meta(meta, k, aligned), BITS);
 #pragma unroll
   for (int j = 0; j < (int)kGroup; ++j) {
     if (j >= len) break;
     if (first + j == next) {
       ++k;
-      next += a.bucket;
-      bp = bucket_params(load_meta(a.meta, k, a.wire_aligned), BITS);
+      next += bucket;
+      bp = bucket_params(load_meta(meta, k, aligned), BITS);
     }
-    if (bp.nonfinite) {
-      y[j] = bits_float(kCanonicalNanF32);
-    } else {
-      y[j] = decode(bp, (uint32_t)(codes >> (8 * j)) & 0xffu);
-      if constexpr (ACCUMULATE) y[j] = accumulate(acc[j], y[j]);
-    }
+    y[j] = bp.nonfinite ? bits_float(kCanonicalNanF32)
+                        : decode(bp, (uint32_t)(packed >> (8 * j)) & 0xffu);
+  }
+}
+
+/* Values [8g, 8g + 8) (those below count): dst = y, or dst += y (a NaN y
+ * gives the canonical NaN either way). */
+template <class Type, int BITS, bool ACCUMULATE>
+QNCCL_HD void decode_group(const DecodeArgs<Type>& a, size_t g) {
+  const size_t first = g * kGroup;
+  const int len = (int)min_size(kGroup, a.count - first);
+  float y[kGroup] = {};
+  decode_values<BITS>(a.meta, a.codes, a.code_bytes, a.bucket, a.wire_aligned, g, len, y);
+  if constexpr (ACCUMULATE) {
+    float acc[kGroup] = {};
+    load_group<Type>(a.dst, first, len, a.dst_vectors, acc);
+    for (int j = 0; j < (int)kGroup; ++j) y[j] = accumulate(acc[j], y[j]);
   }
   store_group<Type>(a.dst, first, len, a.dst_vectors, y);
 }
@@ -347,24 +356,10 @@ QNCCL_HD void reduce_group(const ReduceArgs<Type>& a, size_t g) {
     load_group<F32>(a.acc, first, len, a.acc_vectors, acc);
   }
   for (int w = 0; w < a.nwires; ++w) {
-    const uint8_t* meta = a.wires[w];
-    const uint64_t codes =
-        unpack8<BITS>(load_code_group<BITS>(meta + a.meta_bytes, a.code_bytes, g, a.wire_aligned));
-    size_t k = div_index(first, a.bucket);  // as in decode_group
-    size_t next = k * a.bucket + a.bucket;
-    BucketParams bp = bucket_params(load_meta(meta, k, a.wire_aligned), BITS);
-#pragma unroll
-    for (int j = 0; j < (int)kGroup; ++j) {
-      if (j >= len) break;
-      if (first + j == next) {
-        ++k;
-        next += a.bucket;
-        bp = bucket_params(load_meta(meta, k, a.wire_aligned), BITS);
-      }
-      const float y = bp.nonfinite ? bits_float(kCanonicalNanF32)
-                                   : decode(bp, (uint32_t)(codes >> (8 * j)) & 0xffu);
-      acc[j] = accumulate(acc[j], y);
-    }
+    float y[kGroup] = {};
+    decode_values<BITS>(a.wires[w], a.wires[w] + a.meta_bytes, a.code_bytes, a.bucket,
+                        a.wire_aligned, g, len, y);
+    for (int j = 0; j < (int)kGroup; ++j) acc[j] = accumulate(acc[j], y[j]);
   }
   store_group<F32>(a.acc, first, len, a.acc_vectors, acc);
 }
