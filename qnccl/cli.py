@@ -105,6 +105,10 @@ RUN_OPTIONS = (
     ("--intra-bits", "QNCCL_INTRA_BITS", dict(
         type=int_in(0, 8), metavar="N",
         help="hier: 0 reduces inside a node exactly (default), 1..8 quantizes it")),
+    ("--lanes", "QNCCL_LANES", dict(
+        type=int_in(0, 8), metavar="N",
+        help="lanes of a flat call's pipeline, 1..8; 0: 2 on device buffers, 1 on host "
+             "buffers (default 0)")),
     ("--min-bytes", "QNCCL_MIN_BYTES", dict(
         type=_byte_size, metavar="N",
         help="smaller allreduces pass through exact; K, M, G suffixes allowed (default 64K)")),
@@ -276,7 +280,7 @@ def describe_env_config(config):
             f"rounding={_ROUNDING_NAMES.get(allreduce.codec.rounding, allreduce.codec.rounding)} "
             f"algo={_ALGO_NAMES.get(allreduce.algo, allreduce.algo)} "
             f"inter_algo={_ALGO_NAMES.get(allreduce.interAlgo, allreduce.interAlgo)} "
-            f"intra_bits={allreduce.intraBits} "
+            f"intra_bits={allreduce.intraBits} lanes={allreduce.lanes} "
             f"min_bytes={config.minBytes} seed={allreduce.codec.seed} "
             f"warmup={config.warmupCalls} enable={config.enable} "
             f"error_feedback={config.allreduce.errorFeedback} "

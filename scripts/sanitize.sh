@@ -28,12 +28,15 @@ run() {  # run BUILD PRELOAD PYTEST-ARGS...
 # ThreadSanitizer: nonblocking communicators (progress and watchdog threads,
 # abort from another thread), the ProcessGroupNCCL-style job (watchdog,
 # groups over two communicators in lock-step), a fault on one rank, the
-# hierarchical algorithm's pipelined segments (lanes on their own threads).
+# pipelined segments of hierarchical and flat calls (lanes on their own
+# threads, moving together or in turn).
 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 report_signal_unsafe=0 \
 suppressions=$PWD/scripts/tsan.supp" \
   run build/tsan "$(runtime libtsan.so)" \
   tests/test_host_backend.py tests/test_interposer.py tests/test_hierarchical.py \
-  -k "nonblocking or another_thread or process_group or fault_on_one_rank or host_ids"
+  tests/test_allreduce.py \
+  -k "nonblocking or another_thread or process_group or fault_on_one_rank or host_ids or \
+each_communicator_counts"
 
 # AddressSanitizer + UBSan: the interposer's tests, but those that replace
 # LD_PRELOAD themselves (the runtime must stay preloaded). Python leaks by

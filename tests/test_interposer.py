@@ -253,7 +253,7 @@ def test_info_lines(preloaded):
     output = preloaded.output
     configs = re.findall(
         rf"{INFO}/{NRANKS}: bits=4 bucket=64 rounding=stochastic algo=auto inter_algo=auto "
-        rf"intra_bits=0 min_bytes={MIN_BYTES} "
+        rf"intra_bits=0 lanes=0 min_bytes={MIN_BYTES} "
         rf"seed={SEED} warmup=0 error_feedback=0 enable=1 nccl=(\S+)$", output, re.M)
     assert sorted(int(rank) for rank, _ in configs) == list(range(NRANKS)), output[-4000:]
     assert {Path(path).resolve() for _, path in configs} == {HOST_NCCL.resolve()}
@@ -356,7 +356,7 @@ def env_config(capi):
 
 
 DEFAULTS = ("bits=4 bucket=128 rounding=stochastic algo=auto inter_algo=auto intra_bits=0 "
-            "min_bytes=65536 seed=0 warmup=0 enable=1 error_feedback=0 debug=WARN")
+            "lanes=0 min_bytes=65536 seed=0 warmup=0 enable=1 error_feedback=0 debug=WARN")
 
 
 def test_default_configuration(capi):
@@ -377,6 +377,9 @@ def test_default_configuration(capi):
     ("QNCCL_INTER_ALGO", "sra", "inter_algo=sra"),
     ("QNCCL_INTRA_BITS", "0", "intra_bits=0"),
     ("QNCCL_INTRA_BITS", "8", "intra_bits=8"),
+    ("QNCCL_LANES", "0", "lanes=0"),
+    ("QNCCL_LANES", "3", "lanes=3"),
+    ("QNCCL_LANES", "8", "lanes=8"),
     ("QNCCL_MIN_BYTES", "0", "min_bytes=0"),
     ("QNCCL_MIN_BYTES", "12345", "min_bytes=12345"),
     ("QNCCL_MIN_BYTES", "2K", "min_bytes=2048"),
@@ -403,6 +406,7 @@ ALLOWED = {
     "QNCCL_ALGO": r"auto.*ring.*tree.*sra.*hier",
     "QNCCL_INTER_ALGO": r"auto.*ring.*tree.*sra",
     "QNCCL_INTRA_BITS": r"0 \(exact\) or 1\.\.8",
+    "QNCCL_LANES": r"0 \(auto.*\) or 1\.\.8",
     "QNCCL_MIN_BYTES": r">= ?0.*K.*M.*G",
     "QNCCL_SEED": r"64-bit|2\^64",
     "QNCCL_ERROR_FEEDBACK": r"\b0 or 1\b",
@@ -420,6 +424,7 @@ ALLOWED = {
     ("QNCCL_ALGO", "butterfly"),
     ("QNCCL_INTER_ALGO", "hier"), ("QNCCL_INTER_ALGO", "fast"),
     ("QNCCL_INTRA_BITS", "9"), ("QNCCL_INTRA_BITS", "-1"), ("QNCCL_INTRA_BITS", "exact"),
+    ("QNCCL_LANES", "9"), ("QNCCL_LANES", "two"),
     ("QNCCL_MIN_BYTES", "-1"), ("QNCCL_MIN_BYTES", "10X"), ("QNCCL_MIN_BYTES", "1.5M"),
     ("QNCCL_MIN_BYTES", "99999999999G"),
     ("QNCCL_SEED", "-1"), ("QNCCL_SEED", str(2**64)), ("QNCCL_SEED", "abc"),
@@ -446,17 +451,18 @@ def parse_run(*argv):
 def test_run_flags_set_the_variables():
     """Each flag sets its variable (overriding the environment), values in the
     library's syntax; variables without a flag pass through untouched."""
-    args = parse_run("--bits", "3", "--bucket-size", "256", "--rounding", "nearest", "--algo",
-                     "tree", "--inter-algo", "ring", "--intra-bits", "6", "--min-bytes", "2K", "--seed", str(2**64 - 1), "--warmup-calls",
-                     "5", "--error-feedback", "--debug", "info", "--nccl-lib", str(HOST_NCCL), "--disable",
-                     "--", "prog", "--bits", "7")
+    args = parse_run("--bits", "3", "--bucket-size", "256", "--rounding", "nearest",
+                     "--algo", "tree", "--inter-algo", "ring", "--intra-bits", "6",
+                     "--lanes", "3", "--min-bytes", "2K", "--seed", str(2**64 - 1),
+                     "--warmup-calls", "5", "--error-feedback", "--debug", "info",
+                     "--nccl-lib", str(HOST_NCCL), "--disable", "--", "prog", "--bits", "7")
     env = cli.run_environment(args, {"QNCCL_BITS": "2", "QNCCL_ERROR_FEEDBACK": "0",
                                      "HOME": "/home/x"}, LIBQNCCL)
     assert args.cmd == ["--", "prog", "--bits", "7"]
     assert {k: v for k, v in env.items() if k.startswith("QNCCL_")} == {
         "QNCCL_BITS": "3", "QNCCL_BUCKET_SIZE": "256", "QNCCL_ROUNDING": "nearest",
         "QNCCL_ALGO": "tree", "QNCCL_INTER_ALGO": "ring", "QNCCL_INTRA_BITS": "6",
-        "QNCCL_MIN_BYTES": "2048", "QNCCL_SEED": str(2**64 - 1),
+        "QNCCL_LANES": "3", "QNCCL_MIN_BYTES": "2048", "QNCCL_SEED": str(2**64 - 1),
         "QNCCL_WARMUP_CALLS": "5", "QNCCL_DEBUG": "INFO",
         "QNCCL_NCCL_LIB": str(HOST_NCCL.resolve()), "QNCCL_ENABLE": "0",
         "QNCCL_ERROR_FEEDBACK": "1"}
@@ -476,6 +482,7 @@ def test_run_flags_set_the_variables():
                               r"'?ring'?, '?tree'?, '?sra'?, '?hier'?\)"),
     (["--inter-algo", "hier"], r"--inter-algo: invalid choice: 'hier'"),
     (["--intra-bits", "9"], r"--intra-bits: must be an integer in 0\.\.8"),
+    (["--lanes", "9"], r"--lanes: must be an integer in 0\.\.8"),
     (["--min-bytes", "-1"], r"--min-bytes: must be an integer >= 0 with an optional K, M or G"),
     (["--min-bytes", "5X"], r"--min-bytes: must be an integer >= 0 with an optional K, M or G"),
     (["--seed", "-1"], r"--seed: must be an integer in 0\.\.18446744073709551615"),

@@ -19,21 +19,26 @@ ALGOS = ("auto", "ring", "tree", "sra")
 TYPES = {"float32": 7, "float16": 6, "bfloat16": 9}  # ncclDataType_t values
 
 
-def expected_bytes(count, dtype, nranks, algo, bits, bucket, segment_values):
+def expected_bytes(count, dtype, nranks, algo, bits, bucket, segment_values, lanes=0):
     if count == 0:
         return 0
     if algo == "auto":
         algo = auto_algo(count, dtype, nranks)
-    w = min(count, segment_length(segment_values, bucket))   # the largest segment
+    width = segment_length(segment_values, bucket)
+    # One workspace per lane of the pipeline, each 256-aligned; lanes 0 means 2
+    # (the API answers for device buffers), never more than there are segments.
+    lanes = max(1, min(-(-count // width), lanes or 2))
+    w = min(count, width)                                      # the largest segment
     c = min(w, bucket * (-(-w // bucket) // nranks + 1))       # the largest chunk
     p = min(w, max(bucket, (1 << 18) // bucket * bucket))     # the largest tree piece
     acc, wire = {"ring": (c, 2 * compressed_size(c, bits, bucket)),
                  "tree": (p, 5 * compressed_size(p, bits, bucket)),
                  "sra": (c, 2 * nranks * compressed_size(c, bits, bucket))}[algo]
-    return -(-4 * acc // ALIGN) * ALIGN + wire
+    one = -(-4 * acc // ALIGN) * ALIGN + wire
+    return (lanes - 1) * (-(-one // ALIGN) * ALIGN) + one
 
 
-def workspace_size(capi, count, dtype, nranks, algo, bits, bucket, segment_values):
+def workspace_size(capi, count, dtype, nranks, algo, bits, bucket, segment_values, lanes=0):
     ffi, lib = capi
     config = ffi.new("qncclAllReduceConfig_t*")
     config.codec.bits = bits
@@ -41,6 +46,7 @@ def workspace_size(capi, count, dtype, nranks, algo, bits, bucket, segment_value
     config.codec.rounding = lib.qncclRoundNearest
     config.algo = ALGOS.index(algo)
     config.segmentValues = segment_values
+    config.lanes = lanes
     out = ffi.new("size_t*")
     result = lib.qncclAllReduceWorkspaceSize(count, TYPES[dtype], config, nranks, out)
     assert result == lib.ncclSuccess, ffi.string(lib.qncclGetLastError()).decode()
@@ -50,20 +56,23 @@ def workspace_size(capi, count, dtype, nranks, algo, bits, bucket, segment_value
 @pytest.mark.parametrize("algo", ALGOS)
 def test_workspace_size_follows_the_spec(capi, algo):
     counts = (0, 1, 127, 128, 129, 5003, 16383, 300007, (1 << 22) + 5)
-    configs = ((4, 128, 0), (1, 1, 0), (8, 7, 1000), (3, 1000, 100), (2, 64, 1 << 20))
-    for count, dtype, nranks, (bits, bucket, segment_values) in itertools.product(
-            counts, TYPES, (1, 2, 3, 8, 17), configs):
-        want = expected_bytes(count, dtype, nranks, algo, bits, bucket, segment_values)
-        got = workspace_size(capi, count, dtype, nranks, algo, bits, bucket, segment_values)
-        assert got == want, (count, dtype, nranks, algo, bits, bucket, segment_values)
+    configs = ((4, 128, 0, 0), (1, 1, 0, 1), (8, 7, 1000, 0), (3, 1000, 100, 3),
+               (2, 64, 1 << 20, 8), (4, 128, 1000, 1))
+    for count, dtype, nranks, config in itertools.product(counts, TYPES, (1, 2, 3, 8, 17),
+                                                          configs):
+        want = expected_bytes(count, dtype, nranks, algo, *config)
+        got = workspace_size(capi, count, dtype, nranks, algo, *config)
+        assert got == want, (count, dtype, nranks, algo, config)
 
 
 def test_default_workspace_matches_the_docs_example(capi):
     """docs/allreduce.md: with the defaults (W = 2^22, 4 bits, buckets of 128)
-    tree takes 1 MiB of accumulator (a piece of 2^18 values) plus 5 x 144 KiB of
-    wire buffers."""
-    got = workspace_size(capi, 1 << 24, "float32", 8, "tree", 4, 128, 0)
-    assert got == (1 << 20) + 5 * compressed_size(1 << 18, 4, 128)
+    tree takes, per lane, 1 MiB of accumulator (a piece of 2^18 values) plus
+    5 x 144 KiB of wire buffers; a call of several segments runs 2 lanes on
+    device buffers."""
+    one = (1 << 20) + 5 * compressed_size(1 << 18, 4, 128)
+    assert workspace_size(capi, 1 << 24, "float32", 8, "tree", 4, 128, 0, lanes=1) == one
+    assert workspace_size(capi, 1 << 24, "float32", 8, "tree", 4, 128, 0) == 2 * one
     assert compressed_size(1 << 18, 4, 128) == 144 << 10
 
 
@@ -73,6 +82,8 @@ def test_default_workspace_matches_the_docs_example(capi):
     ("bits", 9, ["bits", "1..8"]),
     ("bytes", None, ["bytes is NULL"]),
     ("datatype", 2, ["datatype"]),
+    ("lanes", 9, ["lanes = 9", "1..8"]),
+    ("lanes", -1, ["lanes = -1", "0 (auto"]),
 ])
 def test_bad_arguments_name_the_argument(capi, argument, value, words):
     ffi, lib = capi
@@ -80,6 +91,7 @@ def test_bad_arguments_name_the_argument(capi, argument, value, words):
     config.codec.bits = 9 if argument == "bits" else 4
     config.codec.bucketSize = 128
     config.algo = value if argument == "algo" else 0
+    config.lanes = value if argument == "lanes" else 0
     out = ffi.NULL if argument == "bytes" else ffi.new("size_t*")
     datatype = value if argument == "datatype" else TYPES["float32"]
     nranks = value if argument == "nranks" else 2

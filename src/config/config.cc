@@ -86,6 +86,7 @@ qncclEnvConfig_t default_config() {
   c.allreduce.errorFeedback = 0;
   c.allreduce.interAlgo = qncclAlgoAuto;
   c.allreduce.intraBits = 0;
+  c.allreduce.lanes = 0;
   c.warmupCalls = 0;
   c.debug = qncclDebugWarn;
   return c;
@@ -114,6 +115,10 @@ ncclResult_t config_from_env(qncclEnvConfig_t* config) {
   QNCCL_CHECK(read_unsigned(Var::kIntraBits, 0, QNCCL_MAX_BITS, false,
                             "0 (exact) or 1..8", &v));
   c.allreduce.intraBits = (int)v;
+  v = (uint64_t)c.allreduce.lanes;
+  QNCCL_CHECK(read_unsigned(Var::kLanes, 0, QNCCL_MAX_LANES, false,
+                            "0 (auto: 2 on device buffers, 1 on host buffers) or 1..8", &v));
+  c.allreduce.lanes = (int)v;
   v = c.minBytes;
   QNCCL_CHECK(read_unsigned(Var::kMinBytes, 0, UINT64_MAX, true,
                             "an integer >= 0, optionally with K, M or G (x1024)", &v));

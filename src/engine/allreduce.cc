@@ -4,6 +4,7 @@
  * buffers. */
 #include <stdint.h>
 
+#include <algorithm>
 #include <memory>
 #include <vector>
 
@@ -37,6 +38,11 @@ ncclResult_t check_algo(const char* fn, const qncclAllReduceConfig_t& config) {
     return set_error(ncclInvalidArgument,
                      "%s: intraBits = %d; allowed: 0 (exact inside a node) or %d..%d", fn,
                      config.intraBits, QNCCL_MIN_BITS, QNCCL_MAX_BITS);
+  if (config.lanes < 0 || config.lanes > QNCCL_MAX_LANES)
+    return set_error(ncclInvalidArgument,
+                     "%s: lanes = %d; allowed: 0 (auto: 2 on device buffers, 1 on host "
+                     "buffers) or 1..%d",
+                     fn, config.lanes, QNCCL_MAX_LANES);
   return ncclSuccess;
 }
 
@@ -56,7 +62,7 @@ Algorithm algorithm(qncclAlgo_t algo) {
 ncclResult_t run_segments(Segment& s, void* memory, const WorkspaceSize& size, qncclAlgo_t algo,
                           const void* sendbuff, void* recvbuff, size_t count,
                           const qncclAllReduceConfig_t& config, float* residual, CommState& state,
-                          int device) {
+                          int device, const cudaStream_t* lane_streams = nullptr) {
   s.call = state.calls++;
   s.wire_sent = &state.stats.bytesOnWire;
   s.compute_steps = &state.stats.computeSteps;
@@ -66,7 +72,7 @@ ncclResult_t run_segments(Segment& s, void* memory, const WorkspaceSize& size, q
                          residual, count, segment_values(config), s.input_size, s.type_size};
   std::vector<Workspace> w(size.lanes);
   for (size_t j = 0; j < size.lanes; j++) w[j].assign(memory, size, j);
-  return run_pipelined(s, segs, algorithm(algo), w.data(), size.lanes, device);
+  return run_pipelined(s, segs, algorithm(algo), w.data(), size.lanes, device, lane_streams);
 }
 
 #ifdef QNCCL_WITH_CUDA
@@ -106,7 +112,8 @@ ncclResult_t run_on_device(Segment& s, int device, qncclAlgo_t algo, const Works
   const bool new_residual =
       config.errorFeedback && count > 0 &&
       find_residual(state, sendbuff, count, s.type, device) == nullptr;
-  switch (plan_device_call(ws.bytes, need.bytes(), new_residual, capturing)) {
+  const bool new_lanes = need.lanes > 1 && ws.lanes < need.lanes;
+  switch (plan_device_call(ws.bytes, need.bytes(), new_residual || new_lanes, capturing)) {
     case DevicePlan::kPassThrough:
       if (need.bytes() > ws.bytes && !ws.warned_capture) {
         ws.warned_capture = true;
@@ -118,11 +125,12 @@ ncclResult_t run_on_device(Segment& s, int device, qncclAlgo_t algo, const Works
              (void*)s.comm, s.rank, count, need.bytes(), ws.bytes);
       } else if (need.bytes() <= ws.bytes && !state.warned_residual_capture) {
         state.warned_residual_capture = true;
-        warn("comm %p rank %d: an allreduce with error feedback on buffer %p (%zu values) "
-             "during CUDA graph capture needs a new residual, and QNCCL allocates nothing "
-             "while capturing: such calls go to NCCL unquantized. To quantize them, run one "
-             "uncaptured allreduce on each buffer first (warned once per communicator)",
-             (void*)s.comm, s.rank, sendbuff, count);
+        warn("comm %p rank %d: an allreduce on buffer %p (%zu values) during CUDA graph "
+             "capture needs %s, and QNCCL creates nothing while capturing: such calls go to "
+             "NCCL unquantized. To quantize them, run one uncaptured allreduce on each buffer "
+             "first (warned once per communicator)",
+             (void*)s.comm, s.rank, sendbuff, count,
+             new_residual ? "a new error-feedback residual" : "streams for its pipeline lanes");
       }
       state.stats.callsPassedThrough++;
       if (ncclResult_t res =
@@ -138,6 +146,7 @@ ncclResult_t run_on_device(Segment& s, int device, qncclAlgo_t algo, const Works
     case DevicePlan::kRun:
       break;
   }
+  if (new_lanes) QNCCL_CHECK(device_lanes_make(ws, need.lanes));
   s.compute = device_compute(s.stream);
   // Ordered after the communicator's previous call, with a call number from
   // the device counter (each graph replay takes a new one). Only a call of
@@ -149,9 +158,18 @@ ncclResult_t run_on_device(Segment& s, int device, qncclAlgo_t algo, const Works
   ncclResult_t res = ncclSuccess;
   if (config.errorFeedback && count > 0)
     res = residual_for_call(s.comm, state, sendbuff, count, s.type, device, s.stream, &residual);
+  // Several lanes run on streams of their own, forked from the caller's and
+  // joined back to it.
+  cudaStream_t lanes[QNCCL_MAX_LANES];
+  const bool forked = res == ncclSuccess && need.lanes > 1;
+  if (forked) res = device_lanes_fork(ws, s.stream, need.lanes, lanes);
   if (res == ncclSuccess)
     res = run_segments(s, ws.memory, need, algo, sendbuff, recvbuff, count, config, residual,
-                       state, device);
+                       state, device, forked ? lanes : nullptr);
+  if (forked) {
+    const ncclResult_t joined = device_lanes_join(ws, s.stream, std::min(need.lanes, ws.lanes));
+    if (res == ncclSuccess) res = joined;
+  }
   if (counted) {
     const ncclResult_t end = device_call_end(ws, s.stream, capturing);
     if (res == ncclSuccess) res = end;
@@ -162,8 +180,8 @@ ncclResult_t run_on_device(Segment& s, int device, qncclAlgo_t algo, const Works
 
 }  // namespace
 
-DevicePlan plan_device_call(size_t have, size_t need, bool new_residual, bool capturing) {
-  if (capturing && (need > have || new_residual)) return DevicePlan::kPassThrough;
+DevicePlan plan_device_call(size_t have, size_t need, bool new_state, bool capturing) {
+  if (capturing && (need > have || new_state)) return DevicePlan::kPassThrough;
   return need <= have ? DevicePlan::kRun : DevicePlan::kGrow;
 }
 
@@ -291,8 +309,12 @@ ncclResult_t run_call(Segment& s, const void* sendbuff, void* recvbuff, size_t c
   } else {
     need = workspace_size(algo, count, config, s.nranks);
   }
+  int device = -1;  // of the buffers (check_allreduce made sure both are on the same side)
+#ifdef QNCCL_WITH_CUDA
+  if (count > 0) QNCCL_CHECK(pointer_device("quantized allreduce", sendbuff, &device));
+#endif
   const size_t W = segment_values(config);
-  need.lanes = pipeline_lanes(algo, (count + W - 1) / W);
+  need.lanes = pipeline_lanes(algo, (count + W - 1) / W, config.lanes, device >= 0);
   if (config.errorFeedback && algo == qncclAlgoRing && config.codec.bits <= 2 &&
       s.nranks >= 8 && !state.warned_feedback_ring) {
     state.warned_feedback_ring = true;
@@ -303,9 +325,6 @@ ncclResult_t run_call(Segment& s, const void* sendbuff, void* recvbuff, size_t c
          (void*)comm, s.rank, config.codec.bits, s.nranks);
   }
 #ifdef QNCCL_WITH_CUDA
-  // check_allreduce made sure both buffers are on the same side.
-  int device = -1;
-  if (count > 0) QNCCL_CHECK(pointer_device("quantized allreduce", sendbuff, &device));
   if (device >= 0)
     return run_on_device(s, device, algo, need, sendbuff, recvbuff, count, op, config, state);
 #endif
@@ -374,7 +393,10 @@ ncclResult_t allreduce_workspace_size(const char* fn, size_t count, ncclDataType
                      "communicator's node layout, which nranks does not give; pass a flat "
                      "algorithm (the hierarchical one needs no more than its inter algorithm "
                      "over one rank's shard, plus the intra stage's with intraBits)", fn);
-  *bytes = workspace_size(algo, count, *config, nranks).bytes();
+  WorkspaceSize need = workspace_size(algo, count, *config, nranks);
+  const size_t W = segment_values(*config);
+  need.lanes = pipeline_lanes(algo, (count + W - 1) / W, config->lanes, /*device=*/true);
+  *bytes = need.bytes();
   return ncclSuccess;
 }
 

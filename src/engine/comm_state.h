@@ -35,6 +35,14 @@ struct DeviceWorkspace {
   std::vector<void*> retired;    // outgrown buffers: a captured graph may still use them
   void* stream = nullptr;        // cudaStream_t of its frees (non-blocking, private)
   void* done = nullptr;          // cudaEvent_t recorded after each call (and graph replay)
+  /* Pipelined calls (docs/allreduce.md, "Pipelined segments"): a stream per
+   * lane (non-blocking, private), the event that forks them from the
+   * caller's stream and one per lane that joins them back; made on first
+   * use, `lanes` of each. */
+  void* lane_streams[QNCCL_MAX_LANES] = {};
+  void* lane_joins[QNCCL_MAX_LANES] = {};
+  void* fork = nullptr;
+  size_t lanes = 0;
   uint64_t* calls = nullptr;     // device memory: [0] the next call number, [1] the current one
   bool async_alloc = false;      // the device has stream-ordered allocation (cudaMallocAsync)
   bool warned_capture = false;   // the pass-through during capture was reported

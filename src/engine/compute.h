@@ -92,6 +92,19 @@ ncclResult_t device_call_begin(DeviceWorkspace& ws, cudaStream_t stream, bool ca
  * external-event record node). */
 ncclResult_t device_call_end(DeviceWorkspace& ws, cudaStream_t stream, bool capturing);
 
+/* Runs lanes of a call on streams of their own (docs/allreduce.md,
+ * "Pipelined segments"). make gives the workspace `lanes` streams
+ * (non-blocking, private) with their events, kept until the workspace goes;
+ * never called during a capture. fork orders each of the first `lanes`
+ * after the work queued so far on the caller's `stream` (an event, no host
+ * synchronization; during a capture the graph's fork) and gives them in
+ * streams[0..lanes); join orders `stream` after everything queued on them.
+ * Every fork that succeeded is joined, also after a failure. */
+ncclResult_t device_lanes_make(DeviceWorkspace& ws, size_t lanes);
+ncclResult_t device_lanes_fork(DeviceWorkspace& ws, cudaStream_t stream, size_t lanes,
+                               cudaStream_t* streams);
+ncclResult_t device_lanes_join(DeviceWorkspace& ws, cudaStream_t stream, size_t lanes);
+
 /* Frees the workspace's memory, stream, event and counter once the calls
  * queued before it are done, without waiting for them (cudaFreeAsync on the
  * private stream after `done`; where the device lacks stream-ordered

@@ -216,6 +216,50 @@ ncclResult_t device_call_end(DeviceWorkspace& ws, cudaStream_t stream, bool capt
   return err == cudaSuccess ? ncclSuccess : cuda_failed("recording the end of the call", err);
 }
 
+ncclResult_t device_lanes_make(DeviceWorkspace& ws, size_t lanes) {
+  cudaError_t err = cudaSuccess;
+  if (ws.fork == nullptr) {
+    cudaEvent_t fork = nullptr;
+    err = cudaEventCreateWithFlags(&fork, cudaEventDisableTiming);
+    ws.fork = fork;
+  }
+  for (; err == cudaSuccess && ws.lanes < lanes; ws.lanes++) {
+    cudaStream_t own = nullptr;
+    cudaEvent_t join = nullptr;
+    err = cudaStreamCreateWithFlags(&own, cudaStreamNonBlocking);
+    if (err == cudaSuccess) err = cudaEventCreateWithFlags(&join, cudaEventDisableTiming);
+    if (err != cudaSuccess) {
+      if (own != nullptr) cudaStreamDestroy(own);
+      break;
+    }
+    ws.lane_streams[ws.lanes] = own;
+    ws.lane_joins[ws.lanes] = join;
+  }
+  return err == cudaSuccess ? ncclSuccess
+                            : cuda_failed("making the streams of a pipelined call's lanes", err);
+}
+
+ncclResult_t device_lanes_fork(DeviceWorkspace& ws, cudaStream_t stream, size_t lanes,
+                               cudaStream_t* streams) {
+  const cudaEvent_t fork = static_cast<cudaEvent_t>(ws.fork);
+  cudaError_t err = cudaEventRecord(fork, stream);
+  for (size_t j = 0; err == cudaSuccess && j < lanes; j++) {
+    streams[j] = static_cast<cudaStream_t>(ws.lane_streams[j]);
+    err = cudaStreamWaitEvent(streams[j], fork, 0);
+  }
+  return err == cudaSuccess ? ncclSuccess : cuda_failed("forking a pipelined call's lanes", err);
+}
+
+ncclResult_t device_lanes_join(DeviceWorkspace& ws, cudaStream_t stream, size_t lanes) {
+  cudaError_t err = cudaSuccess;
+  for (size_t j = 0; err == cudaSuccess && j < lanes; j++) {
+    const cudaEvent_t join = static_cast<cudaEvent_t>(ws.lane_joins[j]);
+    err = cudaEventRecord(join, static_cast<cudaStream_t>(ws.lane_streams[j]));
+    if (err == cudaSuccess) err = cudaStreamWaitEvent(stream, join, 0);
+  }
+  return err == cudaSuccess ? ncclSuccess : cuda_failed("joining a pipelined call's lanes", err);
+}
+
 ncclResult_t alloc_device_residual(DeviceWorkspace& ws, size_t count, cudaStream_t stream,
                                    float** values) {
   void* memory = nullptr;
@@ -290,9 +334,14 @@ void release_device_workspace(DeviceWorkspace& ws) {
     for (void* old : ws.retired) free_after_calls(ws, old);
     if (ws.memory != nullptr) free_after_calls(ws, ws.memory);
     free_after_calls(ws, ws.calls);
-    // Both return at once; what they refer to goes once the work before it is done.
+    // These return at once; what they refer to goes once the work before it is done.
     cudaEventDestroy(static_cast<cudaEvent_t>(ws.done));
     cudaStreamDestroy(own);
+    if (ws.fork != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(ws.fork));
+    for (size_t j = 0; j < ws.lanes; j++) {
+      cudaEventDestroy(static_cast<cudaEvent_t>(ws.lane_joins[j]));
+      cudaStreamDestroy(static_cast<cudaStream_t>(ws.lane_streams[j]));
+    }
   });
   ws = DeviceWorkspace();
 }

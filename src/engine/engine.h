@@ -258,13 +258,14 @@ WorkspaceSize hier_workspace_size(qncclAlgo_t inter, size_t count,
                                   int nodes);
 
 /* What a call on device buffers does with its communicator's workspace of
- * `have` bytes when it needs `need` (and, with error feedback, a residual
- * not made yet): run in it, grow it first, or (while its stream is being
- * captured into a CUDA graph, when nothing may be allocated) pass the call
- * through to the real NCCL. A pure function of values every rank shares
- * (all make the same calls), so ranks agree. */
+ * `have` bytes when it needs `need` (and, with `new_state`, something not
+ * made yet: an error-feedback residual, streams for its pipeline lanes): run
+ * in it, grow it first, or (while its stream is being captured into a CUDA
+ * graph, when nothing may be allocated or created) pass the call through to
+ * the real NCCL. A pure function of values every rank shares (all make the
+ * same calls), so ranks agree. */
 enum class DevicePlan { kRun, kGrow, kPassThrough };
-DevicePlan plan_device_call(size_t have, size_t need, bool new_residual, bool capturing);
+DevicePlan plan_device_call(size_t have, size_t need, bool new_state, bool capturing);
 /* The size to grow to: at least double, so the buffers outgrown on the way
  * add up to less than the current one. */
 size_t grown_bytes(size_t have, size_t need);
@@ -299,18 +300,26 @@ struct Segments {
  * between nodes and its allgather (a 2-node ring or SRA) each busy with a
  * different segment in every round. */
 constexpr size_t kHierLanes = 4;
-/* How many lanes the segments of a call run on (1: one after another). A
- * function of values every rank shares, so all agree. */
-size_t pipeline_lanes(qncclAlgo_t algo, size_t segments);
+/* Lanes of a flat call's pipeline on device buffers unless the config says
+ * otherwise: one computes while the other's bytes are in flight. */
+constexpr size_t kFlatLanes = 2;
+/* How many lanes the `segments` segments of a call run on (1: one after
+ * another): kHierLanes for hierarchical calls, else `lanes` (the config's;
+ * 0: kFlatLanes on device buffers, 1 on host ones), never more than
+ * segments. A function of values every rank shares, so all agree. */
+size_t pipeline_lanes(qncclAlgo_t algo, size_t segments, int lanes, bool device);
 /* Runs `run` on every segment of `segs` (engine/pipeline.cc, docs/allreduce.md,
  * "Pipelined segments"): with one lane one after another in `w[0]`; with
  * more, lane j (on its own thread, in workspace w[j], on `device` when it is
- * not -1) takes j empty steps, then segments j, j + lanes, ..., all lanes in
- * lock-step (engine/lockstep.h), so each real group carries the steps of
- * several segments. Every segment's bytes are those it has alone. The first
- * failure, in segment order, is the call's. */
+ * not -1) runs segments j, j + lanes, ... A hierarchical call's lanes first
+ * take j empty steps and move their steps together (each real group carries
+ * steps of several segments); a flat call's lanes take turns (one computes
+ * while another's group is in flight): engine/lockstep.h. `streams`
+ * (device buffers, nullptr otherwise): lane j's kernels and transfers go on
+ * streams[j] instead of the call's stream. Every segment's bytes are those
+ * it has alone. The first failure, in segment order, is the call's. */
 ncclResult_t run_pipelined(Segment& s, const Segments& segs, Algorithm run, Workspace* w,
-                           size_t lanes, int device);
+                           size_t lanes, int device, const cudaStream_t* streams = nullptr);
 
 ncclResult_t ring(Segment& s, Workspace& w);
 ncclResult_t tree(Segment& s, Workspace& w);

@@ -23,58 +23,84 @@ ncclResult_t Lockstep::step(size_t lane, Post& post) {
 
 void Lockstep::step(size_t lane, Post* const* posts, size_t n) {
   std::unique_lock<std::mutex> lock(mutex_);
-  const uint64_t round = round_;
-  for (size_t i = 0; i < n; i++) posted_.emplace_back(lane, posts[i]);
-  arrived_++;
-  changed_.notify_all();
-  changed_.wait(lock, [&] { return round_ != round; });
+  Slot& slot = slots_[lane];
+  slot.posts.assign(posts, posts + n);
+  slot.posted = true;
+  arrived_.notify_one();
+  slot.moved.wait(lock, [&] { return !slot.posted; });
 }
 
-void Lockstep::finished() {
+void Lockstep::finished(size_t lane) {
   std::lock_guard<std::mutex> lock(mutex_);
+  slots_[lane].finished = true;
   running_--;
-  changed_.notify_all();
+  arrived_.notify_one();
 }
 
 void Lockstep::run(const std::function<void(size_t)>& lane,
                    const std::function<void(size_t, const char*)>& not_started) {
   std::vector<std::thread> threads;
-  for (size_t j = 0, lanes = running_; j < lanes; j++) {
+  for (size_t j = 0; j < slots_.size(); j++) {
     try {
       threads.emplace_back([this, &lane, j] {
         lane(j);
-        finished();
+        finished(j);
       });
     } catch (const std::system_error& e) {
       not_started(j, e.what());
-      finished();
+      finished(j);
     }
   }
   drive();
   for (std::thread& t : threads) t.join();
 }
 
+void Lockstep::move(std::vector<Post*>& posts) {
+  if (outer_ != nullptr)
+    outer_->step(outer_lane_, posts.data(), posts.size());
+  else
+    transfer(posts.data(), posts.size());
+}
+
 void Lockstep::drive() {
   std::unique_lock<std::mutex> lock(mutex_);
+  auto ready = [&](size_t j) { return slots_[j].posted || slots_[j].finished; };
+  std::vector<Post*> posts;
   for (;;) {
-    changed_.wait(lock, [&] { return arrived_ == running_; });
-    if (running_ == 0) return;
-    // Lane order, the same on every rank: steps of several lanes on one
-    // communicator then pair up with their peers' in the same order.
-    std::stable_sort(posted_.begin(), posted_.end(),
-                     [](const auto& a, const auto& b) { return a.first < b.first; });
-    std::vector<Post*> round;
-    for (const auto& p : posted_) round.push_back(p.second);
-    posted_.clear();
-    arrived_ = 0;
-    lock.unlock();
-    if (outer_ != nullptr)
-      outer_->step(outer_lane_, round.data(), round.size());
-    else
-      transfer(round.data(), round.size());
-    lock.lock();
-    round_++;
-    changed_.notify_all();
+    if (order_ == kTogether) {
+      // Every running lane's next step in one group, in lane order: steps of
+      // several lanes on one communicator then pair up with their peers'.
+      arrived_.wait(lock, [&] {
+        for (size_t j = 0; j < slots_.size(); j++)
+          if (!ready(j)) return false;
+        return true;
+      });
+      if (running_ == 0) return;
+      posts.clear();
+      for (const Slot& slot : slots_)
+        if (slot.posted) posts.insert(posts.end(), slot.posts.begin(), slot.posts.end());
+      lock.unlock();
+      move(posts);
+      lock.lock();
+      for (Slot& slot : slots_) {
+        slot.posted = false;
+        slot.moved.notify_one();
+      }
+    } else {
+      // Lane 0's next step, then lane 1's, ...: each alone, each lane free
+      // to compute again as soon as its own step has moved.
+      for (size_t j = 0; j < slots_.size(); j++) {
+        arrived_.wait(lock, [&] { return ready(j); });
+        if (!slots_[j].posted) continue;
+        posts = slots_[j].posts;
+        lock.unlock();
+        move(posts);
+        lock.lock();
+        slots_[j].posted = false;
+        slots_[j].moved.notify_one();
+      }
+      if (running_ == 0) return;
+    }
   }
 }
 

@@ -1,7 +1,9 @@
 /* The segments of a call (docs/allreduce.md, "Segments and chunks" and
- * "Pipelined segments"): one after another, or on lanes that run
- * consecutive segments staggered by one step, in lock-step, so that each
- * real group carries different stages of several segments at once. */
+ * "Pipelined segments"): one after another, or on lanes, each running every
+ * L-th segment: a flat call's lanes take turns on the communicator (one
+ * computes while another's bytes move); a hierarchical call's are staggered
+ * by one step and move together, so that each real group carries different
+ * stages of several segments at once. */
 #include <string>
 #include <vector>
 
@@ -20,9 +22,10 @@ void Segments::place(Segment& s, size_t g) const {
   s.residual = residual != nullptr ? residual + first : nullptr;
 }
 
-size_t pipeline_lanes(qncclAlgo_t algo, size_t segments) {
-  if (algo != qncclAlgoHier) return 1;
-  return segments < kHierLanes ? (segments > 0 ? segments : 1) : kHierLanes;
+size_t pipeline_lanes(qncclAlgo_t algo, size_t segments, int lanes, bool device) {
+  size_t most = kHierLanes;
+  if (algo != qncclAlgoHier) most = lanes > 0 ? (size_t)lanes : device ? kFlatLanes : 1;
+  return segments < most ? (segments > 0 ? segments : 1) : most;
 }
 
 namespace {
@@ -36,20 +39,26 @@ struct Lane {
   std::string message;
 };
 
-/* Lane j: j empty steps, then segments j, j + lanes, j + 2 lanes, ... until
- * its first failure. */
+/* Lane j: segments j, j + lanes, j + 2 lanes, ... until its first failure;
+ * staggered lanes first take j empty steps. */
 void run_lane(Lane& lane, const Segments& segs, Algorithm run, Workspace& w, size_t lanes,
-              int device) {
+              bool stagger, int device, cudaStream_t stream) {
   Segment& s = lane.s;
   s.fed_input = w.fed_input;
   ncclResult_t res = ncclSuccess;
 #ifdef QNCCL_WITH_CUDA
   int previous = -1;  // a new thread: nothing to restore
   if (device >= 0) res = set_current_device(device, &previous);
+  if (stream != nullptr) {
+    s.stream = stream;
+    s.compute = device_compute(stream);
+  }
 #else
   (void)device;
+  (void)stream;
 #endif
-  for (size_t k = 0; res == ncclSuccess && k < s.lane; k++) res = s.exchange(nullptr, 0, nullptr, 0);
+  for (size_t k = 0; stagger && res == ncclSuccess && k < s.lane; k++)
+    res = s.exchange(nullptr, 0, nullptr, 0);
   for (size_t g = s.lane; res == ncclSuccess && g < segs.size(); g += lanes) {
     segs.place(s, g);
     res = run(s, w);
@@ -65,7 +74,7 @@ void run_lane(Lane& lane, const Segments& segs, Algorithm run, Workspace& w, siz
 }  // namespace
 
 ncclResult_t run_pipelined(Segment& s, const Segments& segs, Algorithm run, Workspace* w,
-                           size_t lanes, int device) {
+                           size_t lanes, int device, const cudaStream_t* streams) {
   if (lanes <= 1) {
     s.fed_input = w[0].fed_input;
     for (size_t g = 0; g < segs.size(); g++) {
@@ -75,15 +84,19 @@ ncclResult_t run_pipelined(Segment& s, const Segments& segs, Algorithm run, Work
     }
     return ncclSuccess;
   }
-  // Each round of this lockstep is one step of the call's own lane when the
-  // call itself runs in lock-step with others (run_allreduces).
-  Lockstep lockstep(lanes, s.lockstep, s.lane);
+  // A hierarchical call's lanes use different links in one round; a flat
+  // call's take turns on one, each computing while another's bytes move.
+  // Each round or turn is one step of the call's own lane when the call
+  // itself runs in lock-step with others (run_allreduces).
+  const bool hier = s.hier != nullptr;
+  Lockstep lockstep(lanes, hier ? Lockstep::kTogether : Lockstep::kInTurn, s.lockstep, s.lane);
   std::vector<Lane> lane(lanes, Lane(s));
   for (size_t j = 0; j < lanes; j++) {
     lane[j].s.lockstep = &lockstep;
     lane[j].s.lane = j;
   }
-  lockstep.run([&](size_t j) { run_lane(lane[j], segs, run, w[j], lanes, device); },
+  lockstep.run([&](size_t j) { run_lane(lane[j], segs, run, w[j], lanes, hier, device,
+                                   streams != nullptr ? streams[j] : nullptr); },
                [&](size_t j, const char* why) {
                  lane[j].result = ncclSystemError;
                  lane[j].failed_at = j;

@@ -115,7 +115,17 @@ typedef struct {
    * ncclReduceScatter; 1..8 quantizes each rank's contribution to its node's
    * reduction with that many bits (codec's bucket size, rounding and seed). */
   int intraBits;
+  /* Lanes of a flat call's pipeline (docs/allreduce.md, "Pipelined
+   * segments"): its segments run on up to this many lanes that take turns on
+   * the communicator, each computing while another's transfers are in
+   * flight (device buffers: each lane on a stream of its own). 1..
+   * QNCCL_MAX_LANES; 0: 2 for device buffers, 1 for host buffers (where the
+   * codec runs on the CPU that also drives the transfers). Every rank must
+   * pass the same. qncclAlgoHier always runs 4 lanes. */
+  int lanes;
 } qncclAllReduceConfig_t;
+
+#define QNCCL_MAX_LANES 8
 
 /* Sum (ncclSum) or average (ncclAvg) of `count` values of `datatype`
  * (ncclFloat32, ncclFloat16 or ncclBfloat16) over the ranks of `comm`, every

@@ -63,10 +63,11 @@ void adopt_comm(ncclComm_t comm, const qncclEnvConfig_t& config) {
   nccl->commCount(comm, &nranks);
   const qncclCodecConfig_t& c = config.allreduce.codec;
   info(comm, config.debug,
-       "/%d: bits=%d bucket=%zu rounding=%s algo=%s inter_algo=%s intra_bits=%d min_bytes=%zu "
-       "seed=%llu warmup=%llu error_feedback=%d enable=%d nccl=%s",
+       "/%d: bits=%d bucket=%zu rounding=%s algo=%s inter_algo=%s intra_bits=%d lanes=%d "
+       "min_bytes=%zu seed=%llu warmup=%llu error_feedback=%d enable=%d nccl=%s",
        nranks, c.bits, c.bucketSize, rounding_name(c.rounding), algo_name(config.allreduce.algo),
-       algo_name(config.allreduce.interAlgo), config.allreduce.intraBits, config.minBytes, (unsigned long long)c.seed, (unsigned long long)config.warmupCalls,
+       algo_name(config.allreduce.interAlgo), config.allreduce.intraBits, config.allreduce.lanes,
+       config.minBytes, (unsigned long long)c.seed, (unsigned long long)config.warmupCalls,
        config.allreduce.errorFeedback, config.enable, nccl->path);
 }
 

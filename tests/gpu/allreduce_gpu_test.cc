@@ -208,7 +208,7 @@ int check_matrix(Twin& twin, cudaStream_t stream) {
 
 /* Part 2. */
 bool check_mixed_buffers(Twin& twin, cudaStream_t stream) {
-  const qncclAllReduceConfig_t config = {{4, 128, qncclRoundNearest, 1}, qncclAlgoAuto, 0, 0, qncclAlgoAuto, 0};
+  const qncclAllReduceConfig_t config = {{4, 128, qncclRoundNearest, 1}, qncclAlgoAuto, 0, 0, qncclAlgoAuto, 0, 0};
   std::vector<float> host(1000, 1.0f);
   DeviceBuffer device(host.size() * 4);
   const ncclResult_t res = qncclAllReduce(host.data(), device.ptr, host.size(), ncclFloat32,
@@ -222,7 +222,7 @@ bool check_mixed_buffers(Twin& twin, cudaStream_t stream) {
 
 bool check_no_sync(Twin& twin, cudaStream_t stream) {
   Case c;
-  c.config = {{4, 128, qncclRoundStochastic, 42}, qncclAlgoRing, 1 << 18, 0, qncclAlgoAuto, 0};
+  c.config = {{4, 128, qncclRoundStochastic, 42}, qncclAlgoRing, 1 << 18, 0, qncclAlgoAuto, 0, 0};
   c.type = ncclFloat32;
   c.op = ncclAvg;
   c.count = (3 << 20) + 5;
@@ -373,7 +373,7 @@ int check_error_feedback(Twin& twin, cudaStream_t stream) {
     for (ncclDataType_t type : {ncclFloat32, ncclFloat16, ncclBfloat16})
       for (ncclRedOp_t op : {ncclSum, ncclAvg}) {
         Case c;
-        c.config = {{3, 100, qncclRoundStochastic, 11}, (qncclAlgo_t)algo, 20000, 0, qncclAlgoAuto, 0};
+        c.config = {{3, 100, qncclRoundStochastic, 11}, (qncclAlgo_t)algo, 20000, 0, qncclAlgoAuto, 0, 0};
         c.type = type;
         c.op = op;
         c.count = 50021;  // three segments
@@ -396,7 +396,7 @@ std::vector<Case> two_rank_cases() {
   for (int algo = qncclAlgoRing; algo <= qncclAlgoSra; ++algo)
     for (ncclDataType_t type : {ncclFloat32, ncclBfloat16}) {
       Case c;
-      c.config = {{4, 128, qncclRoundStochastic, 7}, (qncclAlgo_t)algo, 65536, 0, qncclAlgoAuto, 0};
+      c.config = {{4, 128, qncclRoundStochastic, 7}, (qncclAlgo_t)algo, 65536, 0, qncclAlgoAuto, 0, 0};
       c.type = type;
       c.op = type == ncclFloat32 ? ncclAvg : ncclSum;
       c.count = 300007;

@@ -16,9 +16,9 @@ the cases in the same order (the random streams count the calls).
 matrix    algorithms x types x counts (0, 1, 300: empty chunks, 7919: prime,
           300007: large, 5003 in segments of 960, 1000 in segments of one
           bucket, 2049 in buckets of 1), roundings, sum/avg, in place or not,
-          bits 1..8, 64-bit seeds; then NaN/Inf inputs; then the tree in several
-          pieces (786,209 values, stochastic). Rank 0 gathers every
-          rank's output and checks: all ranks byte-identical; identical to
+          bits 1..8, 64-bit seeds, segments on 1, 2 or 3 pipeline lanes; then
+          NaN/Inf inputs; then the tree in several pieces (786,209 values,
+          stochastic). Rank 0 gathers every rank's output and checks: all ranks byte-identical; identical to
           qnccl.emulate.allreduce on the same inputs; for nearest rounding of
           finite inputs |output - exact float64 sum| within the emulator's
           bound; out of place, the send buffer untouched. Also qncclAutoAlgo
@@ -30,7 +30,9 @@ misuse    invalid configurations fail with ncclInvalidArgument and a message
           counting as a call: a valid stochastic call afterwards still matches
           the emulator's call 0.
 calls     each communicator counts its own calls from 0: two alive at once,
-          calls interleaved, then a communicator made after one was destroyed.
+          calls interleaved, then a communicator made after one was destroyed;
+          then ring and SRA calls of several segments on 2 pipeline lanes on two
+          communicators in one group through the interposed ncclAllReduce.
 counts    the compute steps and real NCCL groups one call of one segment costs each
           rank (qncclCommGetStats' computeSteps and groups), for ring, tree and SRA x
           sum/avg, against the counts of docs/allreduce.md ("Steps per call"); each
@@ -103,12 +105,14 @@ class Case:
     data: str = "wide"  # "wide": conftest.make_values; "special": with NaN/Inf; "normal"
     inter: str = "auto"  # hier: between nodes
     intra_bits: int = 0  # hier: inside a node
+    lanes: int = 0  # of a flat call's pipeline (0: auto, one lane on host buffers)
 
     def __str__(self):
         hier = f" inter={self.inter} intra_bits={self.intra_bits}" if NODES is not None else ""
         return (f"{self.algo}{hier} {self.dtype} count={self.count} {self.rounding} {self.op} "
                 f"{'in place' if self.inplace else 'out of place'} bits={self.bits} "
-                f"bucket={self.bucket} segmentValues={self.segment_values} seed={self.seed} "
+                f"bucket={self.bucket} segmentValues={self.segment_values} lanes={self.lanes} "
+                f"seed={self.seed} "
                 f"data={self.data}")
 
 
@@ -156,6 +160,7 @@ def make_config(case):
     config.codec.seed = case.seed
     config.algo = ALGOS[case.algo]
     config.segmentValues = case.segment_values
+    config.lanes = case.lanes
     config.interAlgo = ALGOS[case.inter]
     config.intraBits = case.intra_bits
     return config
@@ -279,9 +284,10 @@ def matrix_cases():
             itertools.product(("ring", "tree", "sra", "auto"), ("float32", "float16", "bfloat16"),
                               shapes)):
         rounding, op, inplace = combos[(i * 5) % len(combos)]
+        # Shapes of several segments also run on 2 and 3 lanes (pipelined segments).
         cases.append(Case(algo, dtype, count, rounding, op, inplace, bits=1 + (i * 3) % 8,
                           bucket=bucket, segment_values=segment_values,
-                          seed=(1000 + i) * 0x9E3779B97F4A7C15 % 2**64))
+                          seed=(1000 + i) * 0x9E3779B97F4A7C15 % 2**64, lanes=(0, 2, 3)[i % 3]))
     for i, (algo, dtype) in enumerate(itertools.product(("ring", "tree", "sra", "auto"),
                                                         ("float32", "float16", "bfloat16"))):
         cases.append(Case(algo, dtype, 4099, ("nearest", "stochastic")[i % 2], ("sum", "avg")[
@@ -343,6 +349,7 @@ MISUSE = [  # (argument, bad value, what the message must say: the argument and 
     ("bucketSize", 0, r"bucketSize = 0 .*allowed: >= 1"),
     ("algo", 7, r"algo = 7 .*allowed: .*qncclAlgoAuto.*qncclAlgoRing.*qncclAlgoTree"
                 r".*qncclAlgoSra"),
+    ("lanes", 9, r"lanes = 9; allowed: 0 \(auto.*\) or 1\.\.8"),
     ("op", "ncclMax", r"op = 2 .*allowed: ncclSum.*ncclAvg"),
     ("datatype", "ncclInt32", r"datatype = 2 .*allowed: ncclFloat32.*ncclFloat16.*ncclBfloat16"),
 ]
@@ -361,6 +368,8 @@ def misuse(comm, failures):
             config.codec.bucketSize = value
         elif field == "algo":
             config.algo = value
+        elif field == "lanes":
+            config.lanes = value
         elif field == "op":
             op = getattr(lib, value)
         else:
@@ -396,7 +405,8 @@ def calls(comm, failures):
     third = init_comm()
     run_cases(third, [case("ring", 6), case("sra", 7)], failures)
     check_nccl(lib.ncclCommDestroy(third), "ncclCommDestroy")
-    return 7
+    # Flat calls of several segments on 2 lanes each, in one group on two communicators.
+    return 7 + grouped(failures, "ring", lanes=2) + grouped(failures, "sra", lanes=2)
 
 
 def expected_counts(algo, op, rank, nranks):
@@ -452,19 +462,22 @@ def hier_cases():
     return cases
 
 
-def grouped_hier(failures):
-    """Hierarchical calls of several default-size segments on two communicators in
-    one group, through the interposed ncclAllReduce (QNCCL_* variables): the calls
-    run in lock-step, and each one's pipelined segments (engine/pipeline.cc) take
-    its steps, so each real group carries segments of both. Each is call 0 of its
+def grouped(failures, algo, lanes=0):
+    """Calls of several default-size segments on two communicators in one group,
+    through the interposed ncclAllReduce (QNCCL_* variables): the calls run in
+    lock-step, and each one's pipelined segments (engine/pipeline.cc) take its
+    steps: a hierarchical call's lanes together, so each real group carries
+    segments of both calls; a flat call's `lanes` in turn. Each is call 0 of its
     communicator."""
     seed = 7071
-    os.environ.update(QNCCL_ALGO="hier", QNCCL_BITS="4", QNCCL_BUCKET_SIZE="128",
+    os.environ.update(QNCCL_ALGO=algo, QNCCL_BITS="4", QNCCL_BUCKET_SIZE="128",
                       QNCCL_ROUNDING="stochastic", QNCCL_SEED=str(seed),
-                      QNCCL_INTER_ALGO="auto", QNCCL_INTRA_BITS="0")
+                      QNCCL_INTER_ALGO="auto", QNCCL_INTRA_BITS="0", QNCCL_LANES=str(lanes))
     width = segment_length(0, 128)
-    cases = [Case("hier", "float32", 2 * width + 5003, "stochastic", "sum", False, seed=seed),
-             Case("hier", "bfloat16", width + 301, "stochastic", "avg", True, seed=seed)]
+    cases = [Case(algo, "float32", 2 * width + 5003, "stochastic", "sum", False, seed=seed,
+                  lanes=lanes),
+             Case(algo, "bfloat16", width + 301, "stochastic", "avg", True, seed=seed,
+                  lanes=lanes)]
     comms = [init_comm(), init_comm()]
     inputs = [rank_input(case, RANK) for case in cases]
     sends = [x.copy() for x in inputs]
@@ -510,7 +523,7 @@ def hier(comm, failures):
     if len(sizes) == 1:
         cases = hier_cases()
         run_cases(comm, cases, failures)
-        return len(cases) + 1 + grouped_hier(failures)
+        return len(cases) + 1 + grouped(failures, "hier")
     # Uneven: auto runs flat (the emulator's auto on these nodes says the same) and
     # an explicit hier fails on every rank, naming the layout, without a call number.
     base = Case("hier", "float32", 5000, seed=9)
