@@ -55,15 +55,39 @@ VecF load_vector(const typename D::T* x) {
 template <class D>
 BucketMeta bucket_meta(const typename D::T* x, size_t n) {
   const BucketStats init = stats_init();
-  VecF lo = init.min + VecF{}, hi = init.max + VecF{};
+  // stats_add a vector at a time, into kChains independent (min, max) pairs
+  // so consecutive vectors do not wait for each other's compare. The order
+  // does not matter: min and max of finite values are the same in any order
+  // (up to the sign of zero, which stats_meta drops), and a NaN or Inf
+  // anywhere makes the bucket non-finite whatever the rest holds.
+  constexpr size_t kChains = 4;
+  VecF los[kChains], his[kChains];
   VecI bad = VecI{};
-  const size_t full = n - n % kLanes;
-  for (size_t i = 0; i < full; i += kLanes) {
+  for (size_t c = 0; c < kChains; c++) {
+    los[c] = init.min + VecF{};
+    his[c] = init.max + VecF{};
+  }
+  const size_t full = n - n % kLanes, chained = n - n % (kChains * kLanes);
+  size_t i = 0;
+  for (; i < chained; i += kChains * kLanes) {
     __builtin_prefetch(x + i + 2048);
+    for (size_t c = 0; c < kChains; c++) {
+      const VecF v = load_vector<D>(x + i + c * kLanes);
+      los[c] = v < los[c] ? v : los[c];
+      his[c] = v > his[c] ? v : his[c];
+      bad |= (VecI)(v - v != 0.0f);
+    }
+  }
+  for (; i < full; i += kLanes) {
     const VecF v = load_vector<D>(x + i);
-    lo = v < lo ? v : lo;  // stats_add, a vector at a time
-    hi = v > hi ? v : hi;
+    los[0] = v < los[0] ? v : los[0];
+    his[0] = v > his[0] ? v : his[0];
     bad |= (VecI)(v - v != 0.0f);
+  }
+  VecF lo = los[0], hi = his[0];
+  for (size_t c = 1; c < kChains; c++) {
+    lo = los[c] < lo ? los[c] : lo;
+    hi = his[c] > hi ? his[c] : hi;
   }
   // Fold the lanes in halves: log2(kLanes) shuffles instead of kLanes steps.
   for (size_t half = kLanes / 2; half > 0; half /= 2) {
@@ -75,7 +99,7 @@ BucketMeta bucket_meta(const typename D::T* x, size_t n) {
     bad |= __builtin_shuffle(bad, swap);
   }
   BucketStats total = {lo[0], hi[0], (uint32_t)(bad[0] != 0)};
-  for (size_t i = full; i < n; i++) stats_add(total, D::load(x[i]));
+  for (; i < n; i++) stats_add(total, D::load(x[i]));
   return stats_meta(total);
 }
 
@@ -99,8 +123,11 @@ inline __attribute__((always_inline)) void encode_stochastic_run(
     const size_t run = (size_t)std::min<uint64_t>(n - done, (1ull << 32) - lo);
     const typename D::T* xs = x + done;
     uint8_t* out = codes + done;
-    for (uint32_t j = 0; j < (uint32_t)run; j++)
-      out[j] = (uint8_t)encode_stochastic(p, D::load(xs[j]), rng_uniform_split(key, lo + j, hi));
+    // The Weyl value steps by addition: a vector induction, no multiply.
+    const uint32_t stride = rng_stride(key);
+    uint32_t w = rng_weyl(key, lo, hi);
+    for (uint32_t j = 0; j < (uint32_t)run; j++, w += stride)
+      out[j] = (uint8_t)encode_stochastic(p, D::load(xs[j]), rng_uniform_weyl(w));
     done += run;
   }
 }

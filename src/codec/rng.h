@@ -46,12 +46,23 @@ QNCCL_HD RngKey rng_key(uint64_t seed, uint64_t stream) {
   return key;
 }
 
-/* 24 random bits of element i = hi * 2^32 + lo, as a float in [0, 1). The
- * split form lets a loop over a run that does not cross a multiple of 2^32
- * keep hi fixed (and vectorize). */
+/* The Weyl sequence of a stream: element i = hi * 2^32 + lo hashes
+ * rng_weyl(key, lo, hi), and element i + 1 (same hi) hashes that plus
+ * rng_stride(key), so a loop can step it by addition. */
+QNCCL_HD uint32_t rng_stride(RngKey key) { return key.lo | 1u; }
+QNCCL_HD uint32_t rng_weyl(RngKey key, uint32_t lo, uint32_t hi) {
+  return lo * rng_stride(key) + (key.hi ^ hi);
+}
+
+/* 24 random bits of the element whose Weyl value is w, as a float in [0, 1). */
+QNCCL_HD float rng_uniform_weyl(uint32_t w) {
+  return (float)(int32_t)(hash32(w) >> 8) * 0x1p-24f;  // via int32: SIMD converts signed natively
+}
+
+/* The same for element i = hi * 2^32 + lo. The split form lets a loop over a
+ * run that does not cross a multiple of 2^32 keep hi fixed (and vectorize). */
 QNCCL_HD float rng_uniform_split(RngKey key, uint32_t lo, uint32_t hi) {
-  uint32_t h = hash32(lo * (key.lo | 1u) + (key.hi ^ hi));
-  return (float)(int32_t)(h >> 8) * 0x1p-24f;  // via int32: SIMD converts signed natively
+  return rng_uniform_weyl(rng_weyl(key, lo, hi));
 }
 
 QNCCL_HD float rng_uniform(RngKey key, uint64_t i) {
