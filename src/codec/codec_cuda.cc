@@ -153,6 +153,56 @@ ncclResult_t dequantize_as(const uint8_t* wire, size_t count, const CodecParams&
   return launch(name, ceil_div(ceil_div(count, kGroup), kWarp), a, stream);
 }
 
+/* Up to kEncodeItems buffers per pair of launches (stats-many, then
+ * encode-many) while buckets stay whole in pass 1; longer buckets take
+ * quantize_as per buffer. Each buffer gets the bytes quantize_as gives it
+ * with its own params ps[i]. */
+template <class Type>
+ncclResult_t quantize_many_as(const typename Type::T* const* srcs, const size_t* counts, int n,
+                              const CodecParams* ps, uint8_t* const* wires, cudaStream_t stream) {
+  for (int i = 0; i < n; i++)
+    if (!aligned_to(srcs[i], sizeof(typename Type::T)))
+      return set_error(ncclInvalidArgument, "an input is not aligned to its %zu-byte elements",
+                       sizeof(typename Type::T));
+  const size_t bucket = ps[0].bucket;
+  if (bucket > kSliceValues) {
+    for (int i = 0; i < n; i++)
+      if (counts[i] > 0) QNCCL_CHECK(quantize_as<Type>(srcs[i], counts[i], ps[i], wires[i], stream));
+    return ncclSuccess;
+  }
+  char stats_name[64], encode_name[64];
+  snprintf(stats_name, sizeof stats_name, "qnccl_stats_many_%s", Type::kName);
+  snprintf(encode_name, sizeof encode_name, "qnccl_encode_many_%s_%d_%s", Type::kName,
+           ps[0].bits, ps[0].rounding == qncclRoundStochastic ? "stochastic" : "nearest");
+  for (int i = 0; i < n;) {
+    StatsManyArgs<Type> stats = {};
+    EncodeManyArgs<Type> encode = {};
+    stats.bucket = bucket;
+    stats.out_aligned = true;
+    size_t longest = 0;
+    for (; i < n && stats.n < kEncodeItems; i++) {
+      if (counts[i] == 0) continue;
+      const int k = stats.n++;
+      stats.srcs[k] = srcs[i];
+      stats.counts[k] = counts[i];
+      stats.outs[k] = wires[i];
+      stats.first_item[k + 1] = stats.first_item[k] + num_buckets(counts[i], bucket);
+      stats.out_aligned = stats.out_aligned && aligned_to(wires[i], 8);
+      longest = counts[i] > longest ? counts[i] : longest;
+      encode.items[k] = plan_encode<Type>(srcs[i], counts[i], ps[i], wires[i]);
+      encode.first_tile[k + 1] =
+          encode.first_tile[k] + ceil_div(ceil_div(counts[i], kGroup), kWarp);
+    }
+    if (stats.n == 0) break;
+    encode.n = stats.n;
+    stats.lanes = lanes_for(min_size(bucket, longest));
+    QNCCL_CHECK(
+        launch(stats_name, ceil_div(stats.first_item[stats.n], kWarp / stats.lanes), stats, stream));
+    QNCCL_CHECK(launch(encode_name, encode.first_tile[encode.n], encode, stream));
+  }
+  return ncclSuccess;
+}
+
 /* Up to kReduceWires wires per launch; the first widens src, the next ones
  * carry on from acc. */
 template <class Type>
@@ -253,6 +303,17 @@ ncclResult_t device_quantize(const void* src, size_t count, ncclDataType_t type,
     using Type = decltype(t);
     return quantize_as<Type>(static_cast<const typename Type::T*>(src), count, p,
                              static_cast<uint8_t*>(dst), stream);
+  });
+}
+
+ncclResult_t device_quantize_many(const void* const* srcs, const size_t* counts, int n,
+                                  ncclDataType_t type, const CodecParams* ps,
+                                  uint8_t* const* wires, cudaStream_t stream) {
+  if (n <= 0) return ncclSuccess;
+  return on_codec_type("quantize", ps[0], type, (size_t)n, [&](auto t) {
+    using Type = decltype(t);
+    return quantize_many_as<Type>(reinterpret_cast<const typename Type::T* const*>(srcs), counts,
+                                  n, ps, wires, stream);
   });
 }
 

@@ -183,6 +183,30 @@ __device__ __forceinline__ void stats_kernel(const StatsArgs<Type>& a) {
   }
 }
 
+/* stats_kernel over the buckets of several buffers (whole buckets only):
+ * the same metadata as one stats pass per buffer. */
+template <class Type>
+__device__ __forceinline__ void stats_many_kernel(const StatsManyArgs<Type>& a) {
+  const int lane = threadIdx.x % kWarp;
+  const int rank = lane % a.lanes;
+  const size_t per_warp = kWarp / a.lanes;
+  const size_t warp = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) / kWarp;
+  const size_t warps = gridDim.x * (size_t)blockDim.x / kWarp;
+  const size_t items = a.first_item[a.n];
+  for (size_t first = warp * per_warp; first < items; first += warps * per_warp) {
+    const size_t item = first + lane / a.lanes;
+    int i = 0;
+    while (i + 1 < a.n && item >= a.first_item[i + 1]) ++i;
+    const size_t buckets = a.first_item[i + 1] - a.first_item[i];
+    const StatsArgs<Type> one = {a.srcs[i], a.counts[i], a.bucket, a.bucket, 1,
+                                 buckets,   a.lanes,     a.outs[i], a.out_aligned};
+    const size_t k = item - a.first_item[i];
+    BucketStats s = item < items ? lane_stats(one, k, rank) : stats_init();
+    for (int mask = a.lanes / 2; mask > 0; mask /= 2) stats_merge(s, shfl_xor_stats(s, mask));
+    if (rank == 0 && item < items) store_meta(one.out, k, stats_meta(s), one.out_aligned);
+  }
+}
+
 /* ---- Pass 2: encode ----------------------------------------------------- */
 
 /* Codes of values [8g, 8g + 8) (those below count), packed: BITS bytes in
@@ -250,24 +274,47 @@ QNCCL_HD void store_tile(const uint32_t* tile_words, uint8_t* codes, size_t code
   }
 }
 
+/* One warp encodes tile t of `a`; every lane of the warp calls it. */
+template <class Type, int BITS, bool STOCHASTIC>
+__device__ __forceinline__ void encode_tile(const EncodeArgs<Type>& a, RngKey key, size_t t,
+                                            uint32_t* tile_words, int lane) {
+  const size_t groups = ceil_div(a.count, kGroup);
+  const size_t g = t * kWarp + lane;
+  const uint64_t packed = g < groups ? encode_group<Type, BITS, STOCHASTIC>(a, key, g) : 0;
+  stage_group<BITS>(tile_words, lane, packed);
+  __syncwarp();
+  store_tile<BITS>(tile_words, a.codes, a.code_bytes, t, lane, a.wire_aligned);
+  __syncwarp();  // the next tile restages these words
+}
+
 template <class Type, int BITS, bool STOCHASTIC>
 __device__ __forceinline__ void encode_kernel(const EncodeArgs<Type>& a) {
   __shared__ uint32_t staging[kWarpsPerBlock][Tile<BITS>::kWords];
   uint32_t* tile_words = staging[threadIdx.x / kWarp];
   const int lane = threadIdx.x % kWarp;
-  const size_t groups = ceil_div(a.count, kGroup);
-  const size_t tiles = ceil_div(groups, kWarp);
+  const size_t tiles = ceil_div(ceil_div(a.count, kGroup), kWarp);
   const size_t warp = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) / kWarp;
   const size_t warps = gridDim.x * (size_t)blockDim.x / kWarp;
   const RngKey key = key_of(a);
   // `t` is the same in all lanes: every lane reaches every __syncwarp.
-  for (size_t t = warp; t < tiles; t += warps) {
-    const size_t g = t * kWarp + lane;
-    const uint64_t packed = g < groups ? encode_group<Type, BITS, STOCHASTIC>(a, key, g) : 0;
-    stage_group<BITS>(tile_words, lane, packed);
-    __syncwarp();
-    store_tile<BITS>(tile_words, a.codes, a.code_bytes, t, lane, a.wire_aligned);
-    __syncwarp();  // the next tile restages these words
+  for (size_t t = warp; t < tiles; t += warps)
+    encode_tile<Type, BITS, STOCHASTIC>(a, key, t, tile_words, lane);
+}
+
+/* encode_kernel over the tiles of several buffers, in buffer order. */
+template <class Type, int BITS, bool STOCHASTIC>
+__device__ __forceinline__ void encode_many_kernel(const EncodeManyArgs<Type>& a) {
+  __shared__ uint32_t staging[kWarpsPerBlock][Tile<BITS>::kWords];
+  uint32_t* tile_words = staging[threadIdx.x / kWarp];
+  const int lane = threadIdx.x % kWarp;
+  const size_t tiles = a.first_tile[a.n];
+  const size_t warp = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) / kWarp;
+  const size_t warps = gridDim.x * (size_t)blockDim.x / kWarp;
+  for (size_t T = warp; T < tiles; T += warps) {  // the same in all lanes
+    int i = 0;
+    while (T >= a.first_tile[i + 1]) ++i;
+    encode_tile<Type, BITS, STOCHASTIC>(a.items[i], key_of(a.items[i]), T - a.first_tile[i],
+                                        tile_words, lane);
   }
 }
 
@@ -380,7 +427,8 @@ __device__ __forceinline__ void reduce_kernel(const ReduceArgs<Type>& a) {
  * (codec_cuda.cc, kernel_name()): qnccl_stats_<type>,
  * qnccl_encode_<type>_<bits>_<nearest|stochastic>,
  * qnccl_decode_<type>_<bits>_<store|accumulate>, qnccl_reduce_<type>_<bits>,
- * qnccl_decode_many_<type>_<bits>. */
+ * qnccl_decode_many_<type>_<bits>, qnccl_stats_many_<type>,
+ * qnccl_encode_many_<type>_<bits>_<nearest|stochastic>. */
 #define QNCCL_KERNEL extern "C" __global__ void __launch_bounds__(qnccl::kBlockThreads)
 
 #define QNCCL_CODEC_BITS(TYPE, NAME, BITS)                                               \
@@ -403,11 +451,22 @@ __device__ __forceinline__ void reduce_kernel(const ReduceArgs<Type>& a) {
   }                                                                                       \
   QNCCL_KERNEL qnccl_decode_many_##NAME##_##BITS(const qnccl::DecodeManyArgs<qnccl::TYPE> a) { \
     qnccl::decode_many_kernel<qnccl::TYPE, BITS>(a);                                      \
+  }                                                                                       \
+  QNCCL_KERNEL qnccl_encode_many_##NAME##_##BITS##_nearest(                               \
+      const qnccl::EncodeManyArgs<qnccl::TYPE> a) {                                       \
+    qnccl::encode_many_kernel<qnccl::TYPE, BITS, false>(a);                               \
+  }                                                                                       \
+  QNCCL_KERNEL qnccl_encode_many_##NAME##_##BITS##_stochastic(                            \
+      const qnccl::EncodeManyArgs<qnccl::TYPE> a) {                                       \
+    qnccl::encode_many_kernel<qnccl::TYPE, BITS, true>(a);                                \
   }
 
 #define QNCCL_CODEC_TYPE(TYPE, NAME)                                                       \
   QNCCL_KERNEL qnccl_stats_##NAME(const qnccl::StatsArgs<qnccl::TYPE> a) {                 \
     qnccl::stats_kernel<qnccl::TYPE>(a);                                                  \
+  }                                                                                       \
+  QNCCL_KERNEL qnccl_stats_many_##NAME(const qnccl::StatsManyArgs<qnccl::TYPE> a) {        \
+    qnccl::stats_many_kernel<qnccl::TYPE>(a);                                             \
   }                                                                                       \
   QNCCL_CODEC_BITS(TYPE, NAME, 1)                                                         \
   QNCCL_CODEC_BITS(TYPE, NAME, 2)                                                         \

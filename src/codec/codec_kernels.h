@@ -121,6 +121,36 @@ struct DecodeManyArgs {
   bool wire_aligned;  // every wire 8-byte aligned
 };
 
+/* Up to kEncodeItems buffers per launch of the stats-many and encode-many
+ * kernels (the N - 1 encodes of SRA's scatter), each quantized as one
+ * quantize would with its own random stream. Only buckets that stay whole
+ * in pass 1 (bucket <= kSliceValues) take these; longer ones are quantized
+ * one buffer at a time. */
+constexpr int kEncodeItems = 16;
+
+/* Pass 1 over several buffers: bucket k of buffer i is item
+ * first_item[i] + k; its metadata goes to outs[i] + 8k. */
+template <class Type>
+struct StatsManyArgs {
+  const typename Type::T* srcs[kEncodeItems];
+  size_t counts[kEncodeItems];
+  uint8_t* outs[kEncodeItems];
+  size_t first_item[kEncodeItems + 1];
+  int n;
+  size_t bucket;
+  int lanes;         // as StatsArgs::lanes
+  bool out_aligned;  // every out 8-byte aligned
+};
+
+/* Pass 2 over several buffers: warp tile t of buffer i is tile
+ * first_tile[i] + t of the launch. */
+template <class Type>
+struct EncodeManyArgs {
+  EncodeArgs<Type> items[kEncodeItems];
+  size_t first_tile[kEncodeItems + 1];
+  int n;
+};
+
 }  // namespace qnccl
 
 #endif

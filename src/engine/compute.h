@@ -23,6 +23,12 @@ struct Compute {
   /* wire = Q(src), `n` values of `type`. */
   ncclResult_t (*quantize)(const Compute& c, const void* src, size_t n, ncclDataType_t type,
                            const CodecParams& p, uint8_t* wire);
+  /* wires[i] = Q(srcs[i]) of counts[i] values of `type` with params ps[i]
+   * (their own random streams) for i < n: the bytes of n quantizes, in one
+   * step (SRA's scatter). */
+  ncclResult_t (*quantize_many)(const Compute& c, const void* const* srcs, const size_t* counts,
+                                int n, ncclDataType_t type, const CodecParams* ps,
+                                uint8_t* const* wires);
   /* dst = D(wire), or dst = dst + D(wire) with `accumulate`, in `type`. */
   ncclResult_t (*dequantize)(const Compute& c, const uint8_t* wire, size_t n,
                              const CodecParams& p, void* dst, ncclDataType_t type,

@@ -50,6 +50,12 @@ ncclResult_t quantize(const Compute& c, const void* src, size_t n, ncclDataType_
   return step("quantizing on the device", device_quantize(src, n, type, p, wire, c.stream));
 }
 
+ncclResult_t quantize_many(const Compute& c, const void* const* srcs, const size_t* counts, int n,
+                           ncclDataType_t type, const CodecParams* ps, uint8_t* const* wires) {
+  return step("quantizing on the device",
+              device_quantize_many(srcs, counts, n, type, ps, wires, c.stream));
+}
+
 ncclResult_t dequantize(const Compute& c, const uint8_t* wire, size_t n, const CodecParams& p,
                         void* dst, ncclDataType_t type, bool accumulate) {
   return step("dequantizing on the device",
@@ -101,8 +107,8 @@ ncclResult_t residual(const Compute& c, const float* v, float* e, size_t n, floa
 }  // namespace
 
 Compute device_compute(cudaStream_t stream) {
-  return Compute{"device", nullptr, stream, quantize, dequantize, decode_many, reduce, widen,
-                 divide,   residual};
+  return Compute{"device",    nullptr, stream, quantize, quantize_many, dequantize,
+                 decode_many, reduce,  widen,  divide,   residual};
 }
 
 ncclResult_t set_current_device(int device, int* previous) {

@@ -14,6 +14,12 @@ ncclResult_t quantize(const Compute& c, const void* src, size_t n, ncclDataType_
   return ncclSuccess;
 }
 
+ncclResult_t quantize_many(const Compute& c, const void* const* srcs, const size_t* counts, int n,
+                           ncclDataType_t type, const CodecParams* ps, uint8_t* const* wires) {
+  for (int i = 0; i < n; i++) c.codec->quantize(srcs[i], counts[i], type, ps[i], wires[i]);
+  return ncclSuccess;
+}
+
 ncclResult_t dequantize(const Compute& c, const uint8_t* wire, size_t n, const CodecParams& p,
                         void* dst, ncclDataType_t type, bool accumulate) {
   c.codec->dequantize(wire, n, p, dst, type, accumulate);
@@ -63,8 +69,8 @@ ncclResult_t host_compute(Compute* compute) {
   const HostCodec* codec;
   QNCCL_CHECK(host_codec(&codec));
   *compute =
-      Compute{"host",      codec,  nullptr, quantize, dequantize, decode_many,
-              reduce,      widen,  divide,  residual};
+      Compute{"host", codec,  nullptr, quantize, quantize_many, dequantize,
+              decode_many, reduce, widen,   divide,   residual};
   return ncclSuccess;
 }
 

@@ -147,6 +147,10 @@ class Segment {
    * exchange() returns it, so the algorithm stops at its next transport
    * step. */
   void encode_input(Range r, uint64_t step, uint8_t* wire);          // wire = Q(x)
+  /* encode_input(ranges[i], steps[i], wires[i]) for i < n, in one step
+   * (with error feedback, whose residuals each quantization rewrites, one
+   * after another). */
+  void encode_inputs(const Range* ranges, const uint64_t* steps, int n, uint8_t* const* wires);
   /* Q(acc). `first`: r is the piece from value `first` of a larger
    * quantization on the same stream (the tree's pieces), 0 otherwise. */
   void encode_acc(Range r, const float* acc, uint64_t step, uint8_t* wire, uint64_t first = 0);
@@ -191,9 +195,10 @@ class Segment {
     if (status == ncclSuccess) status = res;
   }
   ncclResult_t step(Post& post) const;  // exchange() and collectives()
-  /* params' random stream for quantization `step` (from device_call when
-   * set), from its value `first` on. */
-  void set_stream(uint64_t step, uint64_t first = 0);
+  /* params with the random stream of quantization `step` (from device_call
+   * when set), from its value `first` on. */
+  CodecParams stream_params(uint64_t step, uint64_t first = 0) const;
+  void set_stream(uint64_t step, uint64_t first = 0) { params = stream_params(step, first); }
   /* wire = Q(v) of float32 values covering `r` on the stream of `step`; with
    * error feedback then e[r] = (v - D(wire)) * scale (non-finite: 0). */
   void quantize_float(Range r, const float* v, uint64_t step, float scale, uint8_t* wire,

@@ -111,13 +111,34 @@ void Segment::encode_input(Range r, uint64_t step, uint8_t* wire) {
   quantize_float(r, fed_input.data(), step, 1.0f, wire);
 }
 
-void Segment::set_stream(uint64_t step, uint64_t first) {
-  params.stream = stream_id(call, index, stream_rank, step_base + step);
-  params.first = first;
-  params.call = device_call;
-  params.segment = index;
-  params.rank = stream_rank;
-  params.step = step_base + step;
+void Segment::encode_inputs(const Range* ranges, const uint64_t* steps, int n,
+                            uint8_t* const* wires) {
+  if (residual != nullptr) {
+    for (int i = 0; i < n; i++) encode_input(ranges[i], steps[i], wires[i]);
+    return;
+  }
+  if (status != ncclSuccess || n == 0) return;
+  std::vector<const void*> srcs((size_t)n);
+  std::vector<size_t> counts((size_t)n);
+  std::vector<CodecParams> ps((size_t)n);
+  for (int i = 0; i < n; i++) {
+    srcs[i] = input(ranges[i]);
+    counts[i] = ranges[i].size();
+    ps[i] = stream_params(steps[i]);
+  }
+  record(compute.quantize_many(compute, srcs.data(), counts.data(), n, input_type, ps.data(),
+                               wires));
+}
+
+CodecParams Segment::stream_params(uint64_t step, uint64_t first) const {
+  CodecParams p = params;
+  p.stream = stream_id(call, index, stream_rank, step_base + step);
+  p.first = first;
+  p.call = device_call;
+  p.segment = index;
+  p.rank = stream_rank;
+  p.step = step_base + step;
+  return p;
 }
 
 void Segment::encode_acc(Range r, const float* acc, uint64_t step, uint8_t* wire,

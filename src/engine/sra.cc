@@ -17,13 +17,19 @@ ncclResult_t scatter_reduce(Segment& s, Workspace& w, Range (*part)(const Segmen
   auto to = [&](int k) { return w.slot((size_t)k, slot); };
   auto from = [&](int k) { return w.slot((size_t)(n + k), slot); };
   std::vector<Transfer> sends(n), recvs(n);  // indexed by peer
+  std::vector<Range> parts;                  // the others', encoded in one step
+  std::vector<uint64_t> steps;
+  std::vector<uint8_t*> wires;
   for (int k = 0; k < n; k++) {
     if (k == r) continue;
     const Range c = part(s, k);
-    s.encode_input(c, (uint64_t)k, to(k));
+    parts.push_back(c);
+    steps.push_back((uint64_t)k);
+    wires.push_back(to(k));
     sends[k] = {to(k), s.wire_bytes(c.size()), k};
     recvs[k] = {from(k), s.wire_bytes(own.size()), k};
   }
+  s.encode_inputs(parts.data(), steps.data(), (int)parts.size(), wires.data());
   QNCCL_CHECK(s.all_to_all(sends.data(), recvs.data()));
   std::vector<const uint8_t*> received;  // in rank order
   for (int j = 0; j < n; j++)

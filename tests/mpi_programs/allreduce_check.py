@@ -415,8 +415,8 @@ def expected_counts(algo, op, rank, nranks):
     n, avg = nranks, op == "avg"
     if algo == "ring":  # n-1 steps of encode and reduce; the result; n-1 decodes
         return 2 * (n - 1) + 2 + avg + (n - 1), 2 * (n - 1)
-    if algo == "sra":  # n-1 encodes; one reduce; the result; one decode of the n-1 others
-        return (n - 1) + 1 + 2 + avg + 1, 2 * (n - 1)
+    if algo == "sra":  # one encode of the n-1 chunks; one reduce; the result; one decode
+        return 1 + 1 + 2 + avg + 1, 2 * (n - 1)
     children = sum(c < n for c in (2 * rank + 1, 2 * rank + 2))
     # reduce (the children's sums with the input), encode (the root: the result), decode
     return 3 + (avg and rank == 0), 2 * ((rank != 0) + (children > 0))
