@@ -257,8 +257,12 @@ void Deadline::restart() {
 }
 
 void Deadline::pause() {
-  // Spin (yielding) for a millisecond, then poll every 100 us.
-  if (std::chrono::steady_clock::now() - last_progress_ < std::chrono::milliseconds(1)) {
+  // Spin (yielding) for 5 ms, then poll every 100 us. A waiting rank that
+  // yields lets the ranks it waits for run, and sees its transfers end at
+  // once; one that sleeps wakes late (on 4 ranks of a 2-core machine, a
+  // 64 MiB quantized allreduce took 20-30% longer with a 1 ms spin, 50%
+  // longer with none). NCCL's own host threads spin too.
+  if (std::chrono::steady_clock::now() - last_progress_ < std::chrono::milliseconds(5)) {
     sched_yield();
   } else {
     std::this_thread::sleep_for(std::chrono::microseconds(100));
