@@ -28,6 +28,7 @@ namespace {
 
 /* Values per tile: a multiple of 8 (tiles start on packing groups). */
 constexpr size_t kTile = 4096;
+constexpr size_t kLineValues = 64 / 4;  // float32 values per cache line (fewer for 16-bit)
 static_assert(kTile % kGroup == 0, "tile alignment");
 
 /* Explicit vectors (GCC/Clang vector extensions) for the loops the
@@ -240,6 +241,10 @@ void encode_buffer(const typename D::T* src, size_t count, const CodecParams& p,
         bp = ahead.pop();
       }
       const size_t end = std::min(t1, bucket_end);
+      // The next tile's values, a line at a time while this one encodes, so
+      // its min/max pass finds them in the cache instead of waiting on memory.
+      for (size_t line = i; line < end; line += kLineValues)
+        __builtin_prefetch(src + std::min(line + kTile, count - 1));
       uint8_t* out = stage + (i - t0);
       if (bp.nonfinite)
         memset(out, 0, end - i);
