@@ -7,7 +7,8 @@
 
 emulator     qncclAllReduce with config.errorFeedback = 1, CALLS calls per buffer, for
              ring/tree/SRA x float32/float16/bfloat16 x sum/avg x both roundings, buffers
-             in segments, in place and not, NaN/Inf in one call: after every call each
+             in segments (on 1, 2 or 3 pipeline lanes), in place and not, NaN/Inf in
+             one call: after every call each
              rank's output and its residual (qncclCommGetResidual) are bit for bit what
              qnccl.emulate.allreduce(..., residuals=) gives; the output is the same on every
              rank; out of place, the send buffer is untouched.
@@ -142,9 +143,11 @@ def emulator_cases():
         for j in range(2):
             rounding, op, inplace = combos[(3 * i + 5 * j) % len(combos)]
             count, bucket, segment = ((5003, 64, 1000), (300, 7, 0))[j]
+            # The case of several segments also runs them on 2 and 3 pipeline lanes.
             cases.append(FeedbackCase(algo, dtype, count, rounding, op, inplace, bits=(2, 3)[j],
                                       bucket=bucket, segment_values=segment, seed=100 + 10 * i + j,
-                                      data=("wide", "special")[(i + j) % 2]))
+                                      data=("wide", "special")[(i + j) % 2],
+                                      lanes=(0, 2, 3)[i % 3] if segment else 0))
     return cases
 
 
