@@ -8,10 +8,10 @@
 emulator     qncclAllReduce with config.errorFeedback = 1, CALLS calls per buffer, for
              ring/tree/SRA x float32/float16/bfloat16 x sum/avg x both roundings, buffers
              in segments (on 1, 2 or 3 pipeline lanes), in place and not, NaN/Inf in
-             one call: after every call each
-             rank's output and its residual (qncclCommGetResidual) are bit for bit what
-             qnccl.emulate.allreduce(..., residuals=) gives; the output is the same on every
-             rank; out of place, the send buffer is untouched.
+             one call: after every call each rank's output and its residual
+             (qncclCommGetResidual) are bit for bit what qnccl.emulate.allreduce(...,
+             residuals=) gives; the output is the same on every rank; out of place, the
+             send buffer is untouched.
 bookkeeping  float32, 40 calls on one buffer per algorithm and op: sum_t result_t equals
              sum_t sum_r x_r,t - sum_r e_r,T (avg: / N) within the float32 rounding bound
              computed from the data, while without feedback the same identity misses by
