@@ -164,47 +164,49 @@ __device__ BucketStats shfl_xor_stats(const BucketStats& s, int mask) {
   return o;
 }
 
-/* Each warp takes kWarp / a.lanes consecutive items per step; lane group
- * `lane / a.lanes` owns one of them. */
-template <class Type>
-__device__ __forceinline__ void stats_kernel(const StatsArgs<Type>& a) {
+/* Pass 1 over `items` items reduced by `lanes` lanes each: each warp takes
+ * kWarp / lanes consecutive items per step; lane group `lane / lanes` owns
+ * one of them. locate(item, &local) gives the StatsArgs the item belongs to
+ * and its index there. */
+template <class Type, class Locate>
+__device__ __forceinline__ void stats_items(size_t items, int lanes, Locate locate) {
   const int lane = threadIdx.x % kWarp;
-  const int rank = lane % a.lanes;
-  const size_t per_warp = kWarp / a.lanes;
+  const int rank = lane % lanes;
+  const size_t per_warp = kWarp / lanes;
   const size_t warp = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) / kWarp;
   const size_t warps = gridDim.x * (size_t)blockDim.x / kWarp;
   // `first` is the same in all lanes: every lane reaches every shuffle.
-  for (size_t first = warp * per_warp; first < a.items; first += warps * per_warp) {
-    const size_t item = first + lane / a.lanes;
-    BucketStats s = item < a.items ? lane_stats(a, item, rank) : stats_init();
-    // XOR masks below a.lanes stay inside the aligned lane group.
-    for (int mask = a.lanes / 2; mask > 0; mask /= 2) stats_merge(s, shfl_xor_stats(s, mask));
-    if (rank == 0 && item < a.items) store_meta(a.out, item, stats_meta(s), a.out_aligned);
+  for (size_t first = warp * per_warp; first < items; first += warps * per_warp) {
+    const size_t item = first + lane / lanes;
+    size_t local = 0;
+    const StatsArgs<Type> a = locate(item < items ? item : items - 1, &local);
+    BucketStats s = item < items ? lane_stats(a, local, rank) : stats_init();
+    // XOR masks below lanes stay inside the aligned lane group.
+    for (int mask = lanes / 2; mask > 0; mask /= 2) stats_merge(s, shfl_xor_stats(s, mask));
+    if (rank == 0 && item < items) store_meta(a.out, local, stats_meta(s), a.out_aligned);
   }
+}
+
+template <class Type>
+__device__ __forceinline__ void stats_kernel(const StatsArgs<Type>& a) {
+  stats_items<Type>(a.items, a.lanes, [&](size_t item, size_t* local) {
+    *local = item;
+    return a;
+  });
 }
 
 /* stats_kernel over the buckets of several buffers (whole buckets only):
  * the same metadata as one stats pass per buffer. */
 template <class Type>
 __device__ __forceinline__ void stats_many_kernel(const StatsManyArgs<Type>& a) {
-  const int lane = threadIdx.x % kWarp;
-  const int rank = lane % a.lanes;
-  const size_t per_warp = kWarp / a.lanes;
-  const size_t warp = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) / kWarp;
-  const size_t warps = gridDim.x * (size_t)blockDim.x / kWarp;
-  const size_t items = a.first_item[a.n];
-  for (size_t first = warp * per_warp; first < items; first += warps * per_warp) {
-    const size_t item = first + lane / a.lanes;
+  stats_items<Type>(a.first_item[a.n], a.lanes, [&](size_t item, size_t* local) {
     int i = 0;
     while (i + 1 < a.n && item >= a.first_item[i + 1]) ++i;
-    const size_t buckets = a.first_item[i + 1] - a.first_item[i];
-    const StatsArgs<Type> one = {a.srcs[i], a.counts[i], a.bucket, a.bucket, 1,
-                                 buckets,   a.lanes,     a.outs[i], a.out_aligned};
-    const size_t k = item - a.first_item[i];
-    BucketStats s = item < items ? lane_stats(one, k, rank) : stats_init();
-    for (int mask = a.lanes / 2; mask > 0; mask /= 2) stats_merge(s, shfl_xor_stats(s, mask));
-    if (rank == 0 && item < items) store_meta(one.out, k, stats_meta(s), one.out_aligned);
-  }
+    *local = item - a.first_item[i];
+    return StatsArgs<Type>{a.srcs[i], a.counts[i], a.bucket, a.bucket, 1,
+                           a.first_item[i + 1] - a.first_item[i], a.lanes, a.outs[i],
+                           a.out_aligned};
+  });
 }
 
 /* ---- Pass 2: encode ----------------------------------------------------- */
