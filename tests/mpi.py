@@ -36,6 +36,11 @@ def mpirun():
     return path
 
 
+def joined(out, err):
+    """A job's stdout, then its stderr, each on lines of its own."""
+    return out + ("\n" if out and err and not out.endswith("\n") else "") + err
+
+
 def run(nprocs, argv, timeout, env=None, check=True):
     """Runs `argv` as an MPI job of `nprocs` ranks; returns the CompletedProcess.
 
@@ -47,15 +52,18 @@ def run(nprocs, argv, timeout, env=None, check=True):
     job_env = dict(os.environ, **MPI_ENV, **(env or {}))
     if RANK_PRELOAD:  # the ranks preload it (-x), mpirun itself does not
         job_env.pop("LD_PRELOAD", None)
-    proc = subprocess.Popen(cmd, env=job_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    # stdout, then stderr: mpirun forwards the ranks' two streams separately, so
+    # one pipe for both could splice a line of one into a line of the other.
+    proc = subprocess.Popen(cmd, env=job_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
     try:
-        out, _ = proc.communicate(timeout=timeout)
+        out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
+        out = joined(*proc.communicate())
         pytest.fail(f"MPI job hung: {nprocs} ranks of {' '.join(map(str, argv))} ran past "
                     f"{timeout} s and were killed. Output:\n{out[-4000:]}")
+    out = joined(out, err)
     result = subprocess.CompletedProcess(cmd, proc.returncode, out, "")
     if check and proc.returncode != 0:
         pytest.fail(f"MPI job failed (exit {proc.returncode}): {nprocs} ranks of "
