@@ -28,7 +28,7 @@ namespace {
 
 /* Values per tile: a multiple of 8 (tiles start on packing groups). */
 constexpr size_t kTile = 4096;
-constexpr size_t kLineValues = 64 / 4;  // float32 values per cache line (fewer for 16-bit)
+constexpr size_t kLineValues = 64 / 4;  // float32 values per cache line (16-bit: half a line)
 static_assert(kTile % kGroup == 0, "tile alignment");
 
 /* Explicit vectors (GCC/Clang vector extensions) for the loops the

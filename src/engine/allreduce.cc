@@ -4,7 +4,6 @@
  * buffers. */
 #include <stdint.h>
 
-#include <algorithm>
 #include <memory>
 #include <vector>
 
@@ -167,7 +166,7 @@ ncclResult_t run_on_device(Segment& s, int device, qncclAlgo_t algo, const Works
     res = run_segments(s, ws.memory, need, algo, sendbuff, recvbuff, count, config, residual,
                        state, device, forked ? lanes : nullptr);
   if (forked) {
-    const ncclResult_t joined = device_lanes_join(ws, s.stream, std::min(need.lanes, ws.lanes));
+    const ncclResult_t joined = device_lanes_join(ws, s.stream, need.lanes);
     if (res == ncclSuccess) res = joined;
   }
   if (counted) {
@@ -313,8 +312,7 @@ ncclResult_t run_call(Segment& s, const void* sendbuff, void* recvbuff, size_t c
 #ifdef QNCCL_WITH_CUDA
   if (count > 0) QNCCL_CHECK(pointer_device("quantized allreduce", sendbuff, &device));
 #endif
-  const size_t W = segment_values(config);
-  need.lanes = pipeline_lanes(algo, (count + W - 1) / W, config.lanes, device >= 0);
+  need.lanes = pipeline_lanes(algo, count, config, device >= 0);
   if (config.errorFeedback && algo == qncclAlgoRing && config.codec.bits <= 2 &&
       s.nranks >= 8 && !state.warned_feedback_ring) {
     state.warned_feedback_ring = true;
@@ -394,8 +392,7 @@ ncclResult_t allreduce_workspace_size(const char* fn, size_t count, ncclDataType
                      "algorithm (the hierarchical one needs no more than its inter algorithm "
                      "over one rank's shard, plus the intra stage's with intraBits)", fn);
   WorkspaceSize need = workspace_size(algo, count, *config, nranks);
-  const size_t W = segment_values(*config);
-  need.lanes = pipeline_lanes(algo, (count + W - 1) / W, config->lanes, /*device=*/true);
+  need.lanes = pipeline_lanes(algo, count, *config, /*device=*/true);
   *bytes = need.bytes();
   return ncclSuccess;
 }

@@ -308,11 +308,12 @@ constexpr size_t kHierLanes = 4;
 /* Lanes of a flat call's pipeline on device buffers unless the config says
  * otherwise: one computes while the other's bytes are in flight. */
 constexpr size_t kFlatLanes = 2;
-/* How many lanes the `segments` segments of a call run on (1: one after
- * another): kHierLanes for hierarchical calls, else `lanes` (the config's;
- * 0: kFlatLanes on device buffers, 1 on host ones), never more than
+/* How many lanes the segments of a call of `count` values run on (1: one
+ * after another): kHierLanes for hierarchical calls, else config.lanes (0:
+ * kFlatLanes on device buffers, 1 on host ones), never more than there are
  * segments. A function of values every rank shares, so all agree. */
-size_t pipeline_lanes(qncclAlgo_t algo, size_t segments, int lanes, bool device);
+size_t pipeline_lanes(qncclAlgo_t algo, size_t count, const qncclAllReduceConfig_t& config,
+                      bool device);
 /* Runs `run` on every segment of `segs` (engine/pipeline.cc, docs/allreduce.md,
  * "Pipelined segments"): with one lane one after another in `w[0]`; with
  * more, lane j (on its own thread, in workspace w[j], on `device` when it is

@@ -22,9 +22,12 @@ void Segments::place(Segment& s, size_t g) const {
   s.residual = residual != nullptr ? residual + first : nullptr;
 }
 
-size_t pipeline_lanes(qncclAlgo_t algo, size_t segments, int lanes, bool device) {
+size_t pipeline_lanes(qncclAlgo_t algo, size_t count, const qncclAllReduceConfig_t& config,
+                      bool device) {
+  const size_t W = segment_values(config), segments = (count + W - 1) / W;
   size_t most = kHierLanes;
-  if (algo != qncclAlgoHier) most = lanes > 0 ? (size_t)lanes : device ? kFlatLanes : 1;
+  if (algo != qncclAlgoHier)
+    most = config.lanes > 0 ? (size_t)config.lanes : device ? kFlatLanes : 1;
   return segments < most ? (segments > 0 ? segments : 1) : most;
 }
 

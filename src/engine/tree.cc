@@ -6,9 +6,10 @@
  * children, receives result piece t - L - d + 1 from its parent and
  * forwards piece t - L - d to its children, so every level and both
  * directions are busy at once. Every rank takes the same P + 2L - 1 steps
- * (P with a single rank; some with nothing to move). Pieces are bucket-aligned and each piece is
- * quantized on the segment's stream from its first value on, so the bytes
- * are those of quantizing the whole segment at once. */
+ * (P with a single rank; some with nothing to move). Pieces are
+ * bucket-aligned and each piece is quantized on the segment's stream from
+ * its first value on, so the bytes are those of quantizing the whole
+ * segment at once. */
 #include "engine/engine.h"
 
 #include <algorithm>
