@@ -69,8 +69,8 @@ ncclResult_t device_quantize(const void* src, size_t count, ncclDataType_t type,
                              const CodecParams& p, void* dst, cudaStream_t stream);
 /* Quantizes srcs[i] (counts[i] values) into wires[i] with params ps[i] (the
  * same bits, bucket and rounding; their own random streams) for i < n: the
- * same bytes as n quantizes, in two launches per 16 of them (buckets of up
- * to 4096 values). */
+ * same bytes as n quantizes, in one launch per 16 of them when buckets are
+ * powers of two up to 4096 values, two for other buckets up to 4096 values. */
 ncclResult_t device_quantize_many(const void* const* srcs, const size_t* counts, int n,
                                   ncclDataType_t type, const CodecParams* ps,
                                   uint8_t* const* wires, cudaStream_t stream);

@@ -91,6 +91,7 @@ ncclResult_t launch_stats(const StatsArgs<Type>& a, cudaStream_t stream) {
 
 /* ---- Dispatch ----------------------------------------------------------- */
 
+/* The encode of quantize: in one pass when one_pass(bucket), else after pass 1. */
 template <class Type>
 EncodeArgs<Type> plan_encode(const typename Type::T* src, size_t count, const CodecParams& p,
                              uint8_t* wire) {
@@ -100,6 +101,8 @@ EncodeArgs<Type> plan_encode(const typename Type::T* src, size_t count, const Co
                           wire,
                           wire + num_buckets(count, p.bucket) * kMetaBytes,
                           code_bytes(count, p.bits),
+                          one_pass(p.bucket) ? (int)min_size(kWarp, p.bucket / kGroup) : 0,
+                          span_tiles(p.bucket),
                           rng_key(p.seed, p.stream),
                           aligned_to(src, 16),
                           aligned_to(wire, 8),
@@ -130,14 +133,16 @@ ncclResult_t quantize_as(const typename Type::T* src, size_t count, const CodecP
   if (!aligned_to(src, sizeof(*src)))
     return set_error(ncclInvalidArgument, "the input is not aligned to its %zu-byte elements",
                      sizeof(*src));
-  const StatsPasses<Type> stats = plan_stats<Type>(src, count, p.bucket, wire);
-  QNCCL_CHECK(launch_stats(stats.first, stream));
-  if (stats.sliced) QNCCL_CHECK(launch_stats(stats.merge, stream));
+  if (!one_pass(p.bucket)) {
+    const StatsPasses<Type> stats = plan_stats<Type>(src, count, p.bucket, wire);
+    QNCCL_CHECK(launch_stats(stats.first, stream));
+    if (stats.sliced) QNCCL_CHECK(launch_stats(stats.merge, stream));
+  }
   const EncodeArgs<Type> a = plan_encode<Type>(src, count, p, wire);
   char name[64];
   snprintf(name, sizeof name, "qnccl_encode_%s_%d_%s", Type::kName, p.bits,
            p.rounding == qncclRoundStochastic ? "stochastic" : "nearest");
-  return launch(name, ceil_div(ceil_div(count, kGroup), kWarp), a, stream);
+  return launch(name, num_spans(a), a, stream);
 }
 
 template <class Type>
@@ -153,10 +158,10 @@ ncclResult_t dequantize_as(const uint8_t* wire, size_t count, const CodecParams&
   return launch(name, ceil_div(ceil_div(count, kGroup), kWarp), a, stream);
 }
 
-/* Up to kEncodeItems buffers per pair of launches (stats-many, then
- * encode-many) while buckets stay whole in pass 1; longer buckets take
- * quantize_as per buffer. Each buffer gets the bytes quantize_as gives it
- * with its own params ps[i]. */
+/* Up to kEncodeItems buffers per launch of encode-many (after one of
+ * stats-many when the buckets take two passes) while buckets stay whole in
+ * pass 1; longer buckets take quantize_as per buffer. Each buffer gets the
+ * bytes quantize_as gives it with its own params ps[i]. */
 template <class Type>
 ncclResult_t quantize_many_as(const typename Type::T* const* srcs, const size_t* counts, int n,
                               const CodecParams* ps, uint8_t* const* wires, cudaStream_t stream) {
@@ -190,15 +195,15 @@ ncclResult_t quantize_many_as(const typename Type::T* const* srcs, const size_t*
       stats.out_aligned = stats.out_aligned && aligned_to(wires[i], 8);
       longest = counts[i] > longest ? counts[i] : longest;
       encode.items[k] = plan_encode<Type>(srcs[i], counts[i], ps[i], wires[i]);
-      encode.first_tile[k + 1] =
-          encode.first_tile[k] + ceil_div(ceil_div(counts[i], kGroup), kWarp);
+      encode.first_span[k + 1] = encode.first_span[k] + num_spans(encode.items[k]);
     }
     if (stats.n == 0) break;
     encode.n = stats.n;
     stats.lanes = lanes_for(min_size(bucket, longest));
-    QNCCL_CHECK(
-        launch(stats_name, ceil_div(stats.first_item[stats.n], kWarp / stats.lanes), stats, stream));
-    QNCCL_CHECK(launch(encode_name, encode.first_tile[encode.n], encode, stream));
+    if (!one_pass(bucket))
+      QNCCL_CHECK(launch(stats_name, ceil_div(stats.first_item[stats.n], kWarp / stats.lanes), stats,
+                         stream));
+    QNCCL_CHECK(launch(encode_name, encode.first_span[encode.n], encode, stream));
   }
   return ncclSuccess;
 }

@@ -6,15 +6,19 @@
  * the work onto threads; everything is enqueued on the caller's stream,
  * nothing synchronizes or allocates.
  *
- * Quantize runs two passes over the input:
- *   1. bucket_stats_kernel: min/max of every bucket into the metadata. A
+ * Quantize is one kernel, encode_kernel, when buckets are powers of two up
+ * to kSliceValues values (one_pass(), codec_kernels.h): a warp reduces the
+ * buckets of its span of tiles, stores their metadata and encodes them. Other
+ * buckets take two passes over the input:
+ *   1. stats_kernel: min/max of every bucket into the metadata. A
  *      group of `lanes` lanes (a power of two, up to a warp) reduces one
  *      bucket. Buckets longer than kSliceValues are cut into slices whose
  *      partial metadata goes to scratch space in the (not yet written) code
  *      area; a second launch of the same kernel merges them.
- *   2. encode_kernel: one lane per packing group of 8 values (8 codes ->
- *      BITS bytes). A warp stages its 32 groups, 32*BITS contiguous bytes,
- *      in shared memory and stores them as whole words.
+ *   2. encode_kernel, reading pass 1's metadata.
+ * Encoding gives one lane per packing group of 8 values (8 codes -> BITS
+ * bytes); a warp stages its tile of 32 groups, 32*BITS contiguous bytes, in
+ * shared memory and stores them as whole words.
  * Dequantize is one pass, decode_kernel: one lane per packing group; so is
  * reduce_kernel, which widens the input and adds several decoded buffers.
  *
@@ -209,37 +213,44 @@ __device__ __forceinline__ void stats_many_kernel(const StatsManyArgs<Type>& a) 
   });
 }
 
-/* ---- Pass 2: encode ----------------------------------------------------- */
+/* ---- Encode -------------------------------------------------------------- */
 
-/* Codes of values [8g, 8g + 8) (those below count), packed: BITS bytes in
- * the low bytes of the result, zero past count. */
-template <class Type, int BITS, bool STOCHASTIC>
-QNCCL_HD uint64_t encode_group(const EncodeArgs<Type>& a, RngKey key, size_t g) {
+/* The code of value i (x) of a bucket with params bp: zero in a non-finite bucket. */
+template <bool STOCHASTIC>
+QNCCL_HD uint32_t encode_value(const BucketParams& bp, float x, RngKey key, uint64_t i) {
+  if (bp.nonfinite) return 0;
+  if constexpr (STOCHASTIC)
+    return encode_stochastic(bp, x, rng_uniform(key, i));
+  else
+    return encode_nearest(bp, x);
+}
+
+/* Codes of values [8g, 8g + 8) (x, those below count), packed: BITS bytes in
+ * the low bytes of the result, zero past count. One pass: every value is in
+ * the bucket of params `bp`; two passes: each value's bucket is read from
+ * the metadata. */
+template <class Type, int BITS, bool STOCHASTIC, bool ONE_PASS>
+QNCCL_HD uint64_t encode_group(const EncodeArgs<Type>& a, RngKey key, size_t g,
+                               const float (&x)[kGroup], BucketParams bp) {
   const size_t first = g * kGroup;
   const int len = (int)min_size(kGroup, a.count - first);
-  float x[kGroup];
-  load_group<Type>(a.src, first, len, a.src_vectors, x);
   // Bucket k holds value first + j while first + j < next; no overflow as in lane_stats.
-  size_t k = div_index(first, a.bucket);
-  size_t next = k * a.bucket + a.bucket;
-  BucketParams bp = bucket_params(load_meta(a.meta, k, a.wire_aligned), BITS);
+  size_t k = 0, next = 0;
+  if constexpr (!ONE_PASS) {
+    k = div_index(first, a.bucket);
+    next = k * a.bucket + a.bucket;
+    bp = bucket_params(load_meta(a.meta, k, a.wire_aligned), BITS);
+  }
   uint64_t codes = 0;  // code j in byte j, as pack8 takes them
 #pragma unroll
   for (int j = 0; j < (int)kGroup; ++j) {
     if (j >= len) break;
-    if (first + j == next) {  // buckets not a multiple of 8 end inside groups
+    if (!ONE_PASS && first + j == next) {  // buckets not a multiple of 8 end inside groups
       ++k;
       next += a.bucket;
       bp = bucket_params(load_meta(a.meta, k, a.wire_aligned), BITS);
     }
-    uint32_t q = 0;  // a non-finite bucket's codes are zero
-    if (!bp.nonfinite) {
-      if constexpr (STOCHASTIC)
-        q = encode_stochastic(bp, x[j], rng_uniform(key, a.first + first + j));
-      else
-        q = encode_nearest(bp, x[j]);
-    }
-    codes |= (uint64_t)q << (8 * j);
+    codes |= (uint64_t)encode_value<STOCHASTIC>(bp, x[j], key, a.first + first + j) << (8 * j);
   }
   return pack8<BITS>(codes);
 }
@@ -276,17 +287,72 @@ QNCCL_HD void store_tile(const uint32_t* tile_words, uint8_t* codes, size_t code
   }
 }
 
-/* One warp encodes tile t of `a`; every lane of the warp calls it. */
-template <class Type, int BITS, bool STOCHASTIC>
-__device__ __forceinline__ void encode_tile(const EncodeArgs<Type>& a, RngKey key, size_t t,
-                                            uint32_t* tile_words, int lane) {
-  const size_t groups = ceil_div(a.count, kGroup);
+/* Lane `lane` of the warp encoding tile t: its packing group's values x
+ * (zeros past count), loaded, and whether the group holds any. */
+template <class Type>
+__device__ __forceinline__ bool load_lane_group(const EncodeArgs<Type>& a, size_t t, int lane,
+                                                float (&x)[kGroup]) {
   const size_t g = t * kWarp + lane;
-  const uint64_t packed = g < groups ? encode_group<Type, BITS, STOCHASTIC>(a, key, g) : 0;
+  if (g >= ceil_div(a.count, kGroup)) return false;
+  load_group<Type>(a.src, g * kGroup, (int)min_size(kGroup, a.count - g * kGroup), a.src_vectors,
+                   x);
+  return true;
+}
+
+/* One warp encodes tile t of `a` (the lane's values x if it has a group);
+ * every lane of the warp calls it. */
+template <class Type, int BITS, bool STOCHASTIC, bool ONE_PASS>
+__device__ __forceinline__ void encode_tile(const EncodeArgs<Type>& a, RngKey key, size_t t,
+                                            bool has_group, const float (&x)[kGroup],
+                                            BucketParams bp, uint32_t* tile_words, int lane) {
+  const size_t g = t * kWarp + lane;
+  const uint64_t packed =
+      has_group ? encode_group<Type, BITS, STOCHASTIC, ONE_PASS>(a, key, g, x, bp) : 0;
   stage_group<BITS>(tile_words, lane, packed);
   __syncwarp();
   store_tile<BITS>(tile_words, a.codes, a.code_bytes, t, lane, a.wire_aligned);
   __syncwarp();  // the next tile restages these words
+}
+
+/* One warp quantizes span s of `a` (tiles [s * span_tiles, ...)); every
+ * lane of the warp calls it. One pass: the lanes reduce their groups' stats
+ * across the bucket's stats_lanes lanes and the span's tiles, the first lane
+ * of a bucket stores its metadata, and every lane encodes with its bucket's
+ * params (the first tile's values still in registers). */
+template <class Type, int BITS, bool STOCHASTIC>
+__device__ __forceinline__ void encode_span(const EncodeArgs<Type>& a, RngKey key, size_t s,
+                                            uint32_t* tile_words, int lane) {
+  const size_t tiles = ceil_div(ceil_div(a.count, kGroup), kWarp);
+  const size_t t0 = s * a.span_tiles;
+  float x[kGroup] = {};
+  bool has_group = load_lane_group(a, t0, lane, x);
+  if (a.stats_lanes == 0) {  // uniform across the warp, as are t0 and every t below
+    encode_tile<Type, BITS, STOCHASTIC, false>(a, key, t0, has_group, x, BucketParams{}, tile_words,
+                                               lane);
+    return;
+  }
+  BucketStats st = stats_init();
+  const size_t first = (t0 * kWarp + lane) * kGroup;
+  for (int j = 0; j < (int)kGroup; ++j)
+    if (first + j < a.count) stats_add(st, x[j]);
+  for (size_t t = t0 + 1; t < t0 + a.span_tiles && t < tiles; ++t) {
+    float y[kGroup];
+    if (load_lane_group(a, t, lane, y))
+      for (int j = 0; j < (int)kGroup; ++j)
+        if ((t * kWarp + lane) * kGroup + j < a.count) stats_add(st, y[j]);
+  }
+  for (int mask = a.stats_lanes / 2; mask > 0; mask /= 2) stats_merge(st, shfl_xor_stats(st, mask));
+  const BucketMeta meta = stats_meta(st);
+  // The bucket's first lane: its group is the bucket's first (bucket = stats_lanes groups
+  // or a whole span), so it holds values when the bucket does.
+  if (lane % a.stats_lanes == 0 && has_group)
+    store_meta(a.meta, div_index(first, a.bucket), meta, a.wire_aligned);
+  const BucketParams bp = bucket_params(meta, BITS);
+  encode_tile<Type, BITS, STOCHASTIC, true>(a, key, t0, has_group, x, bp, tile_words, lane);
+  for (size_t t = t0 + 1; t < t0 + a.span_tiles && t < tiles; ++t) {
+    has_group = load_lane_group(a, t, lane, x);  // the L1 cache's copy
+    encode_tile<Type, BITS, STOCHASTIC, true>(a, key, t, has_group, x, bp, tile_words, lane);
+  }
 }
 
 template <class Type, int BITS, bool STOCHASTIC>
@@ -294,28 +360,28 @@ __device__ __forceinline__ void encode_kernel(const EncodeArgs<Type>& a) {
   __shared__ uint32_t staging[kWarpsPerBlock][Tile<BITS>::kWords];
   uint32_t* tile_words = staging[threadIdx.x / kWarp];
   const int lane = threadIdx.x % kWarp;
-  const size_t tiles = ceil_div(ceil_div(a.count, kGroup), kWarp);
+  const size_t spans = num_spans(a);
   const size_t warp = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) / kWarp;
   const size_t warps = gridDim.x * (size_t)blockDim.x / kWarp;
   const RngKey key = key_of(a);
-  // `t` is the same in all lanes: every lane reaches every __syncwarp.
-  for (size_t t = warp; t < tiles; t += warps)
-    encode_tile<Type, BITS, STOCHASTIC>(a, key, t, tile_words, lane);
+  // `s` is the same in all lanes: every lane reaches every shuffle and __syncwarp.
+  for (size_t s = warp; s < spans; s += warps)
+    encode_span<Type, BITS, STOCHASTIC>(a, key, s, tile_words, lane);
 }
 
-/* encode_kernel over the tiles of several buffers, in buffer order. */
+/* encode_kernel over the spans of several buffers, in buffer order. */
 template <class Type, int BITS, bool STOCHASTIC>
 __device__ __forceinline__ void encode_many_kernel(const EncodeManyArgs<Type>& a) {
   __shared__ uint32_t staging[kWarpsPerBlock][Tile<BITS>::kWords];
   uint32_t* tile_words = staging[threadIdx.x / kWarp];
   const int lane = threadIdx.x % kWarp;
-  const size_t tiles = a.first_tile[a.n];
+  const size_t spans = a.first_span[a.n];
   const size_t warp = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) / kWarp;
   const size_t warps = gridDim.x * (size_t)blockDim.x / kWarp;
-  for (size_t T = warp; T < tiles; T += warps) {  // the same in all lanes
+  for (size_t S = warp; S < spans; S += warps) {  // the same in all lanes
     int i = 0;
-    while (T >= a.first_tile[i + 1]) ++i;
-    encode_tile<Type, BITS, STOCHASTIC>(a.items[i], key_of(a.items[i]), T - a.first_tile[i],
+    while (S >= a.first_span[i + 1]) ++i;
+    encode_span<Type, BITS, STOCHASTIC>(a.items[i], key_of(a.items[i]), S - a.first_span[i],
                                         tile_words, lane);
   }
 }

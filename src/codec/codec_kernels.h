@@ -50,13 +50,33 @@ struct StatsArgs {
   bool out_aligned;
 };
 
+/* Quantize in one pass when a bucket is a power of two from kGroup to
+ * kSliceValues values: a bucket is then whole packing groups, and a span of
+ * max(1, bucket / kSpanValues) warp tiles (kSpanValues = a tile's 256
+ * values) holds whole buckets. One warp reduces a span's buckets (groups of
+ * min(kWarp, bucket / kGroup) lanes, each lane one packing group per tile),
+ * stores their metadata and encodes the span from them, the values still
+ * in registers or the L1 cache: one kernel reads the input once. Other
+ * buckets take two passes (statistics, then encoding). */
+constexpr size_t kSpanValues = (size_t)kWarp * kGroup;
+
+QNCCL_HD bool one_pass(size_t bucket) {
+  return bucket >= kGroup && bucket <= kSliceValues && (bucket & (bucket - 1)) == 0;
+}
+
+QNCCL_HD size_t span_tiles(size_t bucket) {
+  return one_pass(bucket) && bucket > kSpanValues ? bucket / kSpanValues : 1;
+}
+
 template <class Type>
 struct EncodeArgs {
   const typename Type::T* src;
   size_t count, bucket;
-  const uint8_t* meta;  // pass 1's output
-  uint8_t* codes;       // the code area, code_bytes(count, bits) long
+  uint8_t* meta;   // pass 1's output, or written by the encode itself (stats_lanes > 0)
+  uint8_t* codes;  // the code area, code_bytes(count, bits) long
   size_t code_bytes;
+  int stats_lanes;    // one pass: lanes per bucket, min(kWarp, bucket / kGroup); 0: two passes
+  size_t span_tiles;  // tiles a warp takes at once: span_tiles(bucket), 1 with two passes
   RngKey key;
   bool src_vectors;   // src is 16-byte aligned
   bool wire_aligned;  // meta (and so codes) is 8-byte aligned
@@ -72,6 +92,12 @@ template <class Type>
 QNCCL_HD RngKey key_of(const EncodeArgs<Type>& a) {
   return a.call == nullptr ? a.key
                            : rng_key(a.seed, stream_id(*a.call, a.segment, a.rank, a.step));
+}
+
+/* Warp spans of an encode: one warp each. */
+template <class Type>
+QNCCL_HD size_t num_spans(const EncodeArgs<Type>& a) {
+  return ceil_div(ceil_div(ceil_div(a.count, kGroup), kWarp), a.span_tiles);
 }
 
 template <class Type>
@@ -121,11 +147,11 @@ struct DecodeManyArgs {
   bool wire_aligned;  // every wire 8-byte aligned
 };
 
-/* Up to kEncodeItems buffers per launch of the stats-many and encode-many
- * kernels (the N - 1 encodes of SRA's scatter), each quantized as one
- * quantize would with its own random stream. Only buckets that stay whole
- * in pass 1 (bucket <= kSliceValues) take these; longer ones are quantized
- * one buffer at a time. */
+/* Up to kEncodeItems buffers per launch of the encode-many kernel (and of
+ * stats-many before it when the buckets take two passes): the N - 1 encodes
+ * of SRA's scatter, each quantized as one quantize would with its own
+ * random stream. Only buckets that stay whole in pass 1 (bucket <=
+ * kSliceValues) take these; longer ones are quantized one buffer at a time. */
 constexpr int kEncodeItems = 16;
 
 /* Pass 1 over several buffers: bucket k of buffer i is item
@@ -142,12 +168,12 @@ struct StatsManyArgs {
   bool out_aligned;  // every out 8-byte aligned
 };
 
-/* Pass 2 over several buffers: warp tile t of buffer i is tile
- * first_tile[i] + t of the launch. */
+/* Encoding over several buffers: warp span s of buffer i is span
+ * first_span[i] + s of the launch. */
 template <class Type>
 struct EncodeManyArgs {
   EncodeArgs<Type> items[kEncodeItems];
-  size_t first_tile[kEncodeItems + 1];
+  size_t first_span[kEncodeItems + 1];
   int n;
 };
 

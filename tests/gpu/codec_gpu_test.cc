@@ -247,7 +247,9 @@ bool check_no_sync(cudaStream_t stream) {
 void check_matrix(cudaStream_t stream, int* passed, int* failed) {
   constexpr int kMaxFailures = 20;
   const size_t counts[] = {0, 1, 9, 4099, 1 << 20, (3 << 20) + 5};
-  const size_t buckets[] = {1, 7, 128, 1000, 1 << 20};
+  // One pass (powers of two from 8 to 4096: a bucket per 1 or 16 lanes, per warp over 2 or 16
+  // tiles) and two (1, 7, 1000; 1 << 20 sliced).
+  const size_t buckets[] = {1, 7, 8, 128, 512, 1000, 4096, 1 << 20};
   const ncclDataType_t types[] = {ncclFloat32, ncclFloat16, ncclBfloat16};
   uint64_t serial = 0;  // numbers the configurations: seed, random stream, alignment
   for (size_t count : counts) {
