@@ -53,53 +53,67 @@ VecF load_vector(const typename D::T* x) {
   return v;
 }
 
+/* Lane j of the result holds lane (j + half) % kLanes of v: a constant
+ * permutation, so the compiler emits one shuffle instruction. */
+template <size_t half, class V>
+V rotate_lanes(V v) {
+  static_assert(kLanes == 4 || kLanes == 8, "rotate_lanes covers 4 and 8 lanes");
+  if constexpr (kLanes == 8)
+    return __builtin_shufflevector(v, v, half, half + 1, half + 2, half + 3, (half + 4) % 8,
+                                   (half + 5) % 8, (half + 6) % 8, (half + 7) % 8);
+  else
+    return __builtin_shufflevector(v, v, half, (half + 1) % 4, (half + 2) % 4, (half + 3) % 4);
+}
+
+/* Folds lanes in halves (log2(kLanes) shuffles): every lane ends with the
+ * min of lo, the max of hi and the OR of bad over all lanes. */
+template <size_t half>
+void fold_lanes(VecF& lo, VecF& hi, VecI& bad) {
+  if constexpr (half > 0) {
+    const VecF lo2 = rotate_lanes<half>(lo), hi2 = rotate_lanes<half>(hi);
+    lo = lo2 < lo ? lo2 : lo;
+    hi = hi2 > hi ? hi2 : hi;
+    bad |= rotate_lanes<half>(bad);
+    fold_lanes<half / 2>(lo, hi, bad);
+  }
+}
+
 template <class D>
 BucketMeta bucket_meta(const typename D::T* x, size_t n) {
   const BucketStats init = stats_init();
-  // stats_add a vector at a time, into kChains independent (min, max) pairs
+  // Min and max a vector at a time into kChains independent (min, max) pairs
   // so consecutive vectors do not wait for each other's compare. The order
   // does not matter: min and max of finite values are the same in any order
   // (up to the sign of zero, which stats_meta drops), and a NaN or Inf
   // anywhere makes the bucket non-finite whatever the rest holds.
+  VecF lo0 = init.min + VecF{}, lo1 = lo0, lo2 = lo0, lo3 = lo0;
+  VecF hi0 = init.max + VecF{}, hi1 = hi0, hi2 = hi0, hi3 = hi0;
+  VecF nan = VecF{};  // NaN in the lanes where a value was NaN or Inf, else 0
+  auto add = [&nan](VecF v, VecF& lo, VecF& hi) {
+    lo = v < lo ? v : lo;
+    hi = v > hi ? v : hi;
+    nan += v - v;  // inf - inf and NaN - NaN are NaN, which the sum keeps
+  };
   constexpr size_t kChains = 4;
-  VecF los[kChains], his[kChains];
-  VecI bad = VecI{};
-  for (size_t c = 0; c < kChains; c++) {
-    los[c] = init.min + VecF{};
-    his[c] = init.max + VecF{};
-  }
   const size_t full = n - n % kLanes, chained = n - n % (kChains * kLanes);
   size_t i = 0;
   for (; i < chained; i += kChains * kLanes) {
     __builtin_prefetch(x + i + 2048);
-    for (size_t c = 0; c < kChains; c++) {
-      const VecF v = load_vector<D>(x + i + c * kLanes);
-      los[c] = v < los[c] ? v : los[c];
-      his[c] = v > his[c] ? v : his[c];
-      bad |= (VecI)(v - v != 0.0f);
-    }
+    add(load_vector<D>(x + i), lo0, hi0);
+    add(load_vector<D>(x + i + kLanes), lo1, hi1);
+    add(load_vector<D>(x + i + 2 * kLanes), lo2, hi2);
+    add(load_vector<D>(x + i + 3 * kLanes), lo3, hi3);
   }
-  for (; i < full; i += kLanes) {
-    const VecF v = load_vector<D>(x + i);
-    los[0] = v < los[0] ? v : los[0];
-    his[0] = v > his[0] ? v : his[0];
-    bad |= (VecI)(v - v != 0.0f);
-  }
-  VecF lo = los[0], hi = his[0];
-  for (size_t c = 1; c < kChains; c++) {
-    lo = los[c] < lo ? los[c] : lo;
-    hi = his[c] > hi ? his[c] : hi;
-  }
-  // Fold the lanes in halves: log2(kLanes) shuffles instead of kLanes steps.
-  for (size_t half = kLanes / 2; half > 0; half /= 2) {
-    VecI swap;
-    for (size_t j = 0; j < kLanes; j++) swap[j] = (int32_t)((j + half) % kLanes);
-    const VecF lo2 = __builtin_shuffle(lo, swap), hi2 = __builtin_shuffle(hi, swap);
-    lo = lo2 < lo ? lo2 : lo;
-    hi = hi2 > hi ? hi2 : hi;
-    bad |= __builtin_shuffle(bad, swap);
-  }
-  BucketStats total = {lo[0], hi[0], (uint32_t)(bad[0] != 0)};
+  for (; i < full; i += kLanes) add(load_vector<D>(x + i), lo0, hi0);
+  lo0 = lo1 < lo0 ? lo1 : lo0;
+  lo2 = lo3 < lo2 ? lo3 : lo2;
+  lo0 = lo2 < lo0 ? lo2 : lo0;
+  hi0 = hi1 > hi0 ? hi1 : hi0;
+  hi2 = hi3 > hi2 ? hi3 : hi2;
+  hi0 = hi2 > hi0 ? hi2 : hi0;
+  VecI bad = (VecI)(nan != nan);
+  fold_lanes<kLanes / 2>(lo0, hi0, bad);
+  BucketStats total = {lo0[0], hi0[0], (uint32_t)(bad[0] != 0)};
   for (; i < n; i++) stats_add(total, D::load(x[i]));
   return stats_meta(total);
 }
