@@ -60,8 +60,8 @@ TYPES = ("f32", "f16", "bf16")
 # The kernels the host code launches by name (codec_cuda.cc, compute_cuda.cc).
 KERNELS = {
     "codec": {f"qnccl_stats_{t}" for t in TYPES} | {f"qnccl_stats_many_{t}" for t in TYPES}
-    | {f"qnccl_{k}_{t}_{b}_{r}" for k in ("encode", "encode_many") for t in TYPES
-       for b in range(1, 9) for r in ("nearest", "stochastic")}
+    | {f"qnccl_encode_{t}_{b}_{r}" for t in TYPES for b in range(1, 9)
+       for r in ("nearest", "stochastic")}
     | {f"qnccl_decode_{t}_{b}_{m}" for t in TYPES for b in range(1, 9)
        for m in ("store", "accumulate")}
     | {f"qnccl_{k}_{t}_{b}" for k in ("reduce", "decode_many") for t in TYPES

@@ -127,6 +127,19 @@ DecodeArgs<Type> plan_decode(const uint8_t* wire, size_t count, const CodecParam
                           aligned_to(wire, 8)};
 }
 
+struct KernelName {
+  char name[64];
+};
+
+/* qnccl_encode_<type>_<bits>_<rounding>: one or several buffers. */
+template <class Type>
+KernelName encode_name(const CodecParams& p) {
+  KernelName k;
+  snprintf(k.name, sizeof k.name, "qnccl_encode_%s_%d_%s", Type::kName, p.bits,
+           p.rounding == qncclRoundStochastic ? "stochastic" : "nearest");
+  return k;
+}
+
 template <class Type>
 ncclResult_t quantize_as(const typename Type::T* src, size_t count, const CodecParams& p,
                          uint8_t* wire, cudaStream_t stream) {
@@ -138,11 +151,11 @@ ncclResult_t quantize_as(const typename Type::T* src, size_t count, const CodecP
     QNCCL_CHECK(launch_stats(stats.first, stream));
     if (stats.sliced) QNCCL_CHECK(launch_stats(stats.merge, stream));
   }
-  const EncodeArgs<Type> a = plan_encode<Type>(src, count, p, wire);
-  char name[64];
-  snprintf(name, sizeof name, "qnccl_encode_%s_%d_%s", Type::kName, p.bits,
-           p.rounding == qncclRoundStochastic ? "stochastic" : "nearest");
-  return launch(name, num_spans(a), a, stream);
+  EncodeManyArgs<Type> a = {};
+  a.items[0] = plan_encode<Type>(src, count, p, wire);
+  a.first_span[1] = num_spans(a.items[0]);
+  a.n = 1;
+  return launch(encode_name<Type>(p).name, a.first_span[1], a, stream);
 }
 
 template <class Type>
@@ -158,7 +171,7 @@ ncclResult_t dequantize_as(const uint8_t* wire, size_t count, const CodecParams&
   return launch(name, ceil_div(ceil_div(count, kGroup), kWarp), a, stream);
 }
 
-/* Up to kEncodeItems buffers per launch of encode-many (after one of
+/* Up to kEncodeItems buffers per launch of the encode kernel (after one of
  * stats-many when the buckets take two passes) while buckets stay whole in
  * pass 1; longer buckets take quantize_as per buffer. Each buffer gets the
  * bytes quantize_as gives it with its own params ps[i]. */
@@ -175,13 +188,12 @@ ncclResult_t quantize_many_as(const typename Type::T* const* srcs, const size_t*
       if (counts[i] > 0) QNCCL_CHECK(quantize_as<Type>(srcs[i], counts[i], ps[i], wires[i], stream));
     return ncclSuccess;
   }
-  char stats_name[64], encode_name[64];
+  char stats_name[64];
   snprintf(stats_name, sizeof stats_name, "qnccl_stats_many_%s", Type::kName);
-  snprintf(encode_name, sizeof encode_name, "qnccl_encode_many_%s_%d_%s", Type::kName,
-           ps[0].bits, ps[0].rounding == qncclRoundStochastic ? "stochastic" : "nearest");
+  const KernelName encode = encode_name<Type>(ps[0]);
   for (int i = 0; i < n;) {
     StatsManyArgs<Type> stats = {};
-    EncodeManyArgs<Type> encode = {};
+    EncodeManyArgs<Type> items = {};
     stats.bucket = bucket;
     stats.out_aligned = true;
     size_t longest = 0;
@@ -194,16 +206,16 @@ ncclResult_t quantize_many_as(const typename Type::T* const* srcs, const size_t*
       stats.first_item[k + 1] = stats.first_item[k] + num_buckets(counts[i], bucket);
       stats.out_aligned = stats.out_aligned && aligned_to(wires[i], 8);
       longest = counts[i] > longest ? counts[i] : longest;
-      encode.items[k] = plan_encode<Type>(srcs[i], counts[i], ps[i], wires[i]);
-      encode.first_span[k + 1] = encode.first_span[k] + num_spans(encode.items[k]);
+      items.items[k] = plan_encode<Type>(srcs[i], counts[i], ps[i], wires[i]);
+      items.first_span[k + 1] = items.first_span[k] + num_spans(items.items[k]);
     }
     if (stats.n == 0) break;
-    encode.n = stats.n;
+    items.n = stats.n;
     stats.lanes = lanes_for(min_size(bucket, longest));
     if (!one_pass(bucket))
       QNCCL_CHECK(launch(stats_name, ceil_div(stats.first_item[stats.n], kWarp / stats.lanes), stats,
                          stream));
-    QNCCL_CHECK(launch(encode_name, encode.first_span[encode.n], encode, stream));
+    QNCCL_CHECK(launch(encode.name, items.first_span[items.n], items, stream));
   }
   return ncclSuccess;
 }

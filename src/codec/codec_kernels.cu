@@ -355,30 +355,18 @@ __device__ __forceinline__ void encode_span(const EncodeArgs<Type>& a, RngKey ke
   }
 }
 
+/* The spans of one or several buffers, in buffer order (one quantize, or
+ * SRA's N - 1 at once). */
 template <class Type, int BITS, bool STOCHASTIC>
-__device__ __forceinline__ void encode_kernel(const EncodeArgs<Type>& a) {
-  __shared__ uint32_t staging[kWarpsPerBlock][Tile<BITS>::kWords];
-  uint32_t* tile_words = staging[threadIdx.x / kWarp];
-  const int lane = threadIdx.x % kWarp;
-  const size_t spans = num_spans(a);
-  const size_t warp = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) / kWarp;
-  const size_t warps = gridDim.x * (size_t)blockDim.x / kWarp;
-  const RngKey key = key_of(a);
-  // `s` is the same in all lanes: every lane reaches every shuffle and __syncwarp.
-  for (size_t s = warp; s < spans; s += warps)
-    encode_span<Type, BITS, STOCHASTIC>(a, key, s, tile_words, lane);
-}
-
-/* encode_kernel over the spans of several buffers, in buffer order. */
-template <class Type, int BITS, bool STOCHASTIC>
-__device__ __forceinline__ void encode_many_kernel(const EncodeManyArgs<Type>& a) {
+__device__ __forceinline__ void encode_kernel(const EncodeManyArgs<Type>& a) {
   __shared__ uint32_t staging[kWarpsPerBlock][Tile<BITS>::kWords];
   uint32_t* tile_words = staging[threadIdx.x / kWarp];
   const int lane = threadIdx.x % kWarp;
   const size_t spans = a.first_span[a.n];
   const size_t warp = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) / kWarp;
   const size_t warps = gridDim.x * (size_t)blockDim.x / kWarp;
-  for (size_t S = warp; S < spans; S += warps) {  // the same in all lanes
+  // `S` is the same in all lanes: every lane reaches every shuffle and __syncwarp.
+  for (size_t S = warp; S < spans; S += warps) {
     int i = 0;
     while (S >= a.first_span[i + 1]) ++i;
     encode_span<Type, BITS, STOCHASTIC>(a.items[i], key_of(a.items[i]), S - a.first_span[i],
@@ -495,17 +483,18 @@ __device__ __forceinline__ void reduce_kernel(const ReduceArgs<Type>& a) {
  * (codec_cuda.cc, kernel_name()): qnccl_stats_<type>,
  * qnccl_encode_<type>_<bits>_<nearest|stochastic>,
  * qnccl_decode_<type>_<bits>_<store|accumulate>, qnccl_reduce_<type>_<bits>,
- * qnccl_decode_many_<type>_<bits>, qnccl_stats_many_<type>,
- * qnccl_encode_many_<type>_<bits>_<nearest|stochastic>. */
+ * qnccl_decode_many_<type>_<bits>, qnccl_stats_many_<type>. An encode
+ * takes one buffer (a quantize) or several (SRA's scatter). */
 #define QNCCL_KERNEL extern "C" __global__ void __launch_bounds__(qnccl::kBlockThreads)
 
 #define QNCCL_CODEC_BITS(TYPE, NAME, BITS)                                               \
-  QNCCL_KERNEL qnccl_encode_##NAME##_##BITS##_nearest(const qnccl::EncodeArgs<qnccl::TYPE> a) { \
-    qnccl::encode_kernel<qnccl::TYPE, BITS, false>(a);                                           \
+  QNCCL_KERNEL qnccl_encode_##NAME##_##BITS##_nearest(                                    \
+      const qnccl::EncodeManyArgs<qnccl::TYPE> a) {                                       \
+    qnccl::encode_kernel<qnccl::TYPE, BITS, false>(a);                                    \
   }                                                                                       \
   QNCCL_KERNEL qnccl_encode_##NAME##_##BITS##_stochastic(                                 \
-      const qnccl::EncodeArgs<qnccl::TYPE> a) {                                           \
-    qnccl::encode_kernel<qnccl::TYPE, BITS, true>(a);                                            \
+      const qnccl::EncodeManyArgs<qnccl::TYPE> a) {                                       \
+    qnccl::encode_kernel<qnccl::TYPE, BITS, true>(a);                                     \
   }                                                                                       \
   QNCCL_KERNEL qnccl_decode_##NAME##_##BITS##_store(const qnccl::DecodeArgs<qnccl::TYPE> a) { \
     qnccl::decode_kernel<qnccl::TYPE, BITS, false>(a);                                           \
@@ -519,14 +508,6 @@ __device__ __forceinline__ void reduce_kernel(const ReduceArgs<Type>& a) {
   }                                                                                       \
   QNCCL_KERNEL qnccl_decode_many_##NAME##_##BITS(const qnccl::DecodeManyArgs<qnccl::TYPE> a) { \
     qnccl::decode_many_kernel<qnccl::TYPE, BITS>(a);                                      \
-  }                                                                                       \
-  QNCCL_KERNEL qnccl_encode_many_##NAME##_##BITS##_nearest(                               \
-      const qnccl::EncodeManyArgs<qnccl::TYPE> a) {                                       \
-    qnccl::encode_many_kernel<qnccl::TYPE, BITS, false>(a);                               \
-  }                                                                                       \
-  QNCCL_KERNEL qnccl_encode_many_##NAME##_##BITS##_stochastic(                            \
-      const qnccl::EncodeManyArgs<qnccl::TYPE> a) {                                       \
-    qnccl::encode_many_kernel<qnccl::TYPE, BITS, true>(a);                                \
   }
 
 #define QNCCL_CODEC_TYPE(TYPE, NAME)                                                       \

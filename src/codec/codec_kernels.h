@@ -147,11 +147,12 @@ struct DecodeManyArgs {
   bool wire_aligned;  // every wire 8-byte aligned
 };
 
-/* Up to kEncodeItems buffers per launch of the encode-many kernel (and of
- * stats-many before it when the buckets take two passes): the N - 1 encodes
- * of SRA's scatter, each quantized as one quantize would with its own
- * random stream. Only buckets that stay whole in pass 1 (bucket <=
- * kSliceValues) take these; longer ones are quantized one buffer at a time. */
+/* Up to kEncodeItems buffers per launch of the encode kernel: one for a
+ * quantize, or the N - 1 encodes of SRA's scatter (after one stats-many
+ * launch when the buckets take two passes), each quantized as one quantize
+ * would with its own random stream. Only buckets that stay whole in pass 1
+ * (bucket <= kSliceValues) take several; longer ones are quantized one
+ * buffer at a time. */
 constexpr int kEncodeItems = 16;
 
 /* Pass 1 over several buffers: bucket k of buffer i is item
@@ -168,7 +169,7 @@ struct StatsManyArgs {
   bool out_aligned;  // every out 8-byte aligned
 };
 
-/* Encoding over several buffers: warp span s of buffer i is span
+/* The encode kernel's buffers: warp span s of buffer i is span
  * first_span[i] + s of the launch. */
 template <class Type>
 struct EncodeManyArgs {
@@ -176,6 +177,11 @@ struct EncodeManyArgs {
   size_t first_span[kEncodeItems + 1];
   int n;
 };
+
+/* Kernel arguments cross as parameters, at most 4 KiB on every architecture. */
+static_assert(sizeof(EncodeManyArgs<F32>) <= 4096 && sizeof(DecodeManyArgs<F32>) <= 4096 &&
+                  sizeof(ReduceArgs<F32>) <= 4096 && sizeof(StatsManyArgs<F32>) <= 4096,
+              "kernel parameters over 4 KiB");
 
 }  // namespace qnccl
 
