@@ -424,9 +424,9 @@ def test_rejected_arguments_name_the_argument(rng):
 @pytest.mark.parametrize("intra_bits", [0, 3])
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_hierarchical_paths_agree_and_bound_holds(inter, intra_bits, dtype):
-    """The rank-by-rank path (with bounds) and the vectorized one (error feedback's,
-    residuals zero) give the same bytes; |output - exact| <= bound; on nodes in
-    round-robin order too (local index and node order follow the ranks)."""
+    """With bounds and with error feedback (residuals zero) the call gives the same bytes;
+    |output - exact| <= bound; on nodes in round-robin order too (local index and node
+    order follow the ranks)."""
     rng = np.random.default_rng(intra_bits + 7)
     for nodes in ([0, 0, 1, 1, 2, 2], ["b", "a", "b", "a", "b", "a"]):
         for count in (0, 2, 5, 1001):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from qnccl.emulate import EmulatedAllReduce, codec
-from qnccl.emulate.allreduce import _Config, _allreduce_fast, _inputs, allreduce
+from qnccl.emulate.allreduce import _Config, _inputs, allreduce, run
 
 ar = importlib.import_module("qnccl.emulate.allreduce")  # the module, not the function
 
@@ -27,10 +27,11 @@ def inputs(rng, nranks, count, scale=1.0):
 # ---- without feedback nothing changes ---------------------------------------------------
 
 @pytest.mark.parametrize("algo", ALGOS)
-def test_fast_path_and_zero_residuals_match_rank_by_rank_emulator(algo):
-    """The vectorized path (EmulatedAllReduce's) with no residuals, and allreduce with zero
-    residuals, give the bytes of the rank-by-rank emulator: several N, bits, both roundings,
-    sum and avg, several segments, uneven chunks, empty chunks, a NaN."""
+def test_zero_residuals_change_nothing(algo):
+    """allreduce with zero residuals gives the bytes of allreduce without them (which
+    test_emulate_allreduce.py checks against the page executed literally), and so does the
+    training-loop communicator's path (run): several N, bits, both roundings, sum and avg,
+    several segments, uneven chunks, empty chunks, a NaN."""
     rng = np.random.default_rng(11)
     for n, bits, rounding, op in itertools.product((1, 2, 3, 5, 8), (1, 3, 4, 8), ROUNDINGS,
                                                    OPS):
@@ -42,10 +43,10 @@ def test_fast_path_and_zero_residuals_match_rank_by_rank_emulator(algo):
                   seed=9, segment_values=256)
         ref = allreduce(xs, **kw)[0]
         cfg = _Config(n, bits, 16, rounding, 9, 5, op == "avg", False)
-        fast = _allreduce_fast(_inputs(xs, None)[0], algo, cfg, 256)
+        loop = run(_inputs(xs, None)[0], algo, cfg, 256, np.zeros((n, count), F32))[0]
         e = [np.zeros(count, F32) for _ in range(n)]
         with_zero = allreduce(xs, residuals=e, **kw)
-        assert ref.tobytes() == fast.tobytes() == with_zero[0].tobytes(), (n, bits, rounding, op)
+        assert ref.tobytes() == loop.tobytes() == with_zero[0].tobytes(), (n, bits, rounding, op)
         assert all(o.tobytes() == ref.tobytes() for o in with_zero)
 
 
@@ -73,7 +74,7 @@ def test_residual_arguments_are_checked():
 # ---- instrumentation: every quantization, with its rank and its bucket's step --------------
 
 class Recorder:
-    """Wraps the vectorized path's quantization (_qd) and final quantization (_result): counts
+    """Wraps the emulator's quantization (_qd) and final quantization (_result): counts
     per (rank, index) how often a rank quantizes it, and records the largest residual one
     quantization may leave there (rho * step + the codec's float32 slack, times N for the
     owner's avg result) -- one segment only."""
@@ -347,7 +348,7 @@ def test_emulated_allreduce_64_ranks():
     exact = x.astype(np.float64).mean(0)
     assert np.abs(y - exact).max() < 1.0
     assert comm.residual_bytes == n * count * 4
-    # one call of the rank-by-rank emulator agrees on a slice of it
+    # one call of allreduce() agrees on a slice of it
     small = x[:, :1024]
     assert (EmulatedAllReduce(n, algo="sra", bits=4)(small).tobytes()
             == allreduce(list(small), algo="sra", bits=4, op="avg")[0].tobytes())

@@ -13,14 +13,14 @@ and the emulator is the oracle of the multi-process tests. It is also a tool
 for studying how the algorithms' errors grow with the rank count (seeds/000,
 section 3.4) in one process, at 8..128 virtual ranks.
 
-The arithmetic is the codec emulator's (qnccl/emulate/codec.py): Q is
-codec.quantize, `acc = acc + D(q)` is codec.dequantize_accumulate on a float32
-accumulator, the output is the final bytes decoded into the output type.
-Ring and SRA are emulated chunk by chunk (chunk k's partial sum visits the
-ranks in turn), tree rank by rank; either way one codec call per
-quantization of the page, N^2 per segment for ring and SRA, N for tree, and
-O(N n) values quantized in all. At 128 ranks the per-call overhead of numpy
-dominates below a few million values (seconds per allreduce).
+The arithmetic is the codec emulator's (qnccl/emulate/codec.py): a
+quantization and its decode, D(Q(v)), are codec.encode_values and
+codec.decode_values on v's buckets (the wire bytes pack exactly these codes
+and metadata), `acc = acc + D(q)` is a float32 addition, the output is the
+final result decoded into the output type. Each algorithm is written once,
+for all virtual ranks at a time: a step quantizes every rank's chunk in one
+numpy pass (O(N n) values quantized in all), and the same code tracks the
+error bound or error feedback's residuals when asked.
 
 Error bound (return_bounds=True). The exact sum S[i] = sum_r x_r[i] of finite
 inputs and the output y[i] satisfy |y[i] - S[i]| <= bound[i], where bound[i]
@@ -153,146 +153,6 @@ def tree_pieces(count, bucket_size):
     on, so the pieces change the bytes sent, not the values."""
     p = max(bucket_size, TREE_PIECE_VALUES // bucket_size * bucket_size)
     return [(start, min(start + p, count)) for start in range(0, count, p)]
-
-
-# ---- the quantities flowing between virtual ranks --------------------------------
-
-@dataclass
-class _Message:
-    """Wire bytes of `count` values, and (when bounds are tracked) the bound
-    on |D(bytes) - exact value| per value."""
-    wire: np.ndarray
-    count: int
-    bound: Optional[np.ndarray]
-
-
-@dataclass
-class _Partial:
-    """A float32 accumulator and its error bound (float64, or None)."""
-    acc: np.ndarray
-    bound: Optional[np.ndarray]
-
-
-class _Segment:
-    """One segment of one call: the codec configuration, the random streams
-    and the three primitives of docs/allreduce.md (Q, acc + D, avg)."""
-
-    def __init__(self, cfg, index, input_bound=None):
-        self.cfg = cfg
-        self.index = index
-        self.input_bound = input_bound  # N x m float64, or None
-
-    def start(self, x, rank, lo=0, hi=None):
-        """acc = widen(x[rank, lo:hi]): `x` is float32 already (widening is exact). Its
-        bound is input_bound's (a stage fed by another: hierarchical), else 0."""
-        hi = x.shape[1] if hi is None else hi
-        bound = None
-        if self.cfg.bounds:
-            bound = (np.zeros(hi - lo) if self.input_bound is None
-                     else self.input_bound[rank, lo:hi].copy())
-        return _Partial(np.array(x[rank, lo:hi], F32), bound)
-
-    def send(self, partial, rank, step):
-        """Q(acc; stream(call, segment, rank, step)), rank and step as cfg maps them."""
-        cfg = self.cfg
-        wire = codec.quantize(partial.acc, cfg.bits, cfg.bucket_size, cfg.rounding, cfg.seed,
-                              int(_streams(cfg.call, self.index, _stream_ranks(cfg, rank),
-                                           cfg.step_base + step)))
-        bound = None
-        if cfg.bounds:
-            bound = partial.bound + _quantization_bound(wire, partial.acc.size, cfg)
-        return _Message(wire, partial.acc.size, bound)
-
-    def add(self, partial, message):
-        """acc = acc + D(message), in place (float32; a NaN sum is the canonical NaN)."""
-        cfg = self.cfg
-        codec.dequantize_accumulate(message.wire, message.count, cfg.bits, cfg.bucket_size,
-                                    partial.acc)
-        if cfg.bounds:
-            partial.bound += message.bound + _U32 * np.abs(partial.acc.astype(np.float64))
-        return partial
-
-    def result(self, partial, rank, step):
-        """The owner's final quantization: avg (acc / N in float32), then Q."""
-        cfg = self.cfg
-        if cfg.average:
-            with np.errstate(invalid="ignore", over="ignore"):
-                partial.acc /= F32(cfg.nranks)
-            if cfg.bounds:
-                partial.bound = (partial.bound / cfg.nranks + 2.0**-150
-                                 + _U32 * np.abs(partial.acc.astype(np.float64)))
-        return self.send(partial, rank, step)
-
-
-def _quantization_bound(wire, count, cfg):
-    """Per value: the most one quantization (and its decode) can move it."""
-    meta = codec.read_meta(wire, count, cfg.bucket_size)
-    lo, hi = meta[:, 0], meta[:, 1]
-    p = codec.bucket_params(lo, hi, cfg.bits)
-    step = p["step"].astype(np.float64) * p["inv_sigma"]
-    magnitude = np.maximum(np.abs(lo), np.abs(hi)).astype(np.float64)
-    per_bucket = (step * (0.5 if cfg.rounding == "nearest" else 1.0)
-                  + _CODEC_REL_SLACK * magnitude + _CODEC_ABS_SLACK)
-    return np.repeat(per_bucket, cfg.bucket_size)[:count]  # NaN for non-finite buckets
-
-
-# ---- the three algorithms, one segment at a time -----------------------------------
-# Each takes the segment's inputs x (N x m float32) and returns the final wire
-# message of every non-empty chunk as (start, stop, message): the bytes every
-# rank decodes into its output (all ranks decode the same bytes).
-
-def _ring(seg, x):
-    """Chunk k starts at rank k and travels right: at step s rank (k+s) mod N
-    quantizes it with stream (.., rank, s) and rank (k+s+1) mod N adds its own
-    values; after N-1 hops rank (k-1) mod N owns the full sum and quantizes it
-    with step N-1. The allgather forwards those bytes unchanged."""
-    n = x.shape[0]
-    finals = []
-    for k, (lo, hi) in enumerate(chunks(x.shape[1], n, seg.cfg.bucket_size)):
-        if lo == hi:
-            continue
-        partial = seg.start(x, k, lo, hi)
-        for s in range(n - 1):
-            message = seg.send(partial, (k + s) % n, s)
-            partial = seg.add(seg.start(x, (k + s + 1) % n, lo, hi), message)
-        finals.append((lo, hi, seg.result(partial, (k + n - 1) % n, n - 1)))
-    return finals
-
-
-def _tree(seg, x):
-    """Heap-ordered binary tree over the whole segment: rank r adds its
-    children's decoded partial sums (lower child first) to its own values and
-    sends Q(acc; step 0) to its parent; the root quantizes once with step 1."""
-    n = x.shape[0]
-    up = [None] * n  # message each non-root rank sends to its parent
-    for r in reversed(range(n)):  # children (2r+1, 2r+2) before parents
-        partial = seg.start(x, r)
-        for child in (2 * r + 1, 2 * r + 2):
-            if child < n:
-                partial = seg.add(partial, up[child])
-                up[child] = None  # consumed: keep memory at O(log N) segments
-        up[r] = seg.send(partial, r, 0) if r else seg.result(partial, 0, 1)
-    return [(0, x.shape[1], up[0])]
-
-
-def _sra(seg, x):
-    """Rank j sends Q(x_j[chunk k]; stream step k) to owner k; the owner adds
-    them to its own values in increasing j, quantizes the sum with step N and
-    sends the bytes to everyone."""
-    n = x.shape[0]
-    finals = []
-    for k, (lo, hi) in enumerate(chunks(x.shape[1], n, seg.cfg.bucket_size)):
-        if lo == hi:
-            continue
-        partial = seg.start(x, k, lo, hi)
-        for j in range(n):
-            if j != k:
-                partial = seg.add(partial, seg.send(seg.start(x, j, lo, hi), j, k))
-        finals.append((lo, hi, seg.result(partial, k, n)))
-    return finals
-
-
-_ALGORITHMS = {"ring": _ring, "tree": _tree, "sra": _sra}
 
 
 # ---- the public entry point ----------------------------------------------------------
@@ -433,49 +293,33 @@ def allreduce(inputs: Sequence[np.ndarray], algo: str = "auto", bits: int = 4,
     algo, hier = _plan(algo, nodes, inter_algo, intra_bits, count, name, nranks)
     cfg = _Config(nranks, bits, bucket_size, rounding, operator.index(seed),
                   operator.index(call), op == "avg", return_bounds)
+    flat = e = None
     if residuals is not None:
         if return_bounds:
             raise ValueError("return_bounds is not available with residuals")
         flat = _residual_views(residuals, nranks, count)
         e = np.stack(flat) if nranks else np.empty((0, count), F32)
-        y = _allreduce_fast(x, algo, cfg, segment_values, e, hier)
+    y, bound = run(x, algo, cfg, segment_values, e, hier)
+    if flat is not None:
         for r in range(nranks):
             flat[r][:] = e[r]
-        out = codec.from_float32(y, name).view(out_dtype).reshape(shape)
-        return [out.copy() for _ in range(nranks)]
-
-    out = np.empty(count, codec.storage_dtype(name))
-    bound = np.zeros(count) if return_bounds else None
-    for g, (start, stop) in enumerate(segments(count, segment_values, bucket_size)):
-        if hier is None:
-            finals = _ALGORITHMS[algo](_Segment(cfg, g), x[:, start:stop])
-        else:
-            finals = hierarchical.segment_bounds(x[:, start:stop], name, cfg, g, hier.layout,
-                                                 hier.inter, hier.intra_bits, _ALGORITHMS,
-                                                 _Segment)
-        for lo, hi, message in finals:
-            y = codec.decode(message.wire, message.count, bits, bucket_size)
-            out[start + lo:start + hi] = codec.from_float32(y, name)
-            if return_bounds:
-                rel, tiny = _STORE_SLACK[name]
-                bound[start + lo:start + hi] = (message.bound + rel * np.abs(y.astype(np.float64))
-                                                + tiny)
-    out = out.view(out_dtype).reshape(shape)
+    out = codec.from_float32(y, name).view(out_dtype).reshape(shape)
     outputs = [out.copy() for _ in range(nranks)]
     if not return_bounds:
         return outputs
+    rel, tiny = _STORE_SLACK[name]
+    bound = bound + rel * np.abs(y.astype(np.float64)) + tiny
     with np.errstate(invalid="ignore"):
         finite = np.isfinite(codec.to_float32(out.reshape(-1), name)) & np.isfinite(bound)
     return outputs, np.where(finite, bound, np.inf).reshape(shape)
 
 
-# ---- error feedback: the vectorized path (docs/allreduce.md, Error feedback) -------------
-# The same segments, chunks, streams, quantizations and float32 additions as above, computed
-# for all virtual ranks at once: a quantization is D(Q(v)) evaluated straight from the
-# formulas of codec.quantize and codec.decode (the wire bytes are a lossless packing of the
-# metadata and codes, so the decoded values are the same bits). Chunks start on bucket
-# boundaries, so quantizing a whole row of a segment bucket by bucket, with each chunk's own
-# stream and positions counted from the chunk's start, is quantizing chunk by chunk.
+# ---- quantizations of rows of values --------------------------------------------------
+# All virtual ranks at once: a quantization is D(Q(v)) evaluated straight from the formulas
+# of codec.quantize and codec.decode (the wire bytes are a lossless packing of the metadata
+# and codes, so the decoded values are the same bits). Chunks start on bucket boundaries, so
+# quantizing a whole row of a segment bucket by bucket, with each chunk's own stream and
+# positions counted from the chunk's start, is quantizing chunk by chunk.
 
 _ROW_BLOCK_VALUES = 1 << 18  # values per block in _qd (cache-sized temporaries)
 
@@ -516,9 +360,10 @@ def _qd(v, ranks, steps, edges, cfg, segment):
     return out
 
 
-def _qd_block(x, keys, index, cfg):
-    """D(Q(x)) of rows x (buckets from column 0); keys: rng_uniform's key of each value."""
-    bsz, bits = cfg.bucket_size, cfg.bits
+def _bucket_meta(x, bsz):
+    """(lo, hi) of every bucket of the rows x (R x m, buckets from column 0), as the wire's
+    metadata holds them: R x nb x 1 float32, NaN for a bucket holding NaN or Inf; and x
+    padded to whole buckets (R x nb x bsz) with each row's last value."""
     nr, m = x.shape
     nb = -(-m // bsz)
     pad = nb * bsz - m
@@ -529,15 +374,36 @@ def _qd_block(x, keys, index, cfg):
         nonfinite = ~np.isfinite(x).all(axis=2)
         lo = np.where(nonfinite, codec._NAN32, x.min(axis=2) + F32(0.0))[:, :, None]
         hi = np.where(nonfinite, codec._NAN32, x.max(axis=2) + F32(0.0))[:, :, None]
-    p = codec.bucket_params(lo, hi, bits)  # (nr, nb, 1): broadcast over each bucket
+    return lo, hi, x
+
+
+def _qd_block(x, keys, index, cfg):
+    """D(Q(x)) of rows x (buckets from column 0); keys: rng_uniform's key of each value."""
+    nr, m = x.shape
+    lo, hi, x = _bucket_meta(x, cfg.bucket_size)
+    p = codec.bucket_params(lo, hi, cfg.bits)  # (nr, nb, 1): broadcast over each bucket
     u = None
     if keys is not None:
         u = codec.uniform_from_key(keys, index[None, :])  # index < 2^32
+        pad = x.shape[1] * x.shape[2] - m
         if pad:
             u = np.concatenate([u, np.zeros((nr, pad), F32)], axis=1)
-        u = u.reshape(nr, nb, bsz)
+        u = u.reshape(x.shape)
     y = codec.decode_values(codec.encode_values(x, p, u), p, lo, hi)
-    return y.reshape(nr, nb * bsz)[:, :m]
+    return y.reshape(nr, -1)[:, :m]
+
+
+def _qbound(v, cfg):
+    """Per value of the rows v (R x m, buckets from column 0): the most one quantization
+    (and its decode) can move it (module docstring); NaN in a non-finite bucket."""
+    nr, m = v.shape
+    lo, hi, _ = _bucket_meta(v, cfg.bucket_size)
+    p = codec.bucket_params(lo, hi, cfg.bits)
+    step = p["step"].astype(np.float64) * p["inv_sigma"]
+    magnitude = np.maximum(np.abs(lo), np.abs(hi)).astype(np.float64)
+    per_bucket = (step * (0.5 if cfg.rounding == "nearest" else 1.0)
+                  + _CODEC_REL_SLACK * magnitude + _CODEC_ABS_SLACK)
+    return np.broadcast_to(per_bucket, (nr, lo.shape[1], cfg.bucket_size)).reshape(nr, -1)[:, :m]
 
 
 def _dropped(v, y, scale=None):
@@ -551,31 +417,55 @@ def _dropped(v, y, scale=None):
     return e
 
 
-def _result(cfg, acc, ranks, steps, edges, segment, e, owner_of):
-    """The owners' final quantization of the full sums acc (1 x m): avg, Q, residual."""
+def _added(acc, where=None):
+    """The bound a float32 addition adds, from its result acc: u |acc| (where `where`)."""
+    term = _U32 * np.abs(acc.astype(np.float64))
+    return term if where is None else np.where(where, term, 0.0)
+
+
+def _result(cfg, acc, acc_bound, ranks, steps, edges, segment, e, owner_of):
+    """The owners' final quantization of the full sums acc (1 x m): avg, Q, residual; and
+    the bound of the decoded result (None without bounds)."""
     scale = None
     if cfg.average:
         with np.errstate(invalid="ignore", over="ignore"):
             acc = acc / F32(cfg.nranks)
         scale = F32(cfg.nranks)
+        if acc_bound is not None:
+            acc_bound = acc_bound / cfg.nranks + 2.0**-150 + _added(acc)
     y = _qd(acc, ranks, steps, edges, cfg, segment)
     if e is not None:
         cols = np.arange(acc.shape[1])
         e[owner_of, cols] = _dropped(acc[0], y[0], scale)
-    return y[0]
+    return y[0], None if acc_bound is None else (acc_bound + _qbound(acc, cfg))[0]
 
 
-def _fast_ring(cfg, z, g, e):
+# ---- the three algorithms, one segment at a time ---------------------------------------
+# Each takes the cfg, the segment's float32 inputs z (N x m: widen(x_r) + e_r), the segment
+# number g, the residuals e (N x m float32, rewritten where a rank quantizes; None without
+# error feedback) and the inputs' bounds zb (N x m float64, None without bounds), and
+# returns the decoded result every rank outputs (m float32 values) and its bound.
+
+def _ring(cfg, z, g, e=None, zb=None):
+    """Chunk k starts at rank k and travels right: at step s rank (k+s) mod N quantizes it
+    with stream (.., rank, s) and rank (k+s+1) mod N adds its own values; after N-1 hops rank
+    (k-1) mod N owns the full sum and quantizes it with step N-1. The allgather forwards
+    those bytes unchanged."""
     n, m = z.shape
     bounds = chunks(m, n, cfg.bucket_size)
     edges = [lo for lo, _ in bounds] + [m]
     k = np.arange(n)
     partial = np.empty((1, m), F32)
+    pb = None if zb is None else np.empty((1, m))
     for c, (lo, hi) in enumerate(bounds):  # chunk c starts at rank c
         partial[0, lo:hi] = z[c, lo:hi]
+        if pb is not None:
+            pb[0, lo:hi] = zb[c, lo:hi]
     for s in range(n - 1):
         ranks = ((k + s) % n)[None, :]
         y = _qd(partial, ranks, np.full((1, n), s), edges, cfg, g)
+        if pb is not None:
+            pb += _qbound(partial, cfg)  # the message's bound
         if e is not None:
             dropped = _dropped(partial[0], y[0])
         with np.errstate(invalid="ignore", over="ignore"):
@@ -583,41 +473,58 @@ def _fast_ring(cfg, z, g, e):
                 if e is not None:
                     e[(c + s) % n, lo:hi] = dropped[lo:hi]
                 np.add(z[(c + s + 1) % n, lo:hi], y[0, lo:hi], out=partial[0, lo:hi])
+                if pb is not None:
+                    pb[0, lo:hi] += zb[(c + s + 1) % n, lo:hi]
+        if pb is not None:
+            pb += _added(partial)
     cid = np.searchsorted(np.asarray(edges), np.arange(m), side="right") - 1
     ranks = ((k + n - 1) % n)[None, :]
-    return _result(cfg, partial, ranks, np.full((1, n), n - 1), edges, g, e, (cid + n - 1) % n)
+    return _result(cfg, partial, pb, ranks, np.full((1, n), n - 1), edges, g, e,
+                   (cid + n - 1) % n)
 
 
-def _fast_tree(cfg, z, g, e):
+def _tree(cfg, z, g, e=None, zb=None):
+    """Heap-ordered binary tree over the whole segment: rank r adds its children's decoded
+    partial sums (lower child first) to its own values and sends Q(acc; step 0) to its
+    parent; the root quantizes once with step 1."""
     n, m = z.shape
     edges = [0, m]
     decoded = [None] * n  # D(message) each non-root rank sends to its parent
-    depth = n.bit_length() - 1
-    for level in range(depth, 0, -1):  # deepest level first; the root below
-        first, last = (1 << level) - 1, min((1 << (level + 1)) - 1, n)
+    message_bound = [None] * n
+
+    def gather(first, last):  # ranks [first, last) add their children's messages
         acc = z[first:last].copy()
+        accb = None if zb is None else zb[first:last].copy()
         with np.errstate(invalid="ignore", over="ignore"):
             for i, r in enumerate(range(first, last)):
                 for child in (2 * r + 1, 2 * r + 2):
                     if child < n:
                         acc[i] += decoded[child]
-                        decoded[child] = None
+                        if accb is not None:
+                            accb[i] += message_bound[child] + _added(acc[i])
+                        decoded[child] = message_bound[child] = None
+        return acc, accb
+
+    for level in range(n.bit_length() - 1, 0, -1):  # deepest level first; the root below
+        first, last = (1 << level) - 1, min((1 << (level + 1)) - 1, n)
+        acc, accb = gather(first, last)
         ranks = np.arange(first, last)[:, None]
         y = _qd(acc, ranks, np.zeros_like(ranks), edges, cfg, g)
         if e is not None:
             e[first:last] = _dropped(acc, y)
+        qb = None if accb is None else accb + _qbound(acc, cfg)
         for i, r in enumerate(range(first, last)):
             decoded[r] = y[i]
-    acc = z[0:1].copy()
-    with np.errstate(invalid="ignore", over="ignore"):
-        for child in (1, 2):
-            if child < n:
-                acc[0] += decoded[child]
-    return _result(cfg, acc, np.zeros((1, 1), np.int64), np.ones((1, 1), np.int64), edges, g,
-                   e, np.zeros(m, np.int64))
+            message_bound[r] = None if qb is None else qb[i]
+    acc, accb = gather(0, 1)
+    return _result(cfg, acc, accb, np.zeros((1, 1), np.int64), np.ones((1, 1), np.int64),
+                   edges, g, e, np.zeros(m, np.int64))
 
 
-def _fast_sra(cfg, z, g, e):
+def _sra(cfg, z, g, e=None, zb=None):
+    """Rank j sends Q(z_j[chunk k]; stream step k) to owner k; the owner adds them to its
+    own values in increasing j, quantizes the sum with step N and sends the bytes to
+    everyone."""
     n, m = z.shape
     edges = [lo for lo, _ in chunks(m, n, cfg.bucket_size)] + [m]
     j = np.arange(n)[:, None]
@@ -629,38 +536,47 @@ def _fast_sra(cfg, z, g, e):
     if e is not None:
         e[:] = _dropped(z, y)  # the own chunks are rewritten by _result below
     acc = z[cid, cols].copy()  # owner k's values of chunk k
+    accb = None
+    if zb is not None:
+        accb = zb[cid, cols].copy()
+        message_bound = zb + _qbound(z, cfg)
     with np.errstate(invalid="ignore", over="ignore"):
         for r in range(n):  # acc_k = acc_k + D(q_r) in increasing r, r != k
             np.add(acc, y[r], out=acc, where=cid != r)
+            if accb is not None:
+                accb += np.where(cid != r, message_bound[r], 0.0) + _added(acc, cid != r)
     del y
-    return _result(cfg, acc[None, :], np.arange(n)[None, :], np.full((1, n), n), edges, g, e,
-                   cid)
+    return _result(cfg, acc[None, :], None if accb is None else accb[None, :],
+                   np.arange(n)[None, :], np.full((1, n), n), edges, g, e, cid)
 
 
-_FAST = {"ring": _fast_ring, "tree": _fast_tree, "sra": _fast_sra}
+_ALGORITHMS = {"ring": _ring, "tree": _tree, "sra": _sra}
 
 
-def _allreduce_fast(x, algo, cfg, segment_values, residuals=None, hier=None):
+def run(x, algo, cfg, segment_values, residuals=None, hier=None):
     """The float32 result (n values) of the call on the widened inputs x (N x n) for every
-    rank, computed for all virtual ranks at once; with residuals (N x n float32, updated in
-    place) the call runs with error feedback (docs/allreduce.md, Error feedback)."""
+    rank, and with cfg.bounds its bound (float64, before the store into the output type);
+    with residuals (N x n float32, updated in place) the call runs with error feedback
+    (docs/allreduce.md, Error feedback)."""
     nranks, count = x.shape
-    if hier is not None:  # its stages add the residuals where they quantize
-        out = np.empty(count, F32)
-        for g, (start, stop) in enumerate(segments(count, segment_values, cfg.bucket_size)):
-            e = None if residuals is None else residuals[:, start:stop]
-            y = hierarchical.segment_fast(
-                np.ascontiguousarray(x[:, start:stop]), hier.dtype, cfg, g, hier.layout,
-                hier.inter, hier.intra_bits, _FAST, _qd, _dropped, e)
-            out[start:stop] = y
-        return out
-    if residuals is not None:
-        with np.errstate(invalid="ignore", over="ignore"):
-            x = x + residuals  # z_r = widen(x_r) + e_r
     out = np.empty(count, F32)
+    bound = np.zeros(count) if cfg.bounds else None
+    if hier is None and residuals is not None:
+        with np.errstate(invalid="ignore", over="ignore"):
+            x = x + residuals  # z_r = widen(x_r) + e_r; a hierarchical call's stages add them
     for g, (start, stop) in enumerate(segments(count, segment_values, cfg.bucket_size)):
-        e = None if residuals is None else np.empty((nranks, stop - start), F32)
-        out[start:stop] = _FAST[algo](cfg, np.ascontiguousarray(x[:, start:stop]), g, e)
-        if e is not None:
-            residuals[:, start:stop] = e
-    return out
+        z = np.ascontiguousarray(x[:, start:stop])
+        if hier is not None:
+            e = None if residuals is None else residuals[:, start:stop]
+            y, b = hierarchical.segment(z, hier.dtype, cfg, g, hier.layout, hier.inter,
+                                        hier.intra_bits, _ALGORITHMS, _qd, _qbound, _dropped, e)
+        else:
+            e = None if residuals is None else np.empty((nranks, stop - start), F32)
+            zb = np.zeros(z.shape) if cfg.bounds else None
+            y, b = _ALGORITHMS[algo](cfg, z, g, e, zb)
+            if e is not None:
+                residuals[:, start:stop] = e
+        out[start:stop] = y
+        if bound is not None:
+            bound[start:stop] = b
+    return out, bound

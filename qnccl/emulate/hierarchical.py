@@ -35,6 +35,7 @@ F32 = np.float32
 # subnormals round by at most half their spacing).
 _SUM_SLACK = {"float32": (2.0**-24, 0.0), "float16": (2.0**-11, 2.0**-25),
               "bfloat16": (2.0**-8, 2.0**-134)}
+_U32 = 2.0**-24  # a float32 addition: u |result|
 
 
 @dataclass(frozen=True)
@@ -105,51 +106,26 @@ def _stage(cfg, **changes):
     return dataclasses.replace(cfg, **changes)
 
 
-def segment_bounds(x, name, cfg, g, lay, inter, intra_bits, algorithms, segment_cls):
-    """One segment on the rank-by-rank path: [(lo, hi, message)] of the final wire
-    messages, positions in the segment (the flat algorithms' contract)."""
-    nlocal, m = lay.local_ranks, x.shape[1]
-    finals = []
-    for l, (lo, hi) in enumerate(shards(m, nlocal)):
-        ranks = lay.cross(l)
-        node_of = {members[l]: members for members in lay.members}
-        inputs = np.empty((len(ranks), hi - lo), F32)
-        bounds = np.zeros((len(ranks), hi - lo))
-        for c, rank in enumerate(ranks):
-            members = node_of[rank]
-            if intra_bits == 0:
-                acc, bound = node_sum(x[:, lo:hi], members, name)
-            else:
-                seg = segment_cls(_stage(cfg, bits=intra_bits, stream_ranks=members), g)
-                xs = x[list(members), lo:hi]
-                partial = seg.start(xs, l)
-                for j in range(nlocal):
-                    if j != l:
-                        partial = seg.add(partial, seg.send(seg.start(xs, j), j, l))
-                acc, bound = partial.acc, partial.bound
-            inputs[c], bounds[c] = acc, bound if bound is not None else 0
-        seg = segment_cls(_stage(cfg, stream_ranks=ranks, step_base=nlocal), g,
-                          bounds if cfg.bounds else None)
-        for a, b, message in algorithms[inter](seg, inputs):
-            finals.append((lo + a, lo + b, message))
-    return finals
-
-
-def segment_fast(z_in, name, cfg, g, lay, inter, intra_bits, fast, qd, dropped, e=None):
-    """One segment on the vectorized path: the float32 result (m values); with `e`
-    (N x m float32 residuals, read and rewritten) error feedback. z_in: N x m widened
-    inputs (without residuals)."""
+def segment(z_in, name, cfg, g, lay, inter, intra_bits, algorithms, qd, qbound, dropped, e=None):
+    """One segment: the float32 result (m values) and, with cfg.bounds, its bound (float64);
+    with `e` (N x m float32 residuals, read and rewritten) error feedback. z_in: N x m
+    widened inputs (without residuals). algorithms, qd, qbound and dropped are the flat
+    algorithms and the quantization helpers of qnccl.emulate.allreduce."""
     nlocal, m = lay.local_ranks, z_in.shape[1]
     bounds = shards(m, nlocal)
     out = np.empty(m, F32)
+    out_bound = np.zeros(m) if cfg.bounds else None
     stage_in = np.empty((lay.nranks, m), F32)  # row r, shard l(r): node partial sum
+    stage_bound = np.zeros((lay.nranks, m)) if cfg.bounds else None
     for members in lay.members:
         rows = list(members)
         if intra_bits == 0:
-            acc, _ = node_sum(z_in, members, name)
+            acc, acc_bound = node_sum(z_in, members, name)
             for l, r in enumerate(rows):
                 lo, hi = bounds[l]
                 stage_in[r, lo:hi] = acc[lo:hi]
+                if stage_bound is not None:
+                    stage_bound[r, lo:hi] = acc_bound[lo:hi]
             continue
         cfg_in = _stage(cfg, bits=intra_bits, stream_ranks=members)
         z = z_in[rows].copy()
@@ -160,16 +136,19 @@ def segment_fast(z_in, name, cfg, g, lay, inter, intra_bits, fast, qd, dropped, 
         for k, (lo, hi) in enumerate(bounds):  # shard k goes to local rank k
             # every member but k quantizes it, from the shard's start, with step k
             qranks = np.where(local == k, -1, local)
-            y = qd(np.ascontiguousarray(z[:, lo:hi]), qranks, np.full((nlocal, 1), k),
-                   [0, hi - lo], cfg_in, g)
+            shard = np.ascontiguousarray(z[:, lo:hi])
+            y = qd(shard, qranks, np.full((nlocal, 1), k), [0, hi - lo], cfg_in, g)
+            others = [j for j in range(nlocal) if j != k]
             if e is not None:
-                others = [rows[j] for j in range(nlocal) if j != k]
-                e[others, lo:hi] = dropped(z[:, lo:hi], y)[[j for j in range(nlocal) if j != k]]
+                e[[rows[j] for j in others], lo:hi] = dropped(shard, y)[others]
+            message_bound = qbound(shard, cfg_in) if cfg.bounds else None
             acc = z_in[rows[k], lo:hi].copy()  # the own shard, without its residual
             with np.errstate(invalid="ignore", over="ignore"):
-                for j in range(nlocal):
-                    if j != k:
-                        acc += y[j]
+                for j in others:
+                    acc += y[j]
+                    if stage_bound is not None:
+                        stage_bound[rows[k], lo:hi] += (message_bound[j]
+                                                        + _U32 * np.abs(acc.astype(np.float64)))
             stage_in[rows[k], lo:hi] = acc
     for l, (lo, hi) in enumerate(bounds):
         ranks = list(lay.cross(l))
@@ -179,8 +158,11 @@ def segment_fast(z_in, name, cfg, g, lay, inter, intra_bits, fast, qd, dropped, 
             with np.errstate(invalid="ignore", over="ignore"):
                 z += e[ranks, lo:hi]
             er = np.empty_like(z)
-        out[lo:hi] = fast[inter](_stage(cfg, stream_ranks=tuple(ranks), step_base=nlocal),
-                                 np.ascontiguousarray(z), g, er)
+        zb = None if stage_bound is None else stage_bound[ranks, lo:hi]
+        out[lo:hi], b = algorithms[inter](_stage(cfg, stream_ranks=tuple(ranks), step_base=nlocal),
+                                          np.ascontiguousarray(z), g, er, zb)
+        if out_bound is not None:
+            out_bound[lo:hi] = b
         if e is not None:
             e[ranks, lo:hi] = er
-    return out
+    return out, out_bound

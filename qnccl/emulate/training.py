@@ -10,8 +10,7 @@ What a job does with libqnccl.so, call after call: the communicator's call count
 calls are exact and take no call number (QNCCL_WARMUP_CALLS), and with error feedback every
 buffer (`key`, like the library's (address, count, dtype)) keeps N float32 residuals that the
 next call on it adds to its inputs (docs/allreduce.md, Error feedback). All virtual ranks are
-computed at once (qnccl.emulate.allreduce's vectorized path, bit-exact with the rank-by-rank
-emulator): 64 ranks x 2^20 values take about 3-9 s per call on a 2-core machine (SRA
+computed at once (qnccl.emulate.allreduce.run, the allreduce emulator's own code): 64 ranks x 2^20 values take about 3-9 s per call on a 2-core machine (SRA
 3.5 s nearest / 7 s stochastic, ring 5 / 7.4, tree 2.7 / 5.9), and 256 MiB of residuals.
 """
 from __future__ import annotations
@@ -21,7 +20,7 @@ import operator
 import numpy as np
 
 from . import codec
-from .allreduce import ALGOS, OPS, _Config, _allreduce_fast, auto_algo
+from .allreduce import ALGOS, OPS, _Config, auto_algo, run
 
 __all__ = ["EmulatedAllReduce"]
 
@@ -110,4 +109,4 @@ class EmulatedAllReduce:
                 raise ValueError(f"buffer {key!r} held {e.shape[1]} values, now {count}: "
                                  "use another key, or reset()")
         self.calls += 1
-        return _allreduce_fast(x, algo, cfg, self.segment_values, e)
+        return run(x, algo, cfg, self.segment_values, e)[0]
