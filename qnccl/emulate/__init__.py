@@ -6,10 +6,13 @@ qnccl.emulate.allreduce is docs/allreduce.md on N virtual ranks: the bytes
 qncclAllReduce produces on N real ranks, and the error each algorithm implies.
 (The package attribute `allreduce` is that module's function; import its other
 helpers with `from qnccl.emulate.allreduce import chunks, segments, ...`.)
+qnccl.emulate.collectives is docs/collectives.md on N virtual ranks: quantized
+reduce-scatter, allgather and all-to-all.
 qnccl.emulate.training.EmulatedAllReduce is a communicator of N virtual ranks in a
 training loop: call counter, warm-up calls and error feedback's residuals per buffer.
 """
 from .allreduce import allreduce, auto_algo, stream_id
+from .collectives import allgather, alltoall, reduce_scatter
 from .training import EmulatedAllReduce
 from .codec import (
     WIRE_VERSION,
@@ -26,7 +29,9 @@ from .codec import (
 __all__ = [
     "EmulatedAllReduce",
     "WIRE_VERSION",
+    "allgather",
     "allreduce",
+    "alltoall",
     "auto_algo",
     "bucket_params",
     "compressed_size",
@@ -34,6 +39,7 @@ __all__ = [
     "dequantize_accumulate",
     "pack_codes",
     "quantize",
+    "reduce_scatter",
     "rng_uniform",
     "stream_id",
     "unpack_codes",
