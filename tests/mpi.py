@@ -74,3 +74,12 @@ def run(nprocs, argv, timeout, env=None, check=True):
 def run_python(nprocs, script, *args, timeout=120, env=None, check=True):
     """Runs a Python test program under mpirun with this interpreter."""
     return run(nprocs, [sys.executable, str(script), *map(str, args)], timeout, env, check)
+
+
+def run_checks(nprocs, script, *args, timeout=120, env=None):
+    """Runs a checking program (one that prints a line per failure, then
+    `SUMMARY ... N failures`) and asserts it ended with 0 failures; its stdout."""
+    result = run_python(nprocs, script, *args, timeout=timeout, env=env)
+    summary = [line for line in result.stdout.splitlines() if line.startswith("SUMMARY")]
+    assert summary and summary[-1].endswith(" 0 failures"), result.stdout[-6000:]
+    return result.stdout

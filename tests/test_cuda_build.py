@@ -66,7 +66,7 @@ KERNELS = {
        for m in ("store", "accumulate")}
     | {f"qnccl_{k}_{t}_{b}" for k in ("reduce", "decode_many") for t in TYPES
        for b in range(1, 9)},
-    "engine": {f"qnccl_widen_{t}" for t in TYPES}
+    "engine": {f"qnccl_{k}_{t}" for k in ("widen", "narrow") for t in TYPES}
     | {"qnccl_divide", "qnccl_residual", "qnccl_set_calls", "qnccl_take_call"},
 }
 

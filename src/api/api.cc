@@ -99,6 +99,15 @@ QNCCL_EXPORT ncclResult_t qncclAllReduce(const void* sendbuff, void* recvbuff, s
                    stream);
 }
 
+QNCCL_EXPORT ncclResult_t qncclReduceScatter(const void* sendbuff, void* recvbuff,
+                                             size_t recvcount, ncclDataType_t datatype,
+                                             ncclRedOp_t op,
+                                             const qncclAllReduceConfig_t* config,
+                                             ncclComm_t comm, cudaStream_t stream) {
+  return reduce_scatter("qncclReduceScatter", sendbuff, recvbuff, recvcount, datatype, op, config,
+                        comm, stream);
+}
+
 QNCCL_EXPORT ncclResult_t qncclAllReduceErrorBound(size_t count, ncclDataType_t datatype,
                                                    ncclRedOp_t op,
                                                    const qncclAllReduceConfig_t* config,

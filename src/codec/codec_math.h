@@ -163,12 +163,12 @@ QNCCL_HD float decode(const BucketParams& p, uint32_t q) {
   return y > p.hi ? p.hi : y;
 }
 
-/* acc + y in float32; a NaN sum becomes the canonical NaN so the stored
- * bytes do not depend on which NaN operand the hardware propagated. */
-QNCCL_HD float accumulate(float acc, float y) {
-  float r = acc + y;
-  return r == r ? r : bits_float(kCanonicalNanF32);
-}
+/* x, or the canonical NaN for any NaN: stored results then do not depend on
+ * which NaN operand the hardware propagated. */
+QNCCL_HD float canonical(float x) { return x == x ? x : bits_float(kCanonicalNanF32); }
+
+/* acc + y in float32; a NaN sum becomes the canonical NaN. */
+QNCCL_HD float accumulate(float acc, float y) { return canonical(acc + y); }
 
 /* Error feedback's residual of one value (docs/allreduce.md): what
  * quantizing v dropped, (v - decoded) * scale in float32, or 0 where that is

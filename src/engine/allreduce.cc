@@ -3,6 +3,7 @@
  * host buffers and with CUDA kernels on the caller's stream for device
  * buffers. */
 #include <stdint.h>
+#include <stdio.h>
 
 #include <memory>
 #include <vector>
@@ -58,20 +59,22 @@ Algorithm algorithm(qncclAlgo_t algo) {
  * on each segment, in the workspace at `memory` of `size` (its lanes: see
  * run_pipelined); `residual` holds the buffer's error-feedback residuals,
  * or is nullptr. `device`: of the buffers, or -1. */
-ncclResult_t run_segments(Segment& s, void* memory, const WorkspaceSize& size, qncclAlgo_t algo,
-                          const void* sendbuff, void* recvbuff, size_t count,
-                          const qncclAllReduceConfig_t& config, float* residual, CommState& state,
-                          int device, const cudaStream_t* lane_streams = nullptr) {
+ncclResult_t run_segments(Segment& s, void* memory, const QuantizedCall& c, float* residual,
+                          CommState& state, int device,
+                          const cudaStream_t* lane_streams = nullptr) {
+  const WorkspaceSize& size = c.need;
+  const size_t count = c.count;
   s.call = state.calls++;
   s.wire_sent = &state.stats.bytesOnWire;
   s.compute_steps = &state.stats.computeSteps;
   state.stats.callsCompressed++;
-  state.stats.bytesIn += count * s.type_size;
-  const Segments segs = {static_cast<const char*>(sendbuff), static_cast<char*>(recvbuff),
-                         residual, count, segment_values(config), s.input_size, s.type_size};
+  // A reduce-scatter's input holds a chunk of `count` values per rank.
+  state.stats.bytesIn += count * s.type_size * (s.chunk_stride > 0 ? (size_t)s.nranks : 1);
+  const Segments segs = {static_cast<const char*>(c.sendbuff), static_cast<char*>(c.recvbuff),
+                         residual, count, segment_values(*c.config), s.input_size, s.type_size};
   std::vector<Workspace> w(size.lanes);
   for (size_t j = 0; j < size.lanes; j++) w[j].assign(memory, size, j);
-  return run_pipelined(s, segs, algorithm(algo), w.data(), size.lanes, device, lane_streams);
+  return run_pipelined(s, segs, c.run, w.data(), size.lanes, device, lane_streams);
 }
 
 #ifdef QNCCL_WITH_CUDA
@@ -89,20 +92,23 @@ class DeviceScope {
 
 /* The CUDA path: compute on the caller's stream, in the communicator's
  * device workspace (docs/allreduce.md, "Device buffers"). */
-ncclResult_t run_on_device(Segment& s, int device, qncclAlgo_t algo, const WorkspaceSize& need,
-                           const void* sendbuff, void* recvbuff, size_t count, ncclRedOp_t op,
-                           const qncclAllReduceConfig_t& config, CommState& state) {
+ncclResult_t run_on_device(Segment& s, int device, const QuantizedCall& c, CommState& state) {
+  const WorkspaceSize& need = c.need;
+  const void* sendbuff = c.sendbuff;
+  void* recvbuff = c.recvbuff;
+  const size_t count = c.count;
+  const qncclAllReduceConfig_t& config = *c.config;
   DeviceWorkspace& ws = state.device;
   if (ws.device >= 0 && ws.device != device)
     return set_error(ncclInvalidArgument,
-                     "quantized allreduce: the buffers are on device %d, but this communicator "
-                     "has run on device %d; a communicator belongs to one device",
-                     device, ws.device);
+                     "quantized %s: the buffers are on device %d, but this communicator has "
+                     "run on device %d; a communicator belongs to one device",
+                     c.what, device, ws.device);
   if ((uintptr_t)sendbuff % s.type_size != 0 || (uintptr_t)recvbuff % s.type_size != 0)
     return set_error(ncclInvalidArgument,
-                     "quantized allreduce: %s is not aligned to its %zu-byte elements; device "
-                     "buffers must be",
-                     (uintptr_t)sendbuff % s.type_size != 0 ? "sendbuff" : "recvbuff",
+                     "quantized %s: %s is not aligned to its %zu-byte elements; device buffers "
+                     "must be",
+                     c.what, (uintptr_t)sendbuff % s.type_size != 0 ? "sendbuff" : "recvbuff",
                      s.type_size);
   DeviceScope scope;
   QNCCL_CHECK(scope.enter(device));
@@ -116,27 +122,25 @@ ncclResult_t run_on_device(Segment& s, int device, qncclAlgo_t algo, const Works
     case DevicePlan::kPassThrough:
       if (need.bytes() > ws.bytes && !ws.warned_capture) {
         ws.warned_capture = true;
-        warn("comm %p rank %d: an allreduce of %zu values during CUDA graph capture needs %zu "
-             "bytes of quantization workspace, more than this communicator has (%zu), and "
+        warn("comm %p rank %d: a quantized %s of %zu values during CUDA graph capture needs "
+             "%zu bytes of quantization workspace, more than this communicator has (%zu), and "
              "QNCCL allocates nothing while capturing: such calls go to NCCL unquantized. To "
-             "quantize them, run one uncaptured allreduce of the largest size first (warned "
-             "once per communicator)",
-             (void*)s.comm, s.rank, count, need.bytes(), ws.bytes);
+             "quantize them, run one uncaptured call of the largest size first (warned once "
+             "per communicator)",
+             (void*)s.comm, s.rank, c.what, count, need.bytes(), ws.bytes);
       } else if (need.bytes() <= ws.bytes && !state.warned_residual_capture) {
         state.warned_residual_capture = true;
-        warn("comm %p rank %d: an allreduce on buffer %p (%zu values) during CUDA graph "
+        warn("comm %p rank %d: a quantized %s on buffer %p (%zu values) during CUDA graph "
              "capture needs %s, and QNCCL creates nothing while capturing: such calls go to "
-             "NCCL unquantized. To quantize them, run one uncaptured allreduce on each buffer "
+             "NCCL unquantized. To quantize them, run one uncaptured call on each buffer "
              "first (warned once per communicator)",
-             (void*)s.comm, s.rank, sendbuff, count,
+             (void*)s.comm, s.rank, c.what, sendbuff, count,
              new_residual ? "a new error-feedback residual" : "streams for its pipeline lanes");
       }
       state.stats.callsPassedThrough++;
-      if (ncclResult_t res =
-              s.nccl->allReduce(sendbuff, recvbuff, count, s.type, op, s.comm, s.stream);
-          res != ncclSuccess)
-        return set_error(res, "quantized allreduce: passing a captured call through to %s failed "
-                         "(%d)", s.nccl->path, (int)res);
+      if (ncclResult_t res = c.pass_through(); res != ncclSuccess)
+        return set_error(res, "quantized %s: passing a captured call through to %s failed (%d)",
+                         c.what, s.nccl->path, (int)res);
       return ncclSuccess;
     case DevicePlan::kGrow:
       QNCCL_CHECK(grow_device_workspace(ws, device, grown_bytes(ws.bytes, need.bytes()),
@@ -163,8 +167,7 @@ ncclResult_t run_on_device(Segment& s, int device, qncclAlgo_t algo, const Works
   const bool forked = res == ncclSuccess && need.lanes > 1;
   if (forked) res = device_lanes_fork(ws, s.stream, need.lanes, lanes);
   if (res == ncclSuccess)
-    res = run_segments(s, ws.memory, need, algo, sendbuff, recvbuff, count, config, residual,
-                       state, device, forked ? lanes : nullptr);
+    res = run_segments(s, ws.memory, c, residual, state, device, forked ? lanes : nullptr);
   if (forked) {
     const ncclResult_t joined = device_lanes_join(ws, s.stream, need.lanes);
     if (res == ncclSuccess) res = joined;
@@ -178,6 +181,49 @@ ncclResult_t run_on_device(Segment& s, int device, qncclAlgo_t algo, const Works
 #endif
 
 }  // namespace
+
+ncclResult_t begin_call(Segment& s, const char* what, ncclComm_t comm, cudaStream_t stream,
+                        const qncclAllReduceConfig_t& config, ncclDataType_t type,
+                        ncclRedOp_t op) {
+  char fn[48];
+  snprintf(fn, sizeof fn, "quantized %s", what);
+  QNCCL_CHECK(comm_shape(fn, comm, &s.nccl, &s.nranks, &s.rank));
+  s.comm = comm;
+  s.stream = stream;
+  s.params = CodecParams{config.codec.bits, config.codec.bucketSize, config.codec.rounding,
+                         config.codec.seed, 0, nullptr, 0, 0, 0, 0};
+  s.type = s.input_type = type;
+  s.type_size = s.input_size = float_type_size(type);
+  s.average = op == ncclAvg;
+  s.average_over = s.nranks;
+  s.stream_rank = (uint64_t)s.rank;
+  return ncclSuccess;
+}
+
+ncclResult_t run_quantized(Segment& s, QuantizedCall c, CommState& state) {
+  int device = -1;  // of the buffers (the checks made sure both are on the same side)
+#ifdef QNCCL_WITH_CUDA
+  if (c.count > 0) {
+    char fn[48];
+    snprintf(fn, sizeof fn, "quantized %s", c.what);
+    QNCCL_CHECK(pointer_device(fn, c.sendbuff, &device));
+  }
+#endif
+  c.need.lanes = pipeline_lanes(c.algo, c.count, *c.config, device >= 0);
+#ifdef QNCCL_WITH_CUDA
+  if (device >= 0) return run_on_device(s, device, c, state);
+#endif
+  QNCCL_CHECK(host_compute(&s.compute));
+  float* residual = nullptr;
+  if (c.config->errorFeedback && c.count > 0)
+    QNCCL_CHECK(residual_for_call(s.comm, state, c.sendbuff, c.count, s.type, -1, nullptr,
+                                  &residual));
+  if (state.host_workspace_bytes < c.need.bytes()) {
+    state.host_workspace.reset(new uint64_t[(c.need.bytes() + 7) / 8]);
+    state.host_workspace_bytes = c.need.bytes();
+  }
+  return run_segments(s, state.host_workspace.get(), c, residual, state, -1);
+}
 
 DevicePlan plan_device_call(size_t have, size_t need, bool new_state, bool capturing) {
   if (capturing && (need > have || new_state)) return DevicePlan::kPassThrough;
@@ -209,23 +255,20 @@ ncclResult_t check_allreduce_config(const char* fn, size_t count, ncclDataType_t
   return ncclSuccess;
 }
 
-ncclResult_t check_allreduce(const char* fn, const void* sendbuff, void* recvbuff, size_t count,
-                             ncclDataType_t type, ncclRedOp_t op,
-                             const qncclAllReduceConfig_t* config, ncclComm_t comm) {
-  QNCCL_CHECK(check_allreduce_config(fn, count, type, op, config));
-  if (comm == nullptr) return set_error(ncclInvalidArgument, "%s: comm is NULL", fn);
-  if (count > 0 && (sendbuff == nullptr || recvbuff == nullptr))
-    return set_error(ncclInvalidArgument, "%s: %s is NULL with count = %zu; pass a buffer", fn,
-                     sendbuff == nullptr ? "sendbuff" : "recvbuff", count);
-  const size_t bytes = count * float_type_size(type);
+ncclResult_t check_buffers(const char* fn, const void* sendbuff, size_t send_bytes,
+                           const void* recvbuff, size_t recv_bytes, const void* in_place,
+                           const char* in_place_is) {
+  if (recv_bytes > 0 && (sendbuff == nullptr || recvbuff == nullptr))
+    return set_error(ncclInvalidArgument, "%s: %s is NULL; pass a buffer", fn,
+                     sendbuff == nullptr ? "sendbuff" : "recvbuff");
   const uintptr_t s = (uintptr_t)sendbuff, r = (uintptr_t)recvbuff;
-  if (s != r && s < r + bytes && r < s + bytes)
+  if (recvbuff != in_place && s < r + recv_bytes && r < s + send_bytes)
     return set_error(ncclInvalidArgument,
-                     "%s: sendbuff and recvbuff overlap without being equal; pass the same "
-                     "buffer (in place) or disjoint ones",
-                     fn);
+                     "%s: sendbuff and recvbuff overlap without recvbuff being %s (in place); "
+                     "pass that or disjoint buffers",
+                     fn, in_place_is);
 #ifdef QNCCL_WITH_CUDA
-  if (count > 0 && s != r) {
+  if (recv_bytes > 0 && recvbuff != in_place) {
     int ds = -1, dr = -1;
     QNCCL_CHECK(pointer_device(fn, sendbuff, &ds));
     QNCCL_CHECK(pointer_device(fn, recvbuff, &dr));
@@ -242,6 +285,15 @@ ncclResult_t check_allreduce(const char* fn, const void* sendbuff, void* recvbuf
   }
 #endif
   return ncclSuccess;
+}
+
+ncclResult_t check_allreduce(const char* fn, const void* sendbuff, void* recvbuff, size_t count,
+                             ncclDataType_t type, ncclRedOp_t op,
+                             const qncclAllReduceConfig_t* config, ncclComm_t comm) {
+  QNCCL_CHECK(check_allreduce_config(fn, count, type, op, config));
+  if (comm == nullptr) return set_error(ncclInvalidArgument, "%s: comm is NULL", fn);
+  const size_t bytes = count * float_type_size(type);
+  return check_buffers(fn, sendbuff, bytes, recvbuff, bytes, sendbuff, "sendbuff");
 }
 
 qncclAlgo_t auto_algo(size_t count, ncclDataType_t type, int nranks, const Topology* topology) {
@@ -267,20 +319,7 @@ namespace {
 ncclResult_t run_call(Segment& s, const void* sendbuff, void* recvbuff, size_t count,
                       ncclDataType_t datatype, ncclRedOp_t op, const qncclAllReduceConfig_t& config,
                       ncclComm_t comm, cudaStream_t stream, CommState& state) {
-  QNCCL_CHECK(real_nccl(&s.nccl));
-  if (s.nccl->commCount(comm, &s.nranks) != ncclSuccess ||
-      s.nccl->commUserRank(comm, &s.rank) != ncclSuccess)
-    return set_error(ncclInvalidArgument, "quantized allreduce: comm is not a communicator of %s",
-                     s.nccl->path);
-  s.comm = comm;
-  s.stream = stream;
-  s.params = CodecParams{config.codec.bits, config.codec.bucketSize, config.codec.rounding,
-                         config.codec.seed, 0, nullptr, 0, 0, 0, 0};
-  s.type = s.input_type = datatype;
-  s.type_size = s.input_size = float_type_size(datatype);
-  s.average = op == ncclAvg;
-  s.average_over = s.nranks;
-  s.stream_rank = (uint64_t)s.rank;
+  QNCCL_CHECK(begin_call(s, "allreduce", comm, stream, config, datatype, op));
   if (config.algo == qncclAlgoAuto)
     QNCCL_CHECK(discover_topology(*s.nccl, comm, s.rank, s.nranks, state));
   const qncclAlgo_t algo = resolve_algo(config.algo, count, datatype, s.nranks, &state.topology);
@@ -308,11 +347,6 @@ ncclResult_t run_call(Segment& s, const void* sendbuff, void* recvbuff, size_t c
   } else {
     need = workspace_size(algo, count, config, s.nranks);
   }
-  int device = -1;  // of the buffers (check_allreduce made sure both are on the same side)
-#ifdef QNCCL_WITH_CUDA
-  if (count > 0) QNCCL_CHECK(pointer_device("quantized allreduce", sendbuff, &device));
-#endif
-  need.lanes = pipeline_lanes(algo, count, config, device >= 0);
   if (config.errorFeedback && algo == qncclAlgoRing && config.codec.bits <= 2 &&
       s.nranks >= 8 && !state.warned_feedback_ring) {
     state.warned_feedback_ring = true;
@@ -322,20 +356,10 @@ ncclResult_t run_call(Segment& s, const void* sendbuff, void* recvbuff, size_t c
          "use QNCCL_ALGO=sra or tree, or more bits (warned once per communicator)",
          (void*)comm, s.rank, config.codec.bits, s.nranks);
   }
-#ifdef QNCCL_WITH_CUDA
-  if (device >= 0)
-    return run_on_device(s, device, algo, need, sendbuff, recvbuff, count, op, config, state);
-#endif
-  QNCCL_CHECK(host_compute(&s.compute));
-  float* residual = nullptr;
-  if (config.errorFeedback && count > 0)
-    QNCCL_CHECK(residual_for_call(comm, state, sendbuff, count, datatype, -1, nullptr, &residual));
-  if (state.host_workspace_bytes < need.bytes()) {
-    state.host_workspace.reset(new uint64_t[(need.bytes() + 7) / 8]);
-    state.host_workspace_bytes = need.bytes();
-  }
-  return run_segments(s, state.host_workspace.get(), need, algo, sendbuff, recvbuff, count,
-                      config, residual, state, -1);
+  const QuantizedCall call = {
+      "allreduce", algo, algorithm(algo), need, sendbuff, recvbuff, count, &config,
+      [&] { return s.nccl->allReduce(sendbuff, recvbuff, count, datatype, op, comm, stream); }};
+  return run_quantized(s, call, state);
 }
 
 }  // namespace
@@ -345,18 +369,24 @@ ncclResult_t run_allreduce(const void* sendbuff, void* recvbuff, size_t count,
                            const qncclAllReduceConfig_t& config, ncclComm_t comm,
                            cudaStream_t stream, CommState& state, Lockstep* lockstep,
                            size_t lane) {
+  return guarded_call("allreduce", state, lockstep, lane, [&](Segment& s) {
+    return run_call(s, sendbuff, recvbuff, count, datatype, op, config, comm, stream, state);
+  });
+}
+
+ncclResult_t guarded_call(const char* what, CommState& state, Lockstep* lockstep, size_t lane,
+                          const std::function<ncclResult_t(Segment&)>& body) {
   if (const ncclResult_t failed = state.failure; failed != ncclSuccess) {
     std::lock_guard<std::mutex> lock(state.api);
-    return set_error(failed, "quantized allreduce: an earlier quantized call on this "
-                     "communicator failed (%s); its peers may still wait for it: abort the "
-                     "communicator (ncclCommAbort)", state.failure_message.c_str());
+    return set_error(failed, "quantized %s: an earlier quantized call on this communicator "
+                     "failed (%s); its peers may still wait for it: abort the communicator "
+                     "(ncclCommAbort)", what, state.failure_message.c_str());
   }
   Segment s;
   s.state = &state;
   s.lockstep = lockstep;
   s.lane = lane;
-  const ncclResult_t res = run_call(s, sendbuff, recvbuff, count, datatype, op, config, comm,
-                                    stream, state);
+  const ncclResult_t res = body(s);
   if (res == ncclSuccess) return s.in_progress ? ncclInProgress : ncclSuccess;
   if (s.refused) return res;
   std::lock_guard<std::mutex> lock(state.api);

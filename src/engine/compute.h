@@ -50,6 +50,10 @@ struct Compute {
                         const float* residual, float* acc);
   /* acc[i] = acc[i] / divisor, one float32 division. */
   ncclResult_t (*divide)(const Compute& c, float* acc, size_t n, float divisor);
+  /* dst[i] = acc[i] stored in `type` (a NaN as the canonical NaN): a
+   * reduce-scatter's result. */
+  ncclResult_t (*narrow)(const Compute& c, const float* acc, size_t n, ncclDataType_t type,
+                         void* dst);
   /* Error feedback's capture: `e` holds D(Q(v)) on entry and gets
    * (v[i] - e[i]) * scale in float32, or 0 where that is not finite. */
   ncclResult_t (*residual)(const Compute& c, const float* v, float* e, size_t n, float scale);

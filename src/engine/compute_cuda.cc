@@ -75,27 +75,42 @@ ncclResult_t reduce(const Compute& c, const void* src, size_t n, ncclDataType_t 
               device_reduce(src, type, residual, wires, nwires, n, p, acc, c.stream));
 }
 
-ncclResult_t widen(const Compute& c, const void* src, size_t n, ncclDataType_t type,
-                   const float* residual, float* acc) {
-  if (n == 0) return ncclSuccess;
+/* Launches qnccl_<kernel>_<type> over n values with `args`, once `buffer`
+ * (`which`, of `type` elements) is known to be aligned to them. */
+template <class... Args>
+ncclResult_t launch_typed(const char* kernel, ncclDataType_t type, const void* buffer,
+                          const char* which, size_t n, cudaStream_t stream, Args... args) {
   ncclResult_t res = ncclInvalidArgument;
   dispatch_float_type(type, [&](auto t) {
     using Type = decltype(t);
-    if ((uintptr_t)src % sizeof(typename Type::T) != 0) {
-      res = set_error(ncclInvalidArgument, "the input is not aligned to its elements");
+    if ((uintptr_t)buffer % sizeof(typename Type::T) != 0) {
+      res = set_error(ncclInvalidArgument, "the %s is not aligned to its elements", which);
       return;
     }
     char name[32];
-    snprintf(name, sizeof name, "qnccl_widen_%s", Type::kName);
-    res = launch(name, blocks_for(n), c.stream, src, n, residual, acc);
+    snprintf(name, sizeof name, "qnccl_%s_%s", kernel, Type::kName);
+    res = launch(name, blocks_for(n), stream, args...);
   });
-  return step("widening the input to float32 on the device", res);
+  return res;
+}
+
+ncclResult_t widen(const Compute& c, const void* src, size_t n, ncclDataType_t type,
+                   const float* residual, float* acc) {
+  if (n == 0) return ncclSuccess;
+  return step("widening the input to float32 on the device",
+              launch_typed("widen", type, src, "input", n, c.stream, src, n, residual, acc));
 }
 
 ncclResult_t divide(const Compute& c, float* acc, size_t n, float divisor) {
   if (n == 0) return ncclSuccess;
   return step("averaging on the device",
               launch("qnccl_divide", blocks_for(n), c.stream, acc, n, divisor));
+}
+
+ncclResult_t narrow(const Compute& c, const float* acc, size_t n, ncclDataType_t type, void* dst) {
+  if (n == 0) return ncclSuccess;
+  return step("storing the result in the data type on the device",
+              launch_typed("narrow", type, dst, "output", n, c.stream, acc, n, dst));
 }
 
 ncclResult_t residual(const Compute& c, const float* v, float* e, size_t n, float scale) {
@@ -108,7 +123,7 @@ ncclResult_t residual(const Compute& c, const float* v, float* e, size_t n, floa
 
 Compute device_compute(cudaStream_t stream) {
   return Compute{"device",    nullptr, stream, quantize, quantize_many, dequantize,
-                 decode_many, reduce,  widen,  divide,   residual};
+                 decode_many, reduce,  widen,  divide,   narrow,        residual};
 }
 
 ncclResult_t set_current_device(int device, int* previous) {

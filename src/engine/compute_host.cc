@@ -58,6 +58,15 @@ ncclResult_t divide(const Compute&, float* acc, size_t n, float divisor) {
   return ncclSuccess;
 }
 
+ncclResult_t narrow(const Compute&, const float* acc, size_t n, ncclDataType_t type, void* dst) {
+  dispatch_float_type(type, [&](auto d) {
+    using D = decltype(d);
+    typename D::T* out = static_cast<typename D::T*>(dst);
+    for (size_t i = 0; i < n; i++) out[i] = D::store(canonical(acc[i]));
+  });
+  return ncclSuccess;
+}
+
 ncclResult_t residual(const Compute&, const float* v, float* e, size_t n, float scale) {
   for (size_t i = 0; i < n; i++) e[i] = dropped_value(v[i], e[i], scale);
   return ncclSuccess;
@@ -68,9 +77,8 @@ ncclResult_t residual(const Compute&, const float* v, float* e, size_t n, float 
 ncclResult_t host_compute(Compute* compute) {
   const HostCodec* codec;
   QNCCL_CHECK(host_codec(&codec));
-  *compute =
-      Compute{"host", codec,  nullptr, quantize, quantize_many, dequantize,
-              decode_many, reduce, widen,   divide,   residual};
+  *compute = Compute{"host", codec,  nullptr, quantize, quantize_many, dequantize,
+                     decode_many, reduce, widen,   divide,   narrow,        residual};
   return ncclSuccess;
 }
 

@@ -17,6 +17,14 @@ __device__ __forceinline__ void widen(const typename Type::T* __restrict__ src, 
                                  : Type::load(src[i]);
 }
 
+template <class Type>
+__device__ __forceinline__ void narrow(const float* __restrict__ acc, size_t n,
+                                       typename Type::T* __restrict__ dst) {
+  const size_t threads = gridDim.x * (size_t)blockDim.x;
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += threads)
+    dst[i] = Type::store(canonical(acc[i]));
+}
+
 }  // namespace qnccl
 
 #define QNCCL_KERNEL extern "C" __global__ void __launch_bounds__(256)
@@ -29,6 +37,14 @@ __device__ __forceinline__ void widen(const typename Type::T* __restrict__ src, 
 QNCCL_WIDEN(F32, f32)
 QNCCL_WIDEN(F16, f16)
 QNCCL_WIDEN(BF16, bf16)
+
+#define QNCCL_NARROW(TYPE, NAME)                                                          \
+  QNCCL_KERNEL qnccl_narrow_##NAME(const float* acc, size_t n, qnccl::TYPE::T* dst) {     \
+    qnccl::narrow<qnccl::TYPE>(acc, n, dst);                                              \
+  }
+QNCCL_NARROW(F32, f32)
+QNCCL_NARROW(F16, f16)
+QNCCL_NARROW(BF16, bf16)
 
 QNCCL_KERNEL qnccl_divide(float* acc, size_t n, float divisor) {
   const size_t threads = gridDim.x * (size_t)blockDim.x;

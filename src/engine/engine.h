@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include <atomic>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -132,8 +133,15 @@ class Segment {
   float* residual = nullptr;
   WorkArea<float> fed_input;  // z = x + e of one input range, quantized as float32
 
+  /* A reduce-scatter (docs/collectives.md): values from one chunk of the
+   * input to the next (the call's recvcount); 0 for an allreduce. */
+  size_t chunk_stride = 0;
+
   /* Chunk k (docs/allreduce.md, "Segments and chunks"). */
   Range chunk(int k) const;
+  /* A reduce-scatter's chunk k (mod N) of the segment: its input values
+   * [k*chunk_stride, k*chunk_stride + count). */
+  Range piece(int k) const;
   /* Most values any chunk of a segment of `values` can hold. */
   static size_t max_chunk(size_t values, size_t bucket, int nranks);
   size_t wire_bytes(size_t values) const;
@@ -164,6 +172,9 @@ class Segment {
    * of the n wires in order: one step. */
   void reduce_input(Range r, const uint8_t* const* wires, int n, float* acc,
                     bool residual = true) const;
+  /* A reduce-scatter's result: avg divides acc by N, then output values
+   * [0, count) = acc in the data type. */
+  void store_result(float* acc);
 
   /* Transport primitive: one group of sends and receives (zero-length ones
    * are skipped on both sides alike; a step with none makes no group, but
@@ -331,6 +342,17 @@ ncclResult_t ring(Segment& s, Workspace& w);
 ncclResult_t tree(Segment& s, Workspace& w);
 ncclResult_t sra(Segment& s, Workspace& w);
 ncclResult_t hierarchical(Segment& s, Workspace& w);  // needs s.hier
+/* Reduce-scatters (docs/collectives.md); need s.chunk_stride. */
+ncclResult_t reduce_scatter_ring(Segment& s, Workspace& w);
+ncclResult_t reduce_scatter_sra(Segment& s, Workspace& w);
+/* The ring's reduce-scatter (ring.cc) over the parts part(s, k) (k mod N
+ * taken care of by part): N - 1 hops; at hop `step` this rank sends
+ * part(r - step), its input (step 0) or the partial sum in `acc`, encoded
+ * (step `step`) from `out` to the right, and adds its input to the partial
+ * sum of part(r - step - 1) that arrives in `in` from the left. `acc` ends
+ * holding the sum of part(r + 1). */
+ncclResult_t ring_reduce_scatter(Segment& s, Range (*part)(const Segment&, int), uint8_t* out,
+                                 uint8_t* in, float* acc);
 /* SRA's scatter-reduce (sra.cc) over the parts part(s, k) of the segment:
  * every rank's part k goes encoded (step k) to rank k, which adds them, in
  * rank order, to its own values (with their residual when `own_residual`)
@@ -399,6 +421,52 @@ struct AllReduceCall {
  * orders) never wait for one another. Answers ncclInProgress where the real
  * NCCL did; the first failure, in issue order, otherwise. */
 ncclResult_t run_allreduces(const std::vector<AllReduceCall>& calls);
+
+/* One quantized call, planned: run_quantized runs `run` on each segment of
+ * `count` values (pipelined on lanes as pipeline_lanes(algo, ...) says) in
+ * a workspace of `need`, on the host or, for device buffers, on the
+ * caller's stream (where a call captured into a CUDA graph that would need
+ * new memory or state goes to pass_through, the real NCCL's own call). */
+struct QuantizedCall {
+  const char* what;  // "allreduce", "reduce-scatter": for messages
+  qncclAlgo_t algo;
+  Algorithm run;
+  WorkspaceSize need;
+  const void* sendbuff;
+  void* recvbuff;
+  size_t count;  // values per rank of the output (allreduce: of the call)
+  const qncclAllReduceConfig_t* config;
+  std::function<ncclResult_t()> pass_through;
+};
+/* Points `s` at the call's communicator, stream, codec, type and op
+ * (counting nothing yet). */
+ncclResult_t begin_call(Segment& s, const char* what, ncclComm_t comm, cudaStream_t stream,
+                        const qncclAllReduceConfig_t& config, ncclDataType_t type, ncclRedOp_t op);
+/* Takes the call's number from the communicator and runs it. */
+ncclResult_t run_quantized(Segment& s, QuantizedCall c, CommState& state);
+/* Runs body(s) on a fresh segment state of a call on `state`'s communicator:
+ * fails at once if an earlier quantized call there failed, keeps this call's
+ * failure for the later ones (unless every rank refused it alike), and
+ * answers ncclInProgress where the real NCCL did. */
+ncclResult_t guarded_call(const char* what, CommState& state, Lockstep* lockstep, size_t lane,
+                          const std::function<ncclResult_t(Segment&)>& body);
+/* The buffer checks of a quantized call: non-NULL with data, not
+ * overlapping unless recvbuff is `in_place` (named `in_place_is` in the
+ * message), and (CUDA builds) both in host memory or both on one device. */
+ncclResult_t check_buffers(const char* fn, const void* sendbuff, size_t send_bytes,
+                           const void* recvbuff, size_t recv_bytes, const void* in_place,
+                           const char* in_place_is);
+
+/* qncclReduceScatter (reduce_scatter.cc, docs/collectives.md). */
+ncclResult_t reduce_scatter(const char* fn, const void* sendbuff, void* recvbuff,
+                            size_t recvcount, ncclDataType_t datatype, ncclRedOp_t op,
+                            const qncclAllReduceConfig_t* config, ncclComm_t comm,
+                            cudaStream_t stream);
+/* What qncclAlgoAuto runs for a reduce-scatter over nranks: SRA up to 16, ring beyond. */
+qncclAlgo_t reduce_scatter_algo(qncclAlgo_t algo, int nranks);
+/* A reduce-scatter's workspace (ring or SRA, resolved) for recvcount values per rank. */
+WorkspaceSize reduce_scatter_workspace_size(qncclAlgo_t algo, size_t recvcount,
+                                            const qncclAllReduceConfig_t& config, int nranks);
 
 /* Behind the C API (src/api/api.cc); `fn` names the entry point in
  * messages. */

@@ -82,4 +82,14 @@ ncclResult_t real_nccl(const NcclApi** api) {
   return ncclSuccess;
 }
 
+ncclResult_t comm_shape(const char* what, ncclComm_t comm, const NcclApi** api, int* nranks,
+                        int* rank) {
+  QNCCL_CHECK(real_nccl(api));
+  if ((*api)->commCount(comm, nranks) != ncclSuccess ||
+      (*api)->commUserRank(comm, rank) != ncclSuccess)
+    return set_error(ncclInvalidArgument, "%s: comm is not a communicator of %s", what,
+                     (*api)->path);
+  return ncclSuccess;
+}
+
 }  // namespace qnccl

@@ -46,6 +46,11 @@ struct NcclApi {
  * path. Fails with a message saying where it looked. */
 ncclResult_t real_nccl(const NcclApi** api);
 
+/* real_nccl, then `comm`'s size and this process's rank in it; fails, naming
+ * `what` (the caller), when comm is not a communicator of that library. */
+ncclResult_t comm_shape(const char* what, ncclComm_t comm, const NcclApi** api, int* nranks,
+                        int* rank);
+
 }  // namespace qnccl
 
 #endif

@@ -27,6 +27,11 @@ Range Segment::chunk(int k) const {
   return Range{std::min(count, first * params.bucket), std::min(count, last * params.bucket)};
 }
 
+Range Segment::piece(int k) const {
+  const size_t first = (size_t)(((k % nranks) + nranks) % nranks) * chunk_stride;
+  return Range{first, first + count};
+}
+
 size_t Segment::max_chunk(size_t values, size_t bucket, int nranks) {
   const size_t buckets = num_buckets(values, bucket);
   return std::min(values, (buckets / (size_t)nranks + 1) * bucket);
@@ -64,6 +69,16 @@ WorkspaceSize workspace_size(qncclAlgo_t algo, size_t count, const qncclAllReduc
       size.wire_bytes = 2 * compressed_bytes(chunk, bits, bucket);
       break;
   }
+  return size;
+}
+
+WorkspaceSize reduce_scatter_workspace_size(qncclAlgo_t algo, size_t recvcount,
+                                            const qncclAllReduceConfig_t& config, int nranks) {
+  WorkspaceSize size;
+  const size_t values = std::min(recvcount, segment_values(config));
+  size.acc_values = values;
+  const size_t slot = compressed_bytes(values, config.codec.bits, config.codec.bucketSize);
+  size.wire_bytes = (algo == qncclAlgoSra ? 2 * (size_t)nranks : 2) * slot;
   return size;
 }
 
@@ -178,6 +193,12 @@ void Segment::decode_outputs(const uint8_t* const* wires, const Range* ranges, i
     counts[i] = ranges[i].size();
   }
   record(compute.decode_many(compute, wires, dsts.data(), counts.data(), n, params, type));
+}
+
+void Segment::store_result(float* acc) {
+  if (average && status == ncclSuccess)
+    record(compute.divide(compute, acc, count, (float)average_over));
+  if (status == ncclSuccess) record(compute.narrow(compute, acc, count, type, y));
 }
 
 void Segment::widen_input(Range r, float* acc) const {

@@ -2,7 +2,9 @@
  * chunk straight to its owner (all-to-all), the owner adds them, in rank
  * order once all have arrived, and encodes the result once, and every owner
  * sends its bytes to all (all-to-all).
- * Two quantizations on every value's path, whatever the rank count. */
+ * Two quantizations on every value's path, whatever the rank count. The
+ * first all-to-all alone is SRA's quantized ncclReduceScatter
+ * (docs/collectives.md): one quantization per contribution. */
 #include "engine/engine.h"
 
 #include "common/error.h"
@@ -71,6 +73,17 @@ ncclResult_t sra(Segment& s, Workspace& w) {
   }
   s.decode_outputs(received.data(), ranges.data(), (int)received.size());
   return ncclSuccess;
+}
+
+ncclResult_t reduce_scatter_sra(Segment& s, Workspace& w) {
+  const size_t slot = s.wire_bytes(s.count);
+  w.acc.resize(s.count);
+  w.wire.resize(2 * (size_t)s.nranks * slot);
+  float* acc = w.acc.data();
+  QNCCL_CHECK(scatter_reduce(
+      s, w, [](const Segment& g, int k) { return g.piece(k); }, slot, false, acc));
+  s.store_result(acc);
+  return s.status;
 }
 
 }  // namespace qnccl

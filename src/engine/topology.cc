@@ -139,11 +139,8 @@ ncclResult_t comm_topology(const char* fn, ncclComm_t comm, qncclTopology_t* out
     return set_error(ncclInvalidArgument, "%s: %s is NULL", fn,
                      comm == nullptr ? "comm" : "topology");
   const NcclApi* nccl;
-  QNCCL_CHECK(real_nccl(&nccl));
   int nranks = 0, rank = 0;
-  if (nccl->commCount(comm, &nranks) != ncclSuccess ||
-      nccl->commUserRank(comm, &rank) != ncclSuccess)
-    return set_error(ncclInvalidArgument, "%s: comm is not a communicator of %s", fn, nccl->path);
+  QNCCL_CHECK(comm_shape(fn, comm, &nccl, &nranks, &rank));
   std::shared_ptr<CommState> state;
   QNCCL_CHECK(comm_state(comm, nullptr, &state));
   QNCCL_CHECK(discover_topology(*nccl, comm, rank, nranks, *state));

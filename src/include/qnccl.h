@@ -144,6 +144,22 @@ ncclResult_t qncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
                             const qncclAllReduceConfig_t* config, ncclComm_t comm,
                             cudaStream_t stream);
 
+/* Quantized ncclReduceScatter (docs/collectives.md): rank r receives in
+ * recvbuff the sum (ncclSum) or average (ncclAvg) over the ranks of chunk r
+ * of their sendbuff (nranks * recvcount values of `datatype`: ncclFloat32,
+ * ncclFloat16 or ncclBfloat16), every piece sent quantized as `config`
+ * says. config->algo: qncclAlgoSra, each rank's chunk k goes straight to
+ * rank k, quantized once; qncclAlgoRing, partial sums travel the ring,
+ * re-quantized at every hop; qncclAlgoAuto, SRA up to 16 ranks, ring
+ * beyond. errorFeedback must be 0. The result is added and stored from
+ * float32, never quantized itself. In place when recvbuff == sendbuff +
+ * rank * recvcount. The call counts among the communicator's quantized
+ * calls (the random streams), like qncclAllReduce. */
+ncclResult_t qncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
+                                ncclDataType_t datatype, ncclRedOp_t op,
+                                const qncclAllReduceConfig_t* config, ncclComm_t comm,
+                                cudaStream_t stream);
+
 /* The algorithm qncclAlgoAuto picks for `count` values of `datatype` over
  * `nranks` ranks on one node (on several, see qncclCommTopology). */
 ncclResult_t qncclAutoAlgo(size_t count, ncclDataType_t datatype, int nranks, qncclAlgo_t* algo);

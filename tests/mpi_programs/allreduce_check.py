@@ -548,6 +548,16 @@ def hier(comm, failures):
     return len(cases) + 2
 
 
+def finish(comm, failures, program, cases):
+    """Ends the job's communicator, prints the summary; the exit status (1: failures)."""
+    # libqnccl's ncclCommDestroy: it also ends the communicators QNCCL split off
+    check_nccl(lib.ncclCommDestroy(comm), "ncclCommDestroy")
+    failed = COMM.bcast(len(failures.lines), root=0)
+    if RANK == 0:
+        print(f"SUMMARY {program}: {NRANKS} ranks, {cases} cases, {failed} failures", flush=True)
+    return 1 if failed else 0
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("program",
@@ -562,13 +572,7 @@ def main():
     programs = {"matrix": matrix, "ordering": ordering, "misuse": misuse, "calls": calls,
                 "counts": counts, "hier": hier}
     cases = programs[args.program](comm, failures)
-    # libqnccl's ncclCommDestroy: it also ends the communicators QNCCL split off
-    check_nccl(lib.ncclCommDestroy(comm), "ncclCommDestroy")
-    failed = COMM.bcast(len(failures.lines), root=0)
-    if RANK == 0:
-        print(f"SUMMARY {args.program}: {NRANKS} ranks, {cases} cases, {failed} failures",
-              flush=True)
-    return 1 if failed else 0
+    return finish(comm, failures, args.program, cases)
 
 
 if __name__ == "__main__":

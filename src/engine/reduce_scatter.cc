@@ -1,0 +1,76 @@
+/* qncclReduceScatter (docs/collectives.md): checks the arguments, then runs
+ * the ring's or SRA's reduce-scatter on each segment of the chunks, like an
+ * allreduce, with the result kept in float32 until it is stored. */
+#include <stdint.h>
+
+#include "codec/codec_math.h"
+#include "common/error.h"
+#include "engine/comm_state.h"
+#include "engine/engine.h"
+
+namespace qnccl {
+namespace {
+
+ncclResult_t check_config(const char* fn, size_t recvcount, ncclDataType_t type, ncclRedOp_t op,
+                          const qncclAllReduceConfig_t* config) {
+  QNCCL_CHECK(check_allreduce_config(fn, recvcount, type, op, config));
+  if (config->algo != qncclAlgoAuto && config->algo != qncclAlgoRing &&
+      config->algo != qncclAlgoSra)
+    return set_error(ncclInvalidArgument,
+                     "%s: algo = %d has no reduce-scatter; allowed: qncclAlgoAuto (0), "
+                     "qncclAlgoRing (1), qncclAlgoSra (3)",
+                     fn, (int)config->algo);
+  if (config->errorFeedback)
+    return set_error(ncclInvalidArgument,
+                     "%s: errorFeedback = 1; error feedback applies to allreduce only: pass 0",
+                     fn);
+  return ncclSuccess;
+}
+
+}  // namespace
+
+qncclAlgo_t reduce_scatter_algo(qncclAlgo_t algo, int nranks) {
+  if (algo != qncclAlgoAuto) return algo;
+  return nranks <= 16 ? qncclAlgoSra : qncclAlgoRing;
+}
+
+ncclResult_t reduce_scatter(const char* fn, const void* sendbuff, void* recvbuff,
+                            size_t recvcount, ncclDataType_t datatype, ncclRedOp_t op,
+                            const qncclAllReduceConfig_t* config, ncclComm_t comm,
+                            cudaStream_t stream) {
+  QNCCL_CHECK(check_config(fn, recvcount, datatype, op, config));
+  if (comm == nullptr) return set_error(ncclInvalidArgument, "%s: comm is NULL", fn);
+  // The buffers' sizes and the in-place position need the communicator's shape.
+  const NcclApi* nccl;
+  int nranks = 0, rank = 0;
+  QNCCL_CHECK(comm_shape(fn, comm, &nccl, &nranks, &rank));
+  if (recvcount > SIZE_MAX / 16 / (size_t)nranks)
+    return set_error(ncclInvalidArgument, "%s: recvcount = %zu is too large for %d ranks", fn,
+                     recvcount, nranks);
+  const size_t bytes = recvcount * float_type_size(datatype);
+  QNCCL_CHECK(check_buffers(fn, sendbuff, bytes * (size_t)nranks, recvbuff, bytes,
+                            static_cast<const char*>(sendbuff) + (size_t)rank * bytes,
+                            "sendbuff + rank * recvcount"));
+  std::shared_ptr<CommState> state;
+  QNCCL_CHECK(comm_state(comm, nullptr, &state));
+  return guarded_call("reduce-scatter", *state, nullptr, 0, [&](Segment& s) {
+    QNCCL_CHECK(begin_call(s, "reduce-scatter", comm, stream, *config, datatype, op));
+    s.chunk_stride = recvcount;
+    const qncclAlgo_t algo = reduce_scatter_algo(config->algo, s.nranks);
+    const QuantizedCall call = {
+        "reduce-scatter",
+        algo,
+        algo == qncclAlgoSra ? reduce_scatter_sra : reduce_scatter_ring,
+        reduce_scatter_workspace_size(algo, recvcount, *config, s.nranks),
+        sendbuff,
+        recvbuff,
+        recvcount,
+        config,
+        [&] {
+          return s.nccl->reduceScatter(sendbuff, recvbuff, recvcount, datatype, op, comm, stream);
+        }};
+    return run_quantized(s, call, *state);
+  });
+}
+
+}  // namespace qnccl
