@@ -109,6 +109,15 @@ RUN_OPTIONS = (
         type=int_in(0, 8), metavar="N",
         help="lanes of a flat call's pipeline, 1..8; 0: 2 on device buffers, 1 on host "
              "buffers (default 0)")),
+    ("--collectives", "QNCCL_COLLECTIVES", dict(
+        metavar="LIST",
+        help="the interposed collectives that are quantized, a comma list of allreduce, "
+             "reducescatter (default allreduce)")),
+    ("--allreduce-bits", "QNCCL_ALLREDUCE_BITS", dict(
+        type=int_in(1, 8), metavar="N", help="allreduce's own bits, 1..8 (default --bits)")),
+    ("--reducescatter-bits", "QNCCL_REDUCESCATTER_BITS", dict(
+        type=int_in(1, 8), metavar="N",
+        help="reduce-scatter's own bits, 1..8 (default --bits)")),
     ("--min-bytes", "QNCCL_MIN_BYTES", dict(
         type=_byte_size, metavar="N",
         help="smaller allreduces pass through exact; K, M, G suffixes allowed (default 64K)")),
@@ -284,7 +293,19 @@ def describe_env_config(config):
             f"min_bytes={config.minBytes} seed={allreduce.codec.seed} "
             f"warmup={config.warmupCalls} enable={config.enable} "
             f"error_feedback={config.allreduce.errorFeedback} "
-            f"debug={_DEBUG_NAMES.get(config.debug, config.debug)}")
+            f"debug={_DEBUG_NAMES.get(config.debug, config.debug)} "
+            f"{describe_collectives(config)}")
+
+
+COLLECTIVES = ("allreduce", "reducescatter", "allgather", "alltoall", "sendrecv")
+
+
+def describe_collectives(config):
+    """QNCCL_COLLECTIVES and the per-collective bits in the library's INFO-line words."""
+    words = "collectives=" + ",".join(name for i, name in enumerate(COLLECTIVES)
+                                      if config.collectives & (1 << i))
+    return words + "".join(f" {name}_bits={config.collectiveBits[i]}"
+                           for i, name in enumerate(COLLECTIVES) if config.collectiveBits[i])
 
 
 def _cuda_version(encoded):

@@ -33,6 +33,19 @@ def test_reduce_scatter_steps_and_groups_per_call(nprocs):
     run_check(nprocs, "counts")
 
 
+@pytest.mark.parametrize("policy", [
+    {},  # default: allreduce only, reduce-scatters byte-identical to the real NCCL's
+    {"QNCCL_COLLECTIVES": "allreduce,reducescatter", "QNCCL_REDUCESCATTER_BITS": "3"},
+    {"QNCCL_COLLECTIVES": "reducescatter"},  # allreduces exact, reduce-scatters at QNCCL_BITS
+], ids=["default", "both-rs3", "reducescatter-only"])
+def test_interposed_reduce_scatter_follows_the_policy(policy):
+    """A plain NCCL program's ncclReduceScatter and ncclAllReduce through libqnccl: the
+    collectives QNCCL_COLLECTIVES names are bit for bit the emulator (with their own bits),
+    alone, inside a group with allreduces and on two communicators at once; the others, and
+    calls below QNCCL_MIN_BYTES, are byte-identical to the real NCCL's."""
+    mpi.run_checks(3, PROGRAM, "interposed", timeout=150, env=policy)
+
+
 def test_rejected_reduce_scatters_name_the_argument():
     """algo tree and hier, op ncclMax, errorFeedback 1 and buffers that overlap without
     being in place fail with ncclInvalidArgument and a message saying what is allowed;

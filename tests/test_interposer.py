@@ -254,7 +254,8 @@ def test_info_lines(preloaded):
     configs = re.findall(
         rf"{INFO}/{NRANKS}: bits=4 bucket=64 rounding=stochastic algo=auto inter_algo=auto "
         rf"intra_bits=0 lanes=0 min_bytes={MIN_BYTES} "
-        rf"seed={SEED} warmup=0 error_feedback=0 enable=1 nccl=(\S+)$", output, re.M)
+        rf"seed={SEED} warmup=0 error_feedback=0 enable=1 collectives=allreduce nccl=(\S+)$",
+        output, re.M)
     assert sorted(int(rank) for rank, _ in configs) == list(range(NRANKS)), output[-4000:]
     assert {Path(path).resolve() for _, path in configs} == {HOST_NCCL.resolve()}
 
@@ -356,7 +357,8 @@ def env_config(capi):
 
 
 DEFAULTS = ("bits=4 bucket=128 rounding=stochastic algo=auto inter_algo=auto intra_bits=0 "
-            "lanes=0 min_bytes=65536 seed=0 warmup=0 enable=1 error_feedback=0 debug=WARN")
+            "lanes=0 min_bytes=65536 seed=0 warmup=0 enable=1 error_feedback=0 debug=WARN "
+            "collectives=allreduce")
 
 
 def test_default_configuration(capi):
@@ -390,11 +392,22 @@ def test_default_configuration(capi):
     ("QNCCL_ERROR_FEEDBACK", "0", "error_feedback=0"),
     ("QNCCL_ERROR_FEEDBACK", "1", "error_feedback=1"),
     ("QNCCL_DEBUG", "TRACE", "debug=TRACE"),
+    ("QNCCL_COLLECTIVES", "reducescatter", "collectives=reducescatter"),
+    ("QNCCL_COLLECTIVES", "reducescatter,allreduce", "collectives=allreduce,reducescatter"),
 ])
 def test_configuration_values(capi, monkeypatch, variable, value, shown):
     monkeypatch.setenv(variable, value)
     key = shown.split("=")[0]
     assert env_config(capi) == re.sub(rf"\b{key}=\S+", shown, DEFAULTS)
+
+
+@pytest.mark.parametrize("variable, value, shown", [
+    ("QNCCL_ALLREDUCE_BITS", "2", "allreduce_bits=2"),
+    ("QNCCL_REDUCESCATTER_BITS", "8", "reducescatter_bits=8"),
+])
+def test_collective_bits_are_shown_when_set(capi, monkeypatch, variable, value, shown):
+    monkeypatch.setenv(variable, value)
+    assert env_config(capi) == f"{DEFAULTS} {shown}"
 
 
 # What each variable's message must say is allowed.
@@ -412,6 +425,11 @@ ALLOWED = {
     "QNCCL_ERROR_FEEDBACK": r"\b0 or 1\b",
     "QNCCL_WARMUP_CALLS": r">= ?0",
     "QNCCL_DEBUG": r"WARN.*INFO.*TRACE",
+    "QNCCL_COLLECTIVES": r"comma list of allreduce, reducescatter \(allgather, alltoall and "
+                         r"sendrecv are not quantized yet\)",
+    "QNCCL_ALLREDUCE_BITS": r"1\.\.8 \(unset: QNCCL_BITS\)",
+    "QNCCL_REDUCESCATTER_BITS": r"1\.\.8",
+    "QNCCL_ALLGATHER_BITS": r"allgather is not quantized yet; unset it",
 }
 
 
@@ -431,6 +449,10 @@ ALLOWED = {
     ("QNCCL_ERROR_FEEDBACK", "2"), ("QNCCL_ERROR_FEEDBACK", "on"),
     ("QNCCL_WARMUP_CALLS", "-1"), ("QNCCL_WARMUP_CALLS", "many"),
     ("QNCCL_DEBUG", "VERBOSE"),
+    ("QNCCL_COLLECTIVES", "allgather"), ("QNCCL_COLLECTIVES", "allreduce,allreduce"),
+    ("QNCCL_COLLECTIVES", "allreduce,"), ("QNCCL_COLLECTIVES", "broadcast"),
+    ("QNCCL_ALLREDUCE_BITS", "0"), ("QNCCL_REDUCESCATTER_BITS", "9"),
+    ("QNCCL_ALLGATHER_BITS", "8"),
 ])
 def test_bad_configuration_names_the_variable(capi, monkeypatch, variable, value):
     from qnccl import QncclError
@@ -453,7 +475,9 @@ def test_run_flags_set_the_variables():
     library's syntax; variables without a flag pass through untouched."""
     args = parse_run("--bits", "3", "--bucket-size", "256", "--rounding", "nearest",
                      "--algo", "tree", "--inter-algo", "ring", "--intra-bits", "6",
-                     "--lanes", "3", "--min-bytes", "2K", "--seed", str(2**64 - 1),
+                     "--lanes", "3", "--collectives", "allreduce,reducescatter",
+                     "--allreduce-bits", "5", "--reducescatter-bits", "2",
+                     "--min-bytes", "2K", "--seed", str(2**64 - 1),
                      "--warmup-calls", "5", "--error-feedback", "--debug", "info",
                      "--nccl-lib", str(HOST_NCCL), "--disable", "--", "prog", "--bits", "7")
     env = cli.run_environment(args, {"QNCCL_BITS": "2", "QNCCL_ERROR_FEEDBACK": "0",
@@ -462,7 +486,9 @@ def test_run_flags_set_the_variables():
     assert {k: v for k, v in env.items() if k.startswith("QNCCL_")} == {
         "QNCCL_BITS": "3", "QNCCL_BUCKET_SIZE": "256", "QNCCL_ROUNDING": "nearest",
         "QNCCL_ALGO": "tree", "QNCCL_INTER_ALGO": "ring", "QNCCL_INTRA_BITS": "6",
-        "QNCCL_LANES": "3", "QNCCL_MIN_BYTES": "2048", "QNCCL_SEED": str(2**64 - 1),
+        "QNCCL_LANES": "3", "QNCCL_COLLECTIVES": "allreduce,reducescatter",
+        "QNCCL_ALLREDUCE_BITS": "5", "QNCCL_REDUCESCATTER_BITS": "2",
+        "QNCCL_MIN_BYTES": "2048", "QNCCL_SEED": str(2**64 - 1),
         "QNCCL_WARMUP_CALLS": "5", "QNCCL_DEBUG": "INFO",
         "QNCCL_NCCL_LIB": str(HOST_NCCL.resolve()), "QNCCL_ENABLE": "0",
         "QNCCL_ERROR_FEEDBACK": "1"}

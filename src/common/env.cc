@@ -20,6 +20,12 @@ const char* name(Var var) {
     case Var::kErrorFeedback: return "QNCCL_ERROR_FEEDBACK";
     case Var::kWarmupCalls: return "QNCCL_WARMUP_CALLS";
     case Var::kDebug: return "QNCCL_DEBUG";
+    case Var::kCollectives: return "QNCCL_COLLECTIVES";
+    case Var::kAllReduceBits: return "QNCCL_ALLREDUCE_BITS";
+    case Var::kReduceScatterBits: return "QNCCL_REDUCESCATTER_BITS";
+    case Var::kAllGatherBits: return "QNCCL_ALLGATHER_BITS";
+    case Var::kAllToAllBits: return "QNCCL_ALLTOALL_BITS";
+    case Var::kSendRecvBits: return "QNCCL_SENDRECV_BITS";
     case Var::kNcclLib: return "QNCCL_NCCL_LIB";
     case Var::kHostIsa: return "QNCCL_HOST_ISA";
     case Var::kHostInitTimeout: return "QNCCL_HOST_INIT_TIMEOUT";

@@ -21,6 +21,12 @@ enum class Var {
   kErrorFeedback,     // QNCCL_ERROR_FEEDBACK
   kWarmupCalls,       // QNCCL_WARMUP_CALLS
   kDebug,             // QNCCL_DEBUG
+  kCollectives,       // QNCCL_COLLECTIVES: which interposed collectives are quantized
+  kAllReduceBits,     // QNCCL_ALLREDUCE_BITS .. QNCCL_SENDRECV_BITS: bits per collective,
+  kReduceScatterBits,  //   in the order of qncclCollective_t's flags
+  kAllGatherBits,
+  kAllToAllBits,
+  kSendRecvBits,
   kNcclLib,           // QNCCL_NCCL_LIB: path of the real NCCL
   kHostIsa,           // QNCCL_HOST_ISA: generic | avx2 | avx512 host codec
   kHostInitTimeout,   // QNCCL_HOST_INIT_TIMEOUT: host backend waits, seconds

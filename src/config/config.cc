@@ -70,6 +70,55 @@ const char* const kRoundings[] = {"nearest", "stochastic", nullptr};
 const char* const kAlgos[] = {"auto", "ring", "tree", "sra", "hier", nullptr};
 const char* const kInterAlgos[] = {"auto", "ring", "tree", "sra", nullptr};
 const char* const kDebugLevels[] = {"WARN", "INFO", "TRACE", nullptr};
+/* QNCCL_COLLECTIVES' names, in the order of qncclCollective_t's flags. */
+const char* const kCollectives[] = {"allreduce", "reducescatter", "allgather", "alltoall",
+                                    "sendrecv", nullptr};
+/* The collectives this build quantizes; naming another is an error, not a no-op. */
+constexpr unsigned kQuantizable = qncclCollAllReduce | qncclCollReduceScatter;
+
+/* QNCCL_COLLECTIVES: a comma list of kCollectives' names, each at most once. */
+ncclResult_t read_collectives(unsigned* out) {
+  const char* text = env::get(Var::kCollectives);
+  if (text == nullptr) return ncclSuccess;
+  const char* allowed = "a comma list of allreduce, reducescatter (allgather, alltoall and "
+                        "sendrecv are not quantized yet)";
+  unsigned flags = 0;
+  for (const char* p = text;;) {
+    const char* comma = strchr(p, ',');
+    const size_t len = comma != nullptr ? (size_t)(comma - p) : strlen(p);
+    char name[32];
+    if (len == 0 || len >= sizeof name) return bad(Var::kCollectives, text, allowed);
+    memcpy(name, p, len);
+    name[len] = '\0';
+    const int i = lookup(name, kCollectives);
+    if (i < 0 || (flags & (1u << i)) != 0 || ((1u << i) & kQuantizable) == 0)
+      return bad(Var::kCollectives, text, allowed);
+    flags |= 1u << i;
+    if (comma == nullptr) break;
+    p = comma + 1;
+  }
+  *out = flags;
+  return ncclSuccess;
+}
+
+/* QNCCL_<NAME>_BITS of every collective: 1..8, for a quantized kind only. */
+ncclResult_t read_collective_bits(int* bits) {
+  const Var vars[QNCCL_NUM_COLLECTIVES] = {Var::kAllReduceBits, Var::kReduceScatterBits,
+                                           Var::kAllGatherBits, Var::kAllToAllBits,
+                                           Var::kSendRecvBits};
+  for (int i = 0; i < QNCCL_NUM_COLLECTIVES; i++) {
+    const char* text = env::get(vars[i]);
+    if (text == nullptr) continue;
+    if (((1u << i) & kQuantizable) == 0)
+      return set_error(ncclInvalidArgument, "%s=%s is invalid: %s is not quantized yet; unset it",
+                       env::name(vars[i]), text, kCollectives[i]);
+    uint64_t v = 0;
+    QNCCL_CHECK(read_unsigned(vars[i], QNCCL_MIN_BITS, QNCCL_MAX_BITS, false,
+                              "1..8 (unset: QNCCL_BITS)", &v));
+    bits[i] = (int)v;
+  }
+  return ncclSuccess;
+}
 
 }  // namespace
 
@@ -89,6 +138,7 @@ qncclEnvConfig_t default_config() {
   c.allreduce.lanes = 0;
   c.warmupCalls = 0;
   c.debug = qncclDebugWarn;
+  c.collectives = qncclCollAllReduce;
   return c;
 }
 
@@ -131,12 +181,34 @@ ncclResult_t config_from_env(qncclEnvConfig_t* config) {
   QNCCL_CHECK(read_unsigned(Var::kErrorFeedback, 0, 1, false, "0 or 1", &v));
   c.allreduce.errorFeedback = (int)v;
   QNCCL_CHECK(read_choice(Var::kDebug, kDebugLevels, "WARN, INFO or TRACE", &c.debug));
+  QNCCL_CHECK(read_collectives(&c.collectives));
+  QNCCL_CHECK(read_collective_bits(c.collectiveBits));
   *config = c;
   return ncclSuccess;
 }
 
 const char* rounding_name(qncclRounding_t rounding) {
   return rounding == qncclRoundNearest ? "nearest" : "stochastic";
+}
+
+const char* collective_name(int index) {
+  return index >= 0 && index < QNCCL_NUM_COLLECTIVES ? kCollectives[index] : "unknown";
+}
+
+std::string describe_collectives(const qncclEnvConfig_t& config) {
+  std::string words = "collectives=";
+  for (int i = 0, listed = 0; i < QNCCL_NUM_COLLECTIVES; i++) {
+    if ((config.collectives & (1u << i)) == 0) continue;
+    words += (listed++ > 0 ? "," : "");
+    words += kCollectives[i];
+  }
+  for (int i = 0; i < QNCCL_NUM_COLLECTIVES; i++) {
+    if (config.collectiveBits[i] == 0) continue;
+    words += " ";
+    words += kCollectives[i];
+    words += "_bits=" + std::to_string(config.collectiveBits[i]);
+  }
+  return words;
 }
 
 const char* algo_name(qncclAlgo_t algo) {

@@ -2,6 +2,8 @@
 #ifndef QNCCL_CONFIG_CONFIG_H_
 #define QNCCL_CONFIG_CONFIG_H_
 
+#include <string>
+
 #include "qnccl.h"
 
 namespace qnccl {
@@ -15,6 +17,12 @@ ncclResult_t config_from_env(qncclEnvConfig_t* config);
 
 const char* rounding_name(qncclRounding_t rounding);
 const char* algo_name(qncclAlgo_t algo);
+/* "allreduce", "reducescatter", ...: QNCCL_COLLECTIVES' name of the
+ * collective whose flag is 1 << index. */
+const char* collective_name(int index);
+/* "collectives=allreduce,reducescatter", then " <name>_bits=N" for each
+ * collective with bits of its own: the INFO line's words for them. */
+std::string describe_collectives(const qncclEnvConfig_t& config);
 
 }  // namespace qnccl
 

@@ -184,7 +184,7 @@ class Segment {
    * bytes can be used; an abort of the communicator ends the wait with an
    * error. Every rank of a call takes the same number of steps, and step k
    * of one rank only meets step k of its peers: that lets calls on several
-   * communicators run in lock-step (run_allreduces). */
+   * communicators run in lock-step (run_collectives). */
   ncclResult_t exchange(const Transfer* sends, int nsends, const Transfer* recvs, int nrecvs) const;
   /* Transport primitive: an all-to-all, to_peer[k] sent to rank k and
    * from_peer[k] received from it (entries for this rank are ignored), as
@@ -401,8 +401,11 @@ ncclResult_t run_allreduce(const void* sendbuff, void* recvbuff, size_t count,
                            cudaStream_t stream, CommState& state, Lockstep* lockstep = nullptr,
                            size_t lane = 0);
 
-/* A checked quantized allreduce, as a group defers it. */
-struct AllReduceCall {
+/* A checked quantized call, as a group defers it: an allreduce
+ * (qncclCollAllReduce) or a reduce-scatter (qncclCollReduceScatter, `count`
+ * its recvcount). */
+struct CollectiveCall {
+  qncclCollective_t kind;
   const void* sendbuff;
   void* recvbuff;
   size_t count;
@@ -420,7 +423,7 @@ struct AllReduceCall {
  * driving several GPUs, or ranks that issue a group's calls in different
  * orders) never wait for one another. Answers ncclInProgress where the real
  * NCCL did; the first failure, in issue order, otherwise. */
-ncclResult_t run_allreduces(const std::vector<AllReduceCall>& calls);
+ncclResult_t run_collectives(const std::vector<CollectiveCall>& calls);
 
 /* One quantized call, planned: run_quantized runs `run` on each segment of
  * `count` values (pipelined on lanes as pipeline_lanes(algo, ...) says) in
@@ -457,7 +460,17 @@ ncclResult_t check_buffers(const char* fn, const void* sendbuff, size_t send_byt
                            const void* recvbuff, size_t recv_bytes, const void* in_place,
                            const char* in_place_is);
 
-/* qncclReduceScatter (reduce_scatter.cc, docs/collectives.md). */
+/* A quantized reduce-scatter (reduce_scatter.cc, docs/collectives.md): the
+ * checks of its arguments, then, like run_allreduce, the call itself on
+ * `state`'s communicator; reduce_scatter is both (qncclReduceScatter). */
+ncclResult_t check_reduce_scatter(const char* fn, const void* sendbuff, void* recvbuff,
+                                  size_t recvcount, ncclDataType_t datatype, ncclRedOp_t op,
+                                  const qncclAllReduceConfig_t* config, ncclComm_t comm);
+ncclResult_t run_reduce_scatter(const void* sendbuff, void* recvbuff, size_t recvcount,
+                                ncclDataType_t datatype, ncclRedOp_t op,
+                                const qncclAllReduceConfig_t& config, ncclComm_t comm,
+                                cudaStream_t stream, CommState& state,
+                                Lockstep* lockstep = nullptr, size_t lane = 0);
 ncclResult_t reduce_scatter(const char* fn, const void* sendbuff, void* recvbuff,
                             size_t recvcount, ncclDataType_t datatype, ncclRedOp_t op,
                             const qncclAllReduceConfig_t* config, ncclComm_t comm,

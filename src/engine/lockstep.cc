@@ -1,4 +1,4 @@
-/* run_allreduces: a group's deferred quantized calls, those of different
+/* run_collectives: a group's deferred quantized calls, those of different
  * communicators in lock-step (engine/lockstep.h). */
 #include "engine/lockstep.h"
 
@@ -108,7 +108,7 @@ namespace {
 
 /* The calls of one communicator, in issue order, and how they ended. */
 struct Sequence {
-  std::vector<const AllReduceCall*> calls;
+  std::vector<const CollectiveCall*> calls;
   ncclResult_t result = ncclSuccess;
   bool in_progress = false;
   size_t failed_at = 0;  // issue index of the failed call
@@ -117,12 +117,15 @@ struct Sequence {
 
 /* Runs `seq` (as lane `lane` of `lockstep` unless it is null); stops at its
  * first failure. */
-void run_sequence(Sequence& seq, const std::vector<AllReduceCall>& all, Lockstep* lockstep,
+void run_sequence(Sequence& seq, const std::vector<CollectiveCall>& all, Lockstep* lockstep,
                   size_t lane) {
-  for (const AllReduceCall* c : seq.calls) {
+  for (const CollectiveCall* c : seq.calls) {
     std::shared_ptr<CommState> state;
     ncclResult_t res = comm_state(c->comm, nullptr, &state);
-    if (res == ncclSuccess)
+    if (res == ncclSuccess && c->kind == qncclCollReduceScatter)
+      res = run_reduce_scatter(c->sendbuff, c->recvbuff, c->count, c->type, c->op, c->config,
+                               c->comm, c->stream, *state, lockstep, lane);
+    else if (res == ncclSuccess)
       res = run_allreduce(c->sendbuff, c->recvbuff, c->count, c->type, c->op, c->config, c->comm,
                           c->stream, *state, lockstep, lane);
     if (res == ncclInProgress) {
@@ -138,10 +141,10 @@ void run_sequence(Sequence& seq, const std::vector<AllReduceCall>& all, Lockstep
 
 }  // namespace
 
-ncclResult_t run_allreduces(const std::vector<AllReduceCall>& calls) {
+ncclResult_t run_collectives(const std::vector<CollectiveCall>& calls) {
   std::vector<Sequence> seqs;
   std::map<ncclComm_t, size_t> of_comm;
-  for (const AllReduceCall& c : calls) {
+  for (const CollectiveCall& c : calls) {
     auto it = of_comm.emplace(c.comm, seqs.size()).first;
     if (it->second == seqs.size()) seqs.emplace_back();
     seqs[it->second].calls.push_back(&c);
@@ -154,7 +157,7 @@ ncclResult_t run_allreduces(const std::vector<AllReduceCall>& calls) {
                  [&](size_t i, const char* why) {
                    seqs[i].result = ncclSystemError;
                    seqs[i].failed_at = (size_t)(seqs[i].calls[0] - calls.data());
-                   seqs[i].message = std::string("quantized allreduce: could not start a "
+                   seqs[i].message = std::string("quantized call: could not start a "
                                                  "thread for the group's calls on another "
                                                  "communicator: ") + why;
                  });

@@ -6,7 +6,7 @@
  * - kTogether: each step waits until every lane still running has reached
  *   its next step; the driving thread then moves all of them in one real
  *   group (transfer()), in lane order. Calls on several communicators of one
- *   process (run_allreduces) and a hierarchical call's lanes (whose steps
+ *   process (run_collectives) and a hierarchical call's lanes (whose steps
  *   use different links at once) run so.
  * - kInTurn: step k of lane 0, then step k of lane 1, ..., each its own
  *   group, and a lane goes on as soon as its own step has moved: while one

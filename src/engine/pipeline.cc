@@ -90,7 +90,7 @@ ncclResult_t run_pipelined(Segment& s, const Segments& segs, Algorithm run, Work
   // A hierarchical call's lanes use different links in one round; a flat
   // call's take turns on one, each computing while another's bytes move.
   // Each round or turn is one step of the call's own lane when the call
-  // itself runs in lock-step with others (run_allreduces).
+  // itself runs in lock-step with others (run_collectives).
   const bool hier = s.hier != nullptr;
   Lockstep lockstep(lanes, hier ? Lockstep::kTogether : Lockstep::kInTurn, s.lockstep, s.lane);
   std::vector<Lane> lane(lanes, Lane(s));

@@ -34,10 +34,9 @@ qncclAlgo_t reduce_scatter_algo(qncclAlgo_t algo, int nranks) {
   return nranks <= 16 ? qncclAlgoSra : qncclAlgoRing;
 }
 
-ncclResult_t reduce_scatter(const char* fn, const void* sendbuff, void* recvbuff,
-                            size_t recvcount, ncclDataType_t datatype, ncclRedOp_t op,
-                            const qncclAllReduceConfig_t* config, ncclComm_t comm,
-                            cudaStream_t stream) {
+ncclResult_t check_reduce_scatter(const char* fn, const void* sendbuff, void* recvbuff,
+                                  size_t recvcount, ncclDataType_t datatype, ncclRedOp_t op,
+                                  const qncclAllReduceConfig_t* config, ncclComm_t comm) {
   QNCCL_CHECK(check_config(fn, recvcount, datatype, op, config));
   if (comm == nullptr) return set_error(ncclInvalidArgument, "%s: comm is NULL", fn);
   // The buffers' sizes and the in-place position need the communicator's shape.
@@ -48,29 +47,45 @@ ncclResult_t reduce_scatter(const char* fn, const void* sendbuff, void* recvbuff
     return set_error(ncclInvalidArgument, "%s: recvcount = %zu is too large for %d ranks", fn,
                      recvcount, nranks);
   const size_t bytes = recvcount * float_type_size(datatype);
-  QNCCL_CHECK(check_buffers(fn, sendbuff, bytes * (size_t)nranks, recvbuff, bytes,
-                            static_cast<const char*>(sendbuff) + (size_t)rank * bytes,
-                            "sendbuff + rank * recvcount"));
-  std::shared_ptr<CommState> state;
-  QNCCL_CHECK(comm_state(comm, nullptr, &state));
-  return guarded_call("reduce-scatter", *state, nullptr, 0, [&](Segment& s) {
-    QNCCL_CHECK(begin_call(s, "reduce-scatter", comm, stream, *config, datatype, op));
+  return check_buffers(fn, sendbuff, bytes * (size_t)nranks, recvbuff, bytes,
+                       static_cast<const char*>(sendbuff) + (size_t)rank * bytes,
+                       "sendbuff + rank * recvcount");
+}
+
+ncclResult_t run_reduce_scatter(const void* sendbuff, void* recvbuff, size_t recvcount,
+                                ncclDataType_t datatype, ncclRedOp_t op,
+                                const qncclAllReduceConfig_t& config, ncclComm_t comm,
+                                cudaStream_t stream, CommState& state, Lockstep* lockstep,
+                                size_t lane) {
+  return guarded_call("reduce-scatter", state, lockstep, lane, [&](Segment& s) {
+    QNCCL_CHECK(begin_call(s, "reduce-scatter", comm, stream, config, datatype, op));
     s.chunk_stride = recvcount;
-    const qncclAlgo_t algo = reduce_scatter_algo(config->algo, s.nranks);
+    const qncclAlgo_t algo = reduce_scatter_algo(config.algo, s.nranks);
     const QuantizedCall call = {
         "reduce-scatter",
         algo,
         algo == qncclAlgoSra ? reduce_scatter_sra : reduce_scatter_ring,
-        reduce_scatter_workspace_size(algo, recvcount, *config, s.nranks),
+        reduce_scatter_workspace_size(algo, recvcount, config, s.nranks),
         sendbuff,
         recvbuff,
         recvcount,
-        config,
+        &config,
         [&] {
           return s.nccl->reduceScatter(sendbuff, recvbuff, recvcount, datatype, op, comm, stream);
         }};
-    return run_quantized(s, call, *state);
+    return run_quantized(s, call, state);
   });
+}
+
+ncclResult_t reduce_scatter(const char* fn, const void* sendbuff, void* recvbuff,
+                            size_t recvcount, ncclDataType_t datatype, ncclRedOp_t op,
+                            const qncclAllReduceConfig_t* config, ncclComm_t comm,
+                            cudaStream_t stream) {
+  QNCCL_CHECK(check_reduce_scatter(fn, sendbuff, recvbuff, recvcount, datatype, op, config, comm));
+  std::shared_ptr<CommState> state;
+  QNCCL_CHECK(comm_state(comm, nullptr, &state));
+  return run_reduce_scatter(sendbuff, recvbuff, recvcount, datatype, op, *config, comm, stream,
+                            *state);
 }
 
 }  // namespace qnccl

@@ -229,6 +229,17 @@ ncclResult_t qncclRedOpCreateQuantized(ncclRedOp_t* op, const qncclQuantizedOpCo
 
 typedef enum { qncclDebugWarn = 0, qncclDebugInfo = 1, qncclDebugTrace = 2 } qncclDebugLevel_t;
 
+/* The interposed collectives QNCCL_COLLECTIVES can quantize, as flags; a
+ * collective's index in qncclEnvConfig_t.collectiveBits is the flag's bit. */
+typedef enum {
+  qncclCollAllReduce = 1,      /* "allreduce": ncclAllReduce */
+  qncclCollReduceScatter = 2,  /* "reducescatter": ncclReduceScatter */
+  qncclCollAllGather = 4,      /* "allgather": ncclAllGather (not quantized yet) */
+  qncclCollAllToAll = 8,       /* "alltoall": ncclAlltoAll (not quantized yet) */
+  qncclCollSendRecv = 16       /* "sendrecv": grouped ncclSend/ncclRecv (not quantized yet) */
+} qncclCollective_t;
+#define QNCCL_NUM_COLLECTIVES 5
+
 typedef struct {
   int enable;                        /* QNCCL_ENABLE: 0 passes every call through */
   qncclAllReduceConfig_t allreduce;  /* QNCCL_BITS, _BUCKET_SIZE, _ROUNDING, _SEED, _ALGO,
@@ -236,6 +247,10 @@ typedef struct {
   size_t minBytes;                   /* QNCCL_MIN_BYTES: smaller calls pass through */
   uint64_t warmupCalls;              /* QNCCL_WARMUP_CALLS: first eligible calls stay exact */
   qncclDebugLevel_t debug;           /* QNCCL_DEBUG */
+  unsigned collectives;              /* QNCCL_COLLECTIVES: qncclColl* flags of the quantized
+                                        collectives (default qncclCollAllReduce) */
+  int collectiveBits[QNCCL_NUM_COLLECTIVES]; /* QNCCL_<NAME>_BITS: bits of one collective,
+                                                0 for allreduce.codec.bits (QNCCL_BITS) */
 } qncclEnvConfig_t;
 
 /* The configuration the QNCCL_* variables give a communicator created now.

@@ -3,6 +3,7 @@
     mpirun -np N python collectives_check.py reducescatter
     mpirun -np N python collectives_check.py counts
     mpirun -np N python collectives_check.py misuse
+    QNCCL_COLLECTIVES=... mpirun -np N python collectives_check.py interposed
 
 reducescatter  ring/SRA/auto x float32/float16/bfloat16 x recvcounts (0, 1, 300, 7919, 5003
                in segments of 960, 1000 in buckets of 1), both roundings, sum/avg, in place
@@ -14,6 +15,12 @@ reducescatter  ring/SRA/auto x float32/float16/bfloat16 x recvcounts (0, 1, 300,
 counts         the compute steps and real NCCL groups one reduce-scatter of one segment
                costs each rank (qncclCommGetStats), ring and SRA x sum/avg, against
                docs/collectives.md; each call also matches the emulator.
+interposed     ncclReduceScatter and ncclAllReduce through libqnccl's interposed entry points
+               under the QNCCL_* environment of the job: with reducescatter in
+               QNCCL_COLLECTIVES, bit for bit the emulator at QNCCL_REDUCESCATTER_BITS (else
+               QNCCL_BITS), also inside a group with an allreduce and on two communicators
+               at once; without it, and below QNCCL_MIN_BYTES, byte-identical to the real
+               NCCL's own ncclReduceScatter.
 misuse         algo tree or hier, errorFeedback 1, op ncclMax, overlapping buffers that are
                not in place: ncclInvalidArgument naming the argument and what is allowed,
                on every rank, without counting as a call (a valid stochastic call then
@@ -24,13 +31,14 @@ Prints one line per failure, then a summary; exits non-zero on any failure.
 import argparse
 import dataclasses
 import itertools
+import os
 import sys
 
 import numpy as np
 
 from allreduce_check import (COMM, NCCL_TYPES, NRANKS, OPS, RANK, UNWRITTEN, Case,
-                             Failures, bits_of, call_allreduce, ffi, finish, init_comm, lib,
-                             make_config, rank_input)
+                             Failures, bits_of, call_allreduce, check_nccl, ffi, finish,
+                             init_comm, lib, make_config, nccl, rank_input)
 from qnccl.emulate import allreduce as emulate_allreduce
 from qnccl.emulate import reduce_scatter as emulate_reduce_scatter
 
@@ -182,13 +190,96 @@ def misuse(comm, failures):
     return len(bad) + 3
 
 
+def interposed(comm, failures):
+    """Calls through libqnccl's ncclReduceScatter/ncclAllReduce (what LD_PRELOAD gives a
+    plain NCCL program), checked against the emulator or the real NCCL's own call."""
+    policy = os.environ.get("QNCCL_COLLECTIVES", "allreduce").split(",")
+    bits = int(os.environ.get("QNCCL_BITS", "4"))
+    rs_bits = int(os.environ.get("QNCCL_REDUCESCATTER_BITS", bits))
+    min_bytes = int(os.environ.get("QNCCL_MIN_BYTES", 64 << 10))
+    other = init_comm()
+    calls = {comm: 0, other: 0}  # each communicator's quantized calls so far
+    checked = 0
+    groups = [  # each: [(communicator, kind, case)], one group when longer than one
+        [(comm, "rs", Case("auto", "float32", 20000, seed=1))],
+        [(comm, "rs", Case("auto", "bfloat16", 9000, op="avg", seed=2, inplace=True))],
+        [(comm, "rs", Case("auto", "float16", 100, seed=3))],  # below QNCCL_MIN_BYTES
+        [(comm, "rs", Case("auto", "float32", 30000, seed=4)),
+         (other, "rs", Case("auto", "float32", 17000, seed=5)),
+         (comm, "ar", Case("auto", "float32", 40000, seed=6)),
+         (other, "ar", Case("auto", "float16", 25000, op="avg", seed=7)),
+         (comm, "rs", Case("auto", "float16", 12000, op="avg", seed=8, inplace=True))],
+    ]
+    for group in groups:
+        issued = []
+        if len(group) > 1:
+            check_nccl(lib.ncclGroupStart(), "ncclGroupStart")
+        for c, kind, case in group:
+            n = case.count * (NRANKS if kind == "rs" else 1)
+            x = rank_input(dataclasses.replace(case, count=n), RANK)
+            send = x.copy()
+            if kind == "rs":
+                recv = (send[RANK * case.count:(RANK + 1) * case.count] if case.inplace
+                        else np.zeros(case.count, x.dtype))
+                res = lib.ncclReduceScatter(ffi.from_buffer(send), ffi.from_buffer(recv),
+                                            case.count, NCCL_TYPES[case.dtype], OPS[case.op], c,
+                                            ffi.NULL)
+            else:
+                recv = send if case.inplace else np.zeros_like(x)
+                res = lib.ncclAllReduce(ffi.from_buffer(send), ffi.from_buffer(recv), case.count,
+                                        NCCL_TYPES[case.dtype], OPS[case.op], c, ffi.NULL)
+            check_nccl(res, f"{kind} {case}")
+            issued.append((c, kind, case, x, recv, send))  # a group reads send at its end
+        if len(group) > 1:
+            check_nccl(lib.ncclGroupEnd(), "ncclGroupEnd")
+        for c, kind, case, x, recv, _ in issued:
+            itemsize = x.itemsize
+            quantized = (("reducescatter" if kind == "rs" else "allreduce") in policy
+                         and case.count * itemsize >= min_bytes)
+            if kind == "rs" and not quantized:  # the real NCCL's own result, bytes and all
+                want = np.zeros(case.count, x.dtype)
+                check_nccl(nccl.ncclReduceScatter(ffi.from_buffer(x.copy()),
+                                                  ffi.from_buffer(want), case.count,
+                                                  NCCL_TYPES[case.dtype], OPS[case.op], c,
+                                                  ffi.NULL), "the real ncclReduceScatter")
+                mine = [want]
+            else:
+                mine = None
+            outs = COMM.gather((bits_of(recv).tobytes(), None if mine is None
+                                else bits_of(mine[0]).tobytes()), root=0)
+            n = case.count * (NRANKS if kind == "rs" else 1)
+            if RANK == 0:
+                label = f"interposed {kind} {case} ({'quantized' if quantized else 'exact'})"
+                if quantized:
+                    inputs = [rank_input(dataclasses.replace(case, count=n), r)
+                              for r in range(NRANKS)]
+                    kw = dict(bits=rs_bits if kind == "rs" else bits, bucket_size=128,
+                              rounding="stochastic", seed=0, op=case.op, call=calls[c],
+                              dtype=case.dtype)
+                    expected = (emulate_reduce_scatter(inputs, **kw) if kind == "rs"
+                                else emulate_allreduce(inputs, **kw))
+                    wants = [bits_of(e).tobytes() for e in expected]
+                else:
+                    wants = [w for _, w in outs] if kind == "rs" else None
+                for r, (got, _) in enumerate(outs):
+                    if wants is not None and got != wants[r]:
+                        failures.add(label, f"rank {r} differs from the "
+                                     f"{'emulator' if quantized else 'real NCCL'}")
+            if quantized:
+                calls[c] += 1
+            checked += 1
+    check_nccl(lib.ncclCommDestroy(other), "ncclCommDestroy")
+    return checked
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("program", choices=("reducescatter", "counts", "misuse"))
+    parser.add_argument("program", choices=("reducescatter", "counts", "misuse", "interposed"))
     args = parser.parse_args()
     comm = init_comm()
     failures = Failures()
-    programs = {"reducescatter": reducescatter, "counts": counts, "misuse": misuse}
+    programs = {"reducescatter": reducescatter, "counts": counts, "misuse": misuse,
+                "interposed": interposed}
     return finish(comm, failures, args.program, programs[args.program](comm, failures))
 
 

@@ -1,9 +1,10 @@
-/* The interposed ncclAllReduce: eligible calls run the quantized engine,
- * everything else goes to the real NCCL unchanged (DESIGN invariant 5).
- * Inside a group, eligible calls wait for the outermost ncclGroupEnd, which
- * first lets the real NCCL flush the group's pass-through operations, then
- * runs them: in issue order per communicator, in lock-step across
- * communicators (engine/lockstep.cc). */
+/* The interposed ncclAllReduce and ncclReduceScatter: eligible calls (the
+ * collectives QNCCL_COLLECTIVES names) run the quantized engine, everything
+ * else goes to the real NCCL unchanged (DESIGN invariant 5). Inside a group,
+ * eligible calls wait for the outermost ncclGroupEnd, which first lets the
+ * real NCCL flush the group's pass-through operations, then runs them: in
+ * issue order per communicator, in lock-step across communicators
+ * (engine/lockstep.cc). */
 #include <stdio.h>
 
 #include <vector>
@@ -31,16 +32,34 @@ struct Decision {
 
 bool is_float(ncclDataType_t t) { return t == ncclFloat32 || t == ncclFloat16 || t == ncclBfloat16; }
 
-Decision decide(ShimComm& st, size_t count, ncclDataType_t type, ncclRedOp_t op) {
+/* The configuration an eligible call of `kind` runs with: the environment's,
+ * with the collective's own bits (QNCCL_<NAME>_BITS); a reduce-scatter
+ * takes QNCCL_ALGO's ring or sra (else auto) and no error feedback
+ * (docs/collectives.md). */
+qncclAllReduceConfig_t config_for(const qncclEnvConfig_t& c, qncclCollective_t kind) {
+  qncclAllReduceConfig_t config = c.allreduce;
+  const int index = __builtin_ctz((unsigned)kind);
+  if (c.collectiveBits[index] != 0) config.codec.bits = c.collectiveBits[index];
+  if (kind == qncclCollReduceScatter) {
+    if (config.algo != qncclAlgoRing && config.algo != qncclAlgoSra) config.algo = qncclAlgoAuto;
+    config.errorFeedback = 0;
+  }
+  return config;
+}
+
+Decision decide(ShimComm& st, qncclCollective_t kind, size_t count, ncclDataType_t type,
+                ncclRedOp_t op) {
   Decision d;
   const qncclEnvConfig_t& c = st.config;
-  auto quantized = st.ops.find((int)op);
+  auto quantized = kind == qncclCollAllReduce ? st.ops.find((int)op) : st.ops.end();
   if (quantized != st.ops.end()) {  // an explicit request: the environment does not apply
     d.compress = true;
     d.config = quantized->second.allreduce;
     d.reduction = quantized->second.reduction;
   } else if (!c.enable) {
     snprintf(d.why, sizeof d.why, "QNCCL_ENABLE=0");
+  } else if ((c.collectives & (unsigned)kind) == 0) {
+    snprintf(d.why, sizeof d.why, "not in QNCCL_COLLECTIVES");
   } else if (!is_float(type)) {
     snprintf(d.why, sizeof d.why, "%s is not quantized", short_type_name(type));
   } else if (op != ncclSum && op != ncclAvg) {
@@ -52,16 +71,21 @@ Decision decide(ShimComm& st, size_t count, ncclDataType_t type, ncclRedOp_t op)
              (unsigned long long)c.warmupCalls);
   } else {
     d.compress = true;
-    d.config = c.allreduce;
+    d.config = config_for(c, kind);
     d.reduction = op;
   }
   return d;
 }
 
+const char* call_name(qncclCollective_t kind) {
+  return kind == qncclCollReduceScatter ? "ncclReduceScatter" : "ncclAllReduce";
+}
+
 /* One report per kind of call (type, op, decision) and communicator; at
  * QNCCL_DEBUG=TRACE one per call, with its size. */
-void report_kind(ncclComm_t comm, ShimComm& st, const CommState& state, ncclDataType_t type,
-                 ncclRedOp_t op, const Decision& d, size_t count, const NcclApi& nccl) {
+void report_kind(ncclComm_t comm, ShimComm& st, const CommState& state, qncclCollective_t call,
+                 ncclDataType_t type, ncclRedOp_t op, const Decision& d, size_t count,
+                 const NcclApi& nccl) {
   if (st.config.debug < qncclDebugInfo) return;
   char kind[256];
   if (d.compress) {
@@ -69,9 +93,11 @@ void report_kind(ncclComm_t comm, ShimComm& st, const CommState& state, ncclData
     nccl.commCount(comm, &nranks);
     // Before its first call auto does not know the node layout yet.
     const Topology& t = state.topology;
-    const qncclAlgo_t algo = d.config.algo == qncclAlgoAuto && !t.known
-                                 ? qncclAlgoAuto
-                                 : resolve_algo(d.config.algo, count, type, nranks, &t);
+    const qncclAlgo_t algo =
+        call == qncclCollReduceScatter ? reduce_scatter_algo(d.config.algo, nranks)
+        : d.config.algo == qncclAlgoAuto && !t.known
+            ? qncclAlgoAuto
+            : resolve_algo(d.config.algo, count, type, nranks, &t);
     char how[96];
     if (algo == qncclAlgoHier)
       snprintf(how, sizeof how, "hier: %s inside nodes, %s between them",
@@ -88,27 +114,42 @@ void report_kind(ncclComm_t comm, ShimComm& st, const CommState& state, ncclData
              d.why);
   }
   if (st.config.debug >= qncclDebugTrace)
-    info(comm, st.config.debug, ": ncclAllReduce %zu values %s", count, kind);
-  else if (st.logged.insert(kind).second)
-    info(comm, st.config.debug, ": ncclAllReduce %s", kind);
+    info(comm, st.config.debug, ": %s %zu values %s", call_name(call), count, kind);
+  else if (st.logged.insert(std::string(call_name(call)) + kind).second)
+    info(comm, st.config.debug, ": %s %s", call_name(call), kind);
 }
 
 thread_local int group_depth = 0;
-thread_local std::vector<AllReduceCall> deferred;
+thread_local std::vector<CollectiveCall> deferred;
 
-ncclResult_t all_reduce(const void* send, void* recv, size_t count, ncclDataType_t type,
-                        ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
+/* The real NCCL's own call of `kind`. */
+ncclResult_t pass_through(const NcclApi& nccl, qncclCollective_t kind, const void* send,
+                          void* recv, size_t count, ncclDataType_t type, ncclRedOp_t op,
+                          ncclComm_t comm, cudaStream_t stream) {
+  if (kind == qncclCollReduceScatter)
+    return nccl.reduceScatter(send, recv, count, type, op, comm, stream);
+  return nccl.allReduce(send, recv, count, type, op, comm, stream);
+}
+
+/* An interposed ncclAllReduce or ncclReduceScatter (`count`: its recvcount). */
+ncclResult_t collective(qncclCollective_t kind, const void* send, void* recv, size_t count,
+                        ncclDataType_t type, ncclRedOp_t op, ncclComm_t comm,
+                        cudaStream_t stream) {
   const NcclApi* nccl;
   if (real_nccl(&nccl) != ncclSuccess) return fail(ncclSystemError);
-  if (comm == nullptr) return nccl->allReduce(send, recv, count, type, op, comm, stream);
+  if (comm == nullptr) return pass_through(*nccl, kind, send, recv, count, type, op, comm, stream);
   std::shared_ptr<ShimComm> shim;
   std::shared_ptr<CommState> st;
   if (shim_comm(comm, nullptr, &shim) != ncclSuccess ||
       comm_state(comm, &shim->config, &st) != ncclSuccess)
     return fail(ncclInvalidArgument);
-  const Decision d = decide(*shim, count, type, op);
-  if (d.compress) {
-    if (check_allreduce("ncclAllReduce", send, recv, count, type, d.reduction, &d.config,
+  const Decision d = decide(*shim, kind, count, type, op);
+  if (d.compress && kind == qncclCollReduceScatter) {
+    if (check_reduce_scatter(call_name(kind), send, recv, count, type, d.reduction, &d.config,
+                             comm) != ncclSuccess)
+      return fail(ncclInvalidArgument);
+  } else if (d.compress) {
+    if (check_allreduce(call_name(kind), send, recv, count, type, d.reduction, &d.config,
                         comm) != ncclSuccess)
       return fail(ncclInvalidArgument);
     // Outside a group the node layout can be found now (a collective, as the
@@ -123,17 +164,17 @@ ncclResult_t all_reduce(const void* send, void* recv, size_t count, ncclDataType
         return fail(res);
     }
   }
-  report_kind(comm, *shim, *st, type, op, d, count, *nccl);
+  report_kind(comm, *shim, *st, kind, type, op, d, count, *nccl);
   if (!d.compress) {
     st->stats.callsPassedThrough++;
-    return nccl->allReduce(send, recv, count, type, op, comm, stream);
+    return pass_through(*nccl, kind, send, recv, count, type, op, comm, stream);
   }
-  const AllReduceCall call = {send, recv, count, type, d.reduction, d.config, comm, stream};
+  const CollectiveCall call = {kind, send, recv, count, type, d.reduction, d.config, comm, stream};
   if (group_depth > 0) {
     deferred.push_back(call);
     return ncclSuccess;
   }
-  const ncclResult_t res = run_allreduces({call});
+  const ncclResult_t res = run_collectives({call});
   return res == ncclSuccess || res == ncclInProgress ? res : fail(res);
 }
 
@@ -142,13 +183,29 @@ ncclResult_t all_reduce(const void* send, void* recv, size_t count, ncclDataType
 QNCCL_EXPORT ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
                                         ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
                                         cudaStream_t stream) {
-  return all_reduce(sendbuff, recvbuff, count, datatype, op, comm, stream);
+  return collective(qncclCollAllReduce, sendbuff, recvbuff, count, datatype, op, comm, stream);
 }
 
 QNCCL_EXPORT ncclResult_t pncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
                                          ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
                                          cudaStream_t stream) {
-  return all_reduce(sendbuff, recvbuff, count, datatype, op, comm, stream);
+  return collective(qncclCollAllReduce, sendbuff, recvbuff, count, datatype, op, comm, stream);
+}
+
+QNCCL_EXPORT ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff,
+                                            size_t recvcount, ncclDataType_t datatype,
+                                            ncclRedOp_t op, ncclComm_t comm,
+                                            cudaStream_t stream) {
+  return collective(qncclCollReduceScatter, sendbuff, recvbuff, recvcount, datatype, op, comm,
+                    stream);
+}
+
+QNCCL_EXPORT ncclResult_t pncclReduceScatter(const void* sendbuff, void* recvbuff,
+                                             size_t recvcount, ncclDataType_t datatype,
+                                             ncclRedOp_t op, ncclComm_t comm,
+                                             cudaStream_t stream) {
+  return collective(qncclCollReduceScatter, sendbuff, recvbuff, recvcount, datatype, op, comm,
+                    stream);
 }
 
 QNCCL_EXPORT ncclResult_t ncclGroupStart(void) {
@@ -171,18 +228,18 @@ QNCCL_EXPORT ncclResult_t ncclGroupEnd(void) {
   const ncclResult_t end = nccl->groupEnd();
   if (group_depth > 0) group_depth--;
   if (group_depth > 0) return end;
-  std::vector<AllReduceCall> calls;
+  std::vector<CollectiveCall> calls;
   calls.swap(deferred);
   if (calls.empty() || (end != ncclSuccess && end != ncclInProgress)) return end;
   if (end == ncclInProgress) {
-    for (const AllReduceCall& call : calls) {
+    for (const CollectiveCall& call : calls) {
       std::shared_ptr<CommState> st;
       if (comm_state(call.comm, nullptr, &st) != ncclSuccess) return fail(ncclInvalidArgument);
       const ncclResult_t ready = wait_until_ready(*nccl, call.comm, *st);
       if (ready != ncclSuccess) return fail(ready);
     }
   }
-  const ncclResult_t res = run_allreduces(calls);
+  const ncclResult_t res = run_collectives(calls);
   if (res != ncclSuccess && res != ncclInProgress) return fail(res);
   return end == ncclInProgress ? ncclInProgress : res;
 }
