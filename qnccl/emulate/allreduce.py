@@ -406,6 +406,15 @@ def _qbound(v, cfg):
     return np.broadcast_to(per_bucket, (nr, lo.shape[1], cfg.bucket_size)).reshape(nr, -1)[:, :m]
 
 
+def direct_sends(n):
+    """(ranks, steps), N x N: rank j quantizes its chunk k with step k to send it straight to
+    rank k (SRA's scatter, the direct reduce-scatter, all-to-all); its own chunk (j = k) is
+    not sent (rank -1)."""
+    j = np.arange(n)[:, None]
+    k = np.arange(n)[None, :]
+    return np.where(j == k, -1, np.broadcast_to(j, (n, n))), np.broadcast_to(k, (n, n))
+
+
 def _dropped(v, y, scale=None):
     """The residual of one quantization: v - D(Q(v)) in float32, times float32(N) for the
     owner's avg result; 0 where that is not finite (a bucket holding NaN/Inf decodes to NaN)."""
@@ -527,10 +536,7 @@ def _sra(cfg, z, g, e=None, zb=None):
     everyone."""
     n, m = z.shape
     edges = [lo for lo, _ in chunks(m, n, cfg.bucket_size)] + [m]
-    j = np.arange(n)[:, None]
-    k = np.arange(n)[None, :]
-    ranks = np.where(j == k, -1, np.broadcast_to(j, (n, n)))  # own chunk: not sent
-    y = _qd(z, ranks, np.broadcast_to(k, (n, n)), edges, cfg, g)
+    y = _qd(z, *direct_sends(n), edges, cfg, g)
     cid = np.searchsorted(np.asarray(edges), np.arange(m), side="right") - 1
     cols = np.arange(m)
     if e is not None:

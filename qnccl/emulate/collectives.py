@@ -33,7 +33,7 @@ from typing import Sequence
 import numpy as np
 
 from . import codec
-from .allreduce import AUTO_SRA_MAX_RANKS, F32, _Config, _inputs, _qd, segments
+from .allreduce import AUTO_SRA_MAX_RANKS, F32, _Config, _inputs, _qd, direct_sends, segments
 
 REDUCE_SCATTER_ALGOS = ("ring", "sra")
 
@@ -75,10 +75,7 @@ def _quantize_pieces(cfg, pieces, ranks, steps, g):
 
 def _rs_sra(cfg, z, g):
     n, _, m = z.shape
-    j = np.arange(n)[:, None]
-    k = np.arange(n)[None, :]
-    ranks = np.where(j == k, -1, np.broadcast_to(j, (n, n)))  # own chunk: not sent
-    y = _quantize_pieces(cfg, z.reshape(n * n, m), ranks, np.broadcast_to(k, (n, n)), g)
+    y = _quantize_pieces(cfg, z.reshape(n * n, m), *direct_sends(n), g)
     y = y.reshape(n, n, m)
     owners = np.arange(n)
     acc = z[owners, owners].copy()  # owner k's own chunk k
@@ -155,13 +152,11 @@ def alltoall(inputs: Sequence[np.ndarray], bits: int = 4, bucket_size: int = 128
     z, name, out_dtype, raw = _chunked(inputs, dtype, "count")
     n, _, count = z.shape
     cfg = _Config(n, bits, bucket_size, rounding, seed, call, False, False)
-    j = np.arange(n)[:, None]
-    k = np.arange(n)[None, :]
-    ranks = np.where(j == k, -1, np.broadcast_to(j, (n, n)))
+    ranks, steps = direct_sends(n)
     y = np.empty((n, n, count), F32)  # [sender j, chunk k]
     for g, (a, b) in enumerate(segments(count, segment_values, bucket_size)):
-        y[:, :, a:b] = _quantize_pieces(cfg, z[:, :, a:b].reshape(n * n, b - a), ranks,
-                                        np.broadcast_to(k, (n, n)), g).reshape(n, n, b - a)
+        y[:, :, a:b] = _quantize_pieces(cfg, z[:, :, a:b].reshape(n * n, b - a), ranks, steps,
+                                        g).reshape(n, n, b - a)
     stored = codec.from_float32(y.transpose(1, 0, 2).reshape(-1), name).reshape(n, n, count)
     raw = raw.reshape(n, n, count)
     for r in range(n):

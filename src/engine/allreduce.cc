@@ -300,7 +300,7 @@ qncclAlgo_t auto_algo(size_t count, ncclDataType_t type, int nranks, const Topol
   if (topology != nullptr && topology->hierarchical()) return qncclAlgoHier;
   if (nranks == 1) return qncclAlgoRing;
   if (count * float_type_size(type) < (64u << 10)) return qncclAlgoTree;
-  return nranks <= 16 ? qncclAlgoSra : qncclAlgoRing;
+  return nranks <= kAutoSraMaxRanks ? qncclAlgoSra : qncclAlgoRing;
 }
 
 qncclAlgo_t resolve_algo(qncclAlgo_t algo, size_t count, ncclDataType_t type, int nranks,

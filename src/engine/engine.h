@@ -360,6 +360,10 @@ ncclResult_t ring_reduce_scatter(Segment& s, Range (*part)(const Segment&, int),
 ncclResult_t scatter_reduce(Segment& s, Workspace& w, Range (*part)(const Segment&, int),
                             size_t slot, bool own_residual, float* acc);
 
+/* Auto picks SRA up to this many ranks (allreduce above 64 KiB, and
+ * reduce-scatter), the ring beyond. */
+constexpr int kAutoSraMaxRanks = 16;
+
 /* docs/allreduce.md, "Choosing an algorithm": the flat algorithm for
  * `nranks` ranks, or qncclAlgoHier when `topology` (nullptr: one node)
  * allows it. */

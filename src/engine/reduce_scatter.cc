@@ -31,7 +31,7 @@ ncclResult_t check_config(const char* fn, size_t recvcount, ncclDataType_t type,
 
 qncclAlgo_t reduce_scatter_algo(qncclAlgo_t algo, int nranks) {
   if (algo != qncclAlgoAuto) return algo;
-  return nranks <= 16 ? qncclAlgoSra : qncclAlgoRing;
+  return nranks <= kAutoSraMaxRanks ? qncclAlgoSra : qncclAlgoRing;
 }
 
 ncclResult_t check_reduce_scatter(const char* fn, const void* sendbuff, void* recvbuff,
