@@ -111,13 +111,20 @@ RUN_OPTIONS = (
              "buffers (default 0)")),
     ("--collectives", "QNCCL_COLLECTIVES", dict(
         metavar="LIST",
-        help="the interposed collectives that are quantized, a comma list of allreduce, "
-             "reducescatter (default allreduce)")),
+        help="the interposed collectives that are quantized: none, or a comma list of "
+             "allreduce, reducescatter, allgather, alltoall, sendrecv (default allreduce)")),
     ("--allreduce-bits", "QNCCL_ALLREDUCE_BITS", dict(
         type=int_in(1, 8), metavar="N", help="allreduce's own bits, 1..8 (default --bits)")),
     ("--reducescatter-bits", "QNCCL_REDUCESCATTER_BITS", dict(
         type=int_in(1, 8), metavar="N",
         help="reduce-scatter's own bits, 1..8 (default --bits)")),
+    ("--allgather-bits", "QNCCL_ALLGATHER_BITS", dict(
+        type=int_in(1, 8), metavar="N", help="allgather's own bits, 1..8 (default --bits)")),
+    ("--alltoall-bits", "QNCCL_ALLTOALL_BITS", dict(
+        type=int_in(1, 8), metavar="N", help="all-to-all's own bits, 1..8 (default --bits)")),
+    ("--sendrecv-bits", "QNCCL_SENDRECV_BITS", dict(
+        type=int_in(1, 8), metavar="N",
+        help="the bits of quantized ncclSend/ncclRecv, 1..8 (default --bits)")),
     ("--min-bytes", "QNCCL_MIN_BYTES", dict(
         type=_byte_size, metavar="N",
         help="smaller allreduces pass through exact; K, M, G suffixes allowed (default 64K)")),
@@ -302,8 +309,8 @@ COLLECTIVES = ("allreduce", "reducescatter", "allgather", "alltoall", "sendrecv"
 
 def describe_collectives(config):
     """QNCCL_COLLECTIVES and the per-collective bits in the library's INFO-line words."""
-    words = "collectives=" + ",".join(name for i, name in enumerate(COLLECTIVES)
-                                      if config.collectives & (1 << i))
+    words = "collectives=" + (",".join(name for i, name in enumerate(COLLECTIVES)
+                                       if config.collectives & (1 << i)) or "none")
     return words + "".join(f" {name}_bits={config.collectiveBits[i]}"
                            for i, name in enumerate(COLLECTIVES) if config.collectiveBits[i])
 

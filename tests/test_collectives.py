@@ -1,6 +1,7 @@
-"""qncclReduceScatter on real MPI ranks (QNCCL's host backend) against
-docs/collectives.md: bit for bit qnccl.emulate.reduce_scatter on every rank, sharing
-the call counter with allreduce, and the messages of rejected configurations. Each
+"""qncclReduceScatter, qncclAllGather and qncclAlltoAll on real MPI ranks (QNCCL's host
+backend) against docs/collectives.md: bit for bit qnccl.emulate's reduce_scatter,
+allgather and alltoall on every rank, sharing the call counter with allreduce; the
+interposed entry points under each policy; the messages of rejected configurations. Each
 test is one MPI job of mpi_programs/collectives_check.py, which prints a line per
 failure."""
 from pathlib import Path
@@ -13,8 +14,8 @@ from test_allreduce import built  # noqa: F401  (fails the module without a buil
 PROGRAM = Path(__file__).resolve().parent / "mpi_programs" / "collectives_check.py"
 
 
-def run_check(nprocs, *args, timeout=150):
-    return mpi.run_checks(nprocs, PROGRAM, *args, timeout=timeout)
+def run_check(nprocs, *args, timeout=150, env=None):
+    return mpi.run_checks(nprocs, PROGRAM, *args, timeout=timeout, env=env)
 
 
 @pytest.mark.parametrize("nprocs", [1, 2, 3, 4, 5, 8])
@@ -26,28 +27,59 @@ def test_reduce_scatter_matches_the_emulator(nprocs):
     run_check(nprocs, "reducescatter")
 
 
+@pytest.mark.parametrize("nprocs", [1, 2, 3, 4, 5, 8])
+@pytest.mark.parametrize("kind", ["allgather", "alltoall"])
+def test_allgather_and_alltoall_match_the_emulator(kind, nprocs):
+    """float32/float16/bfloat16 x sendcounts 0, 1, 300, 7919, 1000 in buckets of 1 and 5003
+    in segments of 960, both roundings, in place and not, bits 1..8, 1 or 2 lanes, NaN/Inf
+    inputs, with reduce-scatters and allreduces in between; every allgather output the
+    same bytes on every rank."""
+    run_check(nprocs, kind)
+
+
 @pytest.mark.parametrize("nprocs", [1, 2, 5])
-def test_reduce_scatter_steps_and_groups_per_call(nprocs):
-    """One segment: SRA 3 compute steps (encode of the N-1 pieces, reduction, store) and
-    ring 2(N-1) + 1, avg one more, N - 1 real NCCL groups, on every rank."""
+def test_steps_and_groups_per_call(nprocs):
+    """One segment: reduce-scatter SRA 3 compute steps (encode of the N-1 pieces,
+    reduction, store) and ring 2(N-1) + 1, avg one more; allgather 2 (encode, decodes);
+    all-to-all 3 (encodes, copy of its own chunk, decodes), 2 in place; N - 1 real NCCL
+    groups each, on every rank."""
     run_check(nprocs, "counts")
 
 
 @pytest.mark.parametrize("policy", [
-    {},  # default: allreduce only, reduce-scatters byte-identical to the real NCCL's
+    {},  # default: allreduce only, the others byte-identical to the real NCCL's
     {"QNCCL_COLLECTIVES": "allreduce,reducescatter", "QNCCL_REDUCESCATTER_BITS": "3"},
     {"QNCCL_COLLECTIVES": "reducescatter"},  # allreduces exact, reduce-scatters at QNCCL_BITS
-], ids=["default", "both-rs3", "reducescatter-only"])
-def test_interposed_reduce_scatter_follows_the_policy(policy):
-    """A plain NCCL program's ncclReduceScatter and ncclAllReduce through libqnccl: the
-    collectives QNCCL_COLLECTIVES names are bit for bit the emulator (with their own bits),
-    alone, inside a group with allreduces and on two communicators at once; the others, and
-    calls below QNCCL_MIN_BYTES, are byte-identical to the real NCCL's."""
+    {"QNCCL_COLLECTIVES": "reducescatter,allgather,alltoall", "QNCCL_ALLGATHER_BITS": "8",
+     "QNCCL_ALLTOALL_BITS": "3"},
+    {"QNCCL_COLLECTIVES": "none"},
+], ids=["default", "both-rs3", "reducescatter-only", "fsdp-ag8-a2a3", "none"])
+def test_interposed_collectives_follow_the_policy(policy):
+    """A plain NCCL program's ncclReduceScatter, ncclAllGather, ncclAlltoAll and
+    ncclAllReduce through libqnccl: the collectives QNCCL_COLLECTIVES names are bit for bit
+    the emulator (with their own bits), alone, and inside a group of all four kinds on two
+    communicators at once; the others, and calls below QNCCL_MIN_BYTES, are byte-identical
+    to the real NCCL's."""
     mpi.run_checks(3, PROGRAM, "interposed", timeout=150, env=policy)
 
 
-def test_rejected_reduce_scatters_name_the_argument():
-    """algo tree and hier, op ncclMax, errorFeedback 1 and buffers that overlap without
-    being in place fail with ncclInvalidArgument and a message saying what is allowed;
-    none counts as a call."""
+def test_rejected_collectives_name_the_argument():
+    """reduce-scatter: algo tree and hier, op ncclMax; allgather and all-to-all: an algo
+    other than auto; all: errorFeedback 1 and buffers that overlap without being in place:
+    ncclInvalidArgument and a message saying what is allowed; none counts as a call."""
     run_check(3, "misuse")
+
+
+@pytest.mark.parametrize("nprocs", [1, 2, 3, 5, 8])
+def test_quantized_sends_and_receives_match_the_emulator(nprocs):
+    """QNCCL_COLLECTIVES=sendrecv: PyTorch's all-to-all (a group of ncclSend/ncclRecv with
+    every rank, itself included) is bit for bit emulate.alltoall(call=P2P_CALL | c); two
+    sends to one peer in a group with an allreduce, and lone sends between pairs of ranks,
+    are emulate.sendrecv; calls below QNCCL_MIN_BYTES and to itself stay exact."""
+    run_check(nprocs, "sendrecv", env={"QNCCL_COLLECTIVES": "sendrecv,allreduce"})
+
+
+def test_sends_and_receives_outside_the_policy_are_exact():
+    """Without sendrecv in QNCCL_COLLECTIVES every ncclSend/ncclRecv is byte-identical to
+    the real NCCL's."""
+    run_check(3, "sendrecv")

@@ -394,6 +394,9 @@ def test_default_configuration(capi):
     ("QNCCL_DEBUG", "TRACE", "debug=TRACE"),
     ("QNCCL_COLLECTIVES", "reducescatter", "collectives=reducescatter"),
     ("QNCCL_COLLECTIVES", "reducescatter,allreduce", "collectives=allreduce,reducescatter"),
+    ("QNCCL_COLLECTIVES", "sendrecv,alltoall,allgather",
+     "collectives=allgather,alltoall,sendrecv"),
+    ("QNCCL_COLLECTIVES", "none", "collectives=none"),
 ])
 def test_configuration_values(capi, monkeypatch, variable, value, shown):
     monkeypatch.setenv(variable, value)
@@ -404,6 +407,9 @@ def test_configuration_values(capi, monkeypatch, variable, value, shown):
 @pytest.mark.parametrize("variable, value, shown", [
     ("QNCCL_ALLREDUCE_BITS", "2", "allreduce_bits=2"),
     ("QNCCL_REDUCESCATTER_BITS", "8", "reducescatter_bits=8"),
+    ("QNCCL_ALLGATHER_BITS", "8", "allgather_bits=8"),
+    ("QNCCL_ALLTOALL_BITS", "4", "alltoall_bits=4"),
+    ("QNCCL_SENDRECV_BITS", "2", "sendrecv_bits=2"),
 ])
 def test_collective_bits_are_shown_when_set(capi, monkeypatch, variable, value, shown):
     monkeypatch.setenv(variable, value)
@@ -425,11 +431,13 @@ ALLOWED = {
     "QNCCL_ERROR_FEEDBACK": r"\b0 or 1\b",
     "QNCCL_WARMUP_CALLS": r">= ?0",
     "QNCCL_DEBUG": r"WARN.*INFO.*TRACE",
-    "QNCCL_COLLECTIVES": r"comma list of allreduce, reducescatter \(allgather, alltoall and "
-                         r"sendrecv are not quantized yet\)",
+    "QNCCL_COLLECTIVES": r"none, or a comma list of allreduce, reducescatter, allgather, "
+                         r"alltoall, sendrecv",
     "QNCCL_ALLREDUCE_BITS": r"1\.\.8 \(unset: QNCCL_BITS\)",
     "QNCCL_REDUCESCATTER_BITS": r"1\.\.8",
-    "QNCCL_ALLGATHER_BITS": r"allgather is not quantized yet; unset it",
+    "QNCCL_ALLGATHER_BITS": r"1\.\.8",
+    "QNCCL_ALLTOALL_BITS": r"1\.\.8",
+    "QNCCL_SENDRECV_BITS": r"1\.\.8",
 }
 
 
@@ -449,10 +457,10 @@ ALLOWED = {
     ("QNCCL_ERROR_FEEDBACK", "2"), ("QNCCL_ERROR_FEEDBACK", "on"),
     ("QNCCL_WARMUP_CALLS", "-1"), ("QNCCL_WARMUP_CALLS", "many"),
     ("QNCCL_DEBUG", "VERBOSE"),
-    ("QNCCL_COLLECTIVES", "allgather"), ("QNCCL_COLLECTIVES", "allreduce,allreduce"),
+    ("QNCCL_COLLECTIVES", "allreduce,allreduce"), ("QNCCL_COLLECTIVES", "none,allreduce"),
     ("QNCCL_COLLECTIVES", "allreduce,"), ("QNCCL_COLLECTIVES", "broadcast"),
     ("QNCCL_ALLREDUCE_BITS", "0"), ("QNCCL_REDUCESCATTER_BITS", "9"),
-    ("QNCCL_ALLGATHER_BITS", "8"),
+    ("QNCCL_ALLGATHER_BITS", "eight"), ("QNCCL_ALLTOALL_BITS", "0"), ("QNCCL_SENDRECV_BITS", "9"),
 ])
 def test_bad_configuration_names_the_variable(capi, monkeypatch, variable, value):
     from qnccl import QncclError
@@ -477,6 +485,7 @@ def test_run_flags_set_the_variables():
                      "--algo", "tree", "--inter-algo", "ring", "--intra-bits", "6",
                      "--lanes", "3", "--collectives", "allreduce,reducescatter",
                      "--allreduce-bits", "5", "--reducescatter-bits", "2",
+                     "--allgather-bits", "8", "--alltoall-bits", "6", "--sendrecv-bits", "1",
                      "--min-bytes", "2K", "--seed", str(2**64 - 1),
                      "--warmup-calls", "5", "--error-feedback", "--debug", "info",
                      "--nccl-lib", str(HOST_NCCL), "--disable", "--", "prog", "--bits", "7")
@@ -488,6 +497,7 @@ def test_run_flags_set_the_variables():
         "QNCCL_ALGO": "tree", "QNCCL_INTER_ALGO": "ring", "QNCCL_INTRA_BITS": "6",
         "QNCCL_LANES": "3", "QNCCL_COLLECTIVES": "allreduce,reducescatter",
         "QNCCL_ALLREDUCE_BITS": "5", "QNCCL_REDUCESCATTER_BITS": "2",
+        "QNCCL_ALLGATHER_BITS": "8", "QNCCL_ALLTOALL_BITS": "6", "QNCCL_SENDRECV_BITS": "1",
         "QNCCL_MIN_BYTES": "2048", "QNCCL_SEED": str(2**64 - 1),
         "QNCCL_WARMUP_CALLS": "5", "QNCCL_DEBUG": "INFO",
         "QNCCL_NCCL_LIB": str(HOST_NCCL.resolve()), "QNCCL_ENABLE": "0",

@@ -7,12 +7,12 @@ qncclAllReduce produces on N real ranks, and the error each algorithm implies.
 (The package attribute `allreduce` is that module's function; import its other
 helpers with `from qnccl.emulate.allreduce import chunks, segments, ...`.)
 qnccl.emulate.collectives is docs/collectives.md on N virtual ranks: quantized
-reduce-scatter, allgather and all-to-all.
+reduce-scatter, allgather, all-to-all and point-to-point sends.
 qnccl.emulate.training.EmulatedAllReduce is a communicator of N virtual ranks in a
 training loop: call counter, warm-up calls and error feedback's residuals per buffer.
 """
 from .allreduce import allreduce, auto_algo, stream_id
-from .collectives import allgather, alltoall, reduce_scatter
+from .collectives import P2P_CALL, allgather, alltoall, reduce_scatter, sendrecv
 from .training import EmulatedAllReduce
 from .codec import (
     WIRE_VERSION,
@@ -28,6 +28,7 @@ from .codec import (
 
 __all__ = [
     "EmulatedAllReduce",
+    "P2P_CALL",
     "WIRE_VERSION",
     "allgather",
     "allreduce",
@@ -41,6 +42,7 @@ __all__ = [
     "quantize",
     "reduce_scatter",
     "rng_uniform",
+    "sendrecv",
     "stream_id",
     "unpack_codes",
 ]

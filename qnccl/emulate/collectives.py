@@ -24,6 +24,11 @@ quantized piece is quantized from its own first value on, buckets included.
         included, decodes every rank's bytes, so all outputs are the same bytes.
     all-to-all      rank j quantizes its chunk k (step k) for every k != j and rank k
         decodes it into its chunk j; a rank's own chunk is copied exactly.
+    send/receive    a quantized ncclSend of point-to-point call c quantizes each segment
+        with stream(P2P_CALL | c, g, rank, peer + N * i), its i-th send to that peer in
+        the call; a group's sends and receives on a communicator are one call, c counts
+        them per rank. PyTorch's all-to-all (a group of ncclSend/ncclRecv to and from
+        every rank) is alltoall(call=P2P_CALL | c).
 """
 from __future__ import annotations
 
@@ -36,6 +41,7 @@ from . import codec
 from .allreduce import AUTO_SRA_MAX_RANKS, F32, _Config, _inputs, _qd, direct_sends, segments
 
 REDUCE_SCATTER_ALGOS = ("ring", "sra")
+P2P_CALL = 1 << 63  # the `call` bit of point-to-point calls' random streams
 
 
 def auto_reduce_scatter_algo(nranks):
@@ -162,3 +168,23 @@ def alltoall(inputs: Sequence[np.ndarray], bits: int = 4, bucket_size: int = 128
     for r in range(n):
         stored[r, r] = raw[r, r]  # a rank's own chunk is copied, bit for bit
     return [stored[r].reshape(-1).view(out_dtype) for r in range(n)]
+
+
+def sendrecv(x: np.ndarray, rank: int, peer: int, nranks: int, call: int = 0, index: int = 0,
+             bits: int = 4, bucket_size: int = 128, rounding: str = "stochastic",
+             seed: int = 0, segment_values: int = 0, dtype=None):
+    """What a quantized ncclRecv on `peer` receives when `rank` (of `nranks`) sends x with
+    ncclSend in its point-to-point call `call` (counted from 0 per rank and
+    communicator), as its index-th send to that peer in the call."""
+    seed, call = _common(bits, bucket_size, rounding, seed, call)
+    for name, value in (("rank", rank), ("peer", peer)):
+        if not 0 <= operator.index(value) < nranks:
+            raise ValueError(f"{name} must be in 0..{nranks - 1}, got {value}")
+    if peer == rank:
+        raise ValueError("a send to the rank itself is not quantized: it is copied exactly")
+    x1, name, out_dtype, _ = _inputs([x], dtype)
+    cfg = _Config(nranks, bits, bucket_size, rounding, seed, P2P_CALL | call, False, False)
+    out = np.empty(x1.shape[1], F32)
+    for g, (a, b) in enumerate(segments(x1.shape[1], segment_values, bucket_size)):
+        out[a:b] = _quantize_pieces(cfg, x1[:, a:b], [rank], [peer + nranks * index], g)[0]
+    return codec.from_float32(out, name).view(out_dtype)

@@ -108,6 +108,21 @@ QNCCL_EXPORT ncclResult_t qncclReduceScatter(const void* sendbuff, void* recvbuf
                         comm, stream);
 }
 
+QNCCL_EXPORT ncclResult_t qncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
+                                         ncclDataType_t datatype,
+                                         const qncclAllReduceConfig_t* config, ncclComm_t comm,
+                                         cudaStream_t stream) {
+  return allgather("qncclAllGather", sendbuff, recvbuff, sendcount, datatype, config, comm,
+                   stream);
+}
+
+QNCCL_EXPORT ncclResult_t qncclAlltoAll(const void* sendbuff, void* recvbuff, size_t count,
+                                        ncclDataType_t datatype,
+                                        const qncclAllReduceConfig_t* config, ncclComm_t comm,
+                                        cudaStream_t stream) {
+  return alltoall("qncclAlltoAll", sendbuff, recvbuff, count, datatype, config, comm, stream);
+}
+
 QNCCL_EXPORT ncclResult_t qncclAllReduceErrorBound(size_t count, ncclDataType_t datatype,
                                                    ncclRedOp_t op,
                                                    const qncclAllReduceConfig_t* config,

@@ -73,15 +73,18 @@ const char* const kDebugLevels[] = {"WARN", "INFO", "TRACE", nullptr};
 /* QNCCL_COLLECTIVES' names, in the order of qncclCollective_t's flags. */
 const char* const kCollectives[] = {"allreduce", "reducescatter", "allgather", "alltoall",
                                     "sendrecv", nullptr};
-/* The collectives this build quantizes; naming another is an error, not a no-op. */
-constexpr unsigned kQuantizable = qncclCollAllReduce | qncclCollReduceScatter;
 
-/* QNCCL_COLLECTIVES: a comma list of kCollectives' names, each at most once. */
+/* QNCCL_COLLECTIVES: a comma list of kCollectives' names, each at most once,
+ * or "none". */
 ncclResult_t read_collectives(unsigned* out) {
   const char* text = env::get(Var::kCollectives);
   if (text == nullptr) return ncclSuccess;
-  const char* allowed = "a comma list of allreduce, reducescatter (allgather, alltoall and "
-                        "sendrecv are not quantized yet)";
+  const char* allowed = "none, or a comma list of allreduce, reducescatter, allgather, alltoall, "
+                        "sendrecv";
+  if (strcmp(text, "none") == 0) {
+    *out = 0;
+    return ncclSuccess;
+  }
   unsigned flags = 0;
   for (const char* p = text;;) {
     const char* comma = strchr(p, ',');
@@ -91,7 +94,7 @@ ncclResult_t read_collectives(unsigned* out) {
     memcpy(name, p, len);
     name[len] = '\0';
     const int i = lookup(name, kCollectives);
-    if (i < 0 || (flags & (1u << i)) != 0 || ((1u << i) & kQuantizable) == 0)
+    if (i < 0 || (flags & (1u << i)) != 0)
       return bad(Var::kCollectives, text, allowed);
     flags |= 1u << i;
     if (comma == nullptr) break;
@@ -101,7 +104,7 @@ ncclResult_t read_collectives(unsigned* out) {
   return ncclSuccess;
 }
 
-/* QNCCL_<NAME>_BITS of every collective: 1..8, for a quantized kind only. */
+/* QNCCL_<NAME>_BITS of every collective: 1..8. */
 ncclResult_t read_collective_bits(int* bits) {
   const Var vars[QNCCL_NUM_COLLECTIVES] = {Var::kAllReduceBits, Var::kReduceScatterBits,
                                            Var::kAllGatherBits, Var::kAllToAllBits,
@@ -109,9 +112,6 @@ ncclResult_t read_collective_bits(int* bits) {
   for (int i = 0; i < QNCCL_NUM_COLLECTIVES; i++) {
     const char* text = env::get(vars[i]);
     if (text == nullptr) continue;
-    if (((1u << i) & kQuantizable) == 0)
-      return set_error(ncclInvalidArgument, "%s=%s is invalid: %s is not quantized yet; unset it",
-                       env::name(vars[i]), text, kCollectives[i]);
     uint64_t v = 0;
     QNCCL_CHECK(read_unsigned(vars[i], QNCCL_MIN_BITS, QNCCL_MAX_BITS, false,
                               "1..8 (unset: QNCCL_BITS)", &v));
@@ -196,7 +196,7 @@ const char* collective_name(int index) {
 }
 
 std::string describe_collectives(const qncclEnvConfig_t& config) {
-  std::string words = "collectives=";
+  std::string words = config.collectives == 0 ? "collectives=none" : "collectives=";
   for (int i = 0, listed = 0; i < QNCCL_NUM_COLLECTIVES; i++) {
     if ((config.collectives & (1u << i)) == 0) continue;
     words += (listed++ > 0 ? "," : "");

@@ -64,12 +64,16 @@ ncclResult_t run_segments(Segment& s, void* memory, const QuantizedCall& c, floa
                           const cudaStream_t* lane_streams = nullptr) {
   const WorkspaceSize& size = c.need;
   const size_t count = c.count;
-  s.call = state.calls++;
+  s.call = c.point_to_point ? kP2pCall | state.p2p_calls++ : state.calls++;
   s.wire_sent = &state.stats.bytesOnWire;
   s.compute_steps = &state.stats.computeSteps;
   state.stats.callsCompressed++;
-  // A reduce-scatter's input holds a chunk of `count` values per rank.
-  state.stats.bytesIn += count * s.type_size * (s.chunk_stride > 0 ? (size_t)s.nranks : 1);
+  state.stats.bytesIn += c.input_bytes;
+  if (c.point_to_point) {  // the algorithm takes the segments of each operation itself
+    Workspace w;
+    w.assign(memory, size);
+    return c.run(s, w);
+  }
   const Segments segs = {static_cast<const char*>(c.sendbuff), static_cast<char*>(c.recvbuff),
                          residual, count, segment_values(*c.config), s.input_size, s.type_size};
   std::vector<Workspace> w(size.lanes);
@@ -144,7 +148,7 @@ ncclResult_t run_on_device(Segment& s, int device, const QuantizedCall& c, CommS
       return ncclSuccess;
     case DevicePlan::kGrow:
       QNCCL_CHECK(grow_device_workspace(ws, device, grown_bytes(ws.bytes, need.bytes()),
-                                        state.calls, s.stream));
+                                        state.calls, state.p2p_calls, s.stream));
       break;
     case DevicePlan::kRun:
       break;
@@ -155,8 +159,9 @@ ncclResult_t run_on_device(Segment& s, int device, const QuantizedCall& c, CommS
   // the device counter (each graph replay takes a new one). Only a call of
   // nothing on a communicator without a workspace has neither.
   const bool counted = ws.calls != nullptr;
-  if (counted) QNCCL_CHECK(device_call_begin(ws, s.stream, capturing));
-  s.device_call = counted ? ws.calls + 1 : nullptr;
+  uint64_t* counter = counted ? ws.calls + (c.point_to_point ? 2 : 0) : nullptr;
+  if (counted) QNCCL_CHECK(device_call_begin(ws, s.stream, capturing, counter));
+  s.device_call = counted ? counter + 1 : nullptr;
   float* residual = nullptr;
   ncclResult_t res = ncclSuccess;
   if (config.errorFeedback && count > 0)
@@ -209,7 +214,7 @@ ncclResult_t run_quantized(Segment& s, QuantizedCall c, CommState& state) {
     QNCCL_CHECK(pointer_device(fn, c.sendbuff, &device));
   }
 #endif
-  c.need.lanes = pipeline_lanes(c.algo, c.count, *c.config, device >= 0);
+  c.need.lanes = c.point_to_point ? 1 : pipeline_lanes(c.algo, c.count, *c.config, device >= 0);
 #ifdef QNCCL_WITH_CUDA
   if (device >= 0) return run_on_device(s, device, c, state);
 #endif
@@ -357,7 +362,8 @@ ncclResult_t run_call(Segment& s, const void* sendbuff, void* recvbuff, size_t c
          (void*)comm, s.rank, config.codec.bits, s.nranks);
   }
   const QuantizedCall call = {
-      "allreduce", algo, algorithm(algo), need, sendbuff, recvbuff, count, &config,
+      "allreduce", algo, algorithm(algo), need, sendbuff, recvbuff, count, count * s.type_size,
+      &config,
       [&] { return s.nccl->allReduce(sendbuff, recvbuff, count, datatype, op, comm, stream); }};
   return run_quantized(s, call, state);
 }

@@ -43,7 +43,9 @@ struct DeviceWorkspace {
   void* lane_joins[QNCCL_MAX_LANES] = {};
   void* fork = nullptr;
   size_t lanes = 0;
-  uint64_t* calls = nullptr;     // device memory: [0] the next call number, [1] the current one
+  /* Device memory: [0] the next call number, [1] the current one; [2] and
+   * [3] the same for point-to-point calls (CommState::p2p_calls). */
+  uint64_t* calls = nullptr;
   bool async_alloc = false;      // the device has stream-ordered allocation (cudaMallocAsync)
   bool warned_capture = false;   // the pass-through during capture was reported
 };
@@ -102,6 +104,10 @@ struct CommState {
   std::atomic<ncclResult_t> failure{ncclSuccess};
   std::string failure_message;  // under `api`
   uint64_t calls = 0;            // compressed calls so far: the `call` of the random streams
+  /* This rank's quantized point-to-point calls so far (a group's sends and
+   * receives on the communicator are one): kP2pCall | p2p_calls is their
+   * `call` (docs/collectives.md, "Send and receive"). */
+  uint64_t p2p_calls = 0;
   /* qncclStats_t's counters: updated by the calls, read from any thread
    * (qncclCommGetStats, the report of an abort from PyTorch's watchdog). */
   struct Counters {

@@ -54,6 +54,8 @@ struct Compute {
    * reduce-scatter's result. */
   ncclResult_t (*narrow)(const Compute& c, const float* acc, size_t n, ncclDataType_t type,
                          void* dst);
+  /* dst = src, `bytes` bytes bit for bit (an all-to-all's own chunk). */
+  ncclResult_t (*copy)(const Compute& c, const void* src, void* dst, size_t bytes);
   /* Error feedback's capture: `e` holds D(Q(v)) on entry and gets
    * (v[i] - e[i]) * scale in float32, or 0 where that is not finite. */
   ncclResult_t (*residual)(const Compute& c, const float* v, float* e, size_t n, float scale);
@@ -85,19 +87,22 @@ ncclResult_t stream_capturing(cudaStream_t stream, bool* capturing);
  * (cudaMallocAsync), in relaxed capture mode so another thread's capture
  * neither fails it nor is invalidated by it. The first time it also makes
  * the workspace's private stream, its `done` event and its call counter,
- * which starts at `next_call`. The old buffer is retired, not freed: a
+ * which starts at `next_call` (and `next_p2p_call`). The old buffer is retired, not freed: a
  * captured graph may still use it. Never called while the caller's stream
  * is being captured: nothing is allocated or created during a capture. */
 ncclResult_t grow_device_workspace(DeviceWorkspace& ws, int device, size_t bytes,
-                                   uint64_t next_call, cudaStream_t stream);
+                                   uint64_t next_call, uint64_t next_p2p_call,
+                                   cudaStream_t stream);
 
 /* Before a call's work on `stream`: waits for the communicator's previous
  * call, which may have used the workspace on another stream (an event, no
  * host synchronization; during a capture an external-event wait node, so
  * each replay waits for the call before it), then a one-thread kernel takes
- * the next call number from the counter into ws.calls[1], where the codec's
- * kernels read it (a replay takes a new one). */
-ncclResult_t device_call_begin(DeviceWorkspace& ws, cudaStream_t stream, bool capturing);
+ * the next call number from `counter` (ws.calls, or ws.calls + 2 for a
+ * point-to-point call) into counter[1], where the codec's kernels read it (a
+ * replay takes a new one). */
+ncclResult_t device_call_begin(DeviceWorkspace& ws, cudaStream_t stream, bool capturing,
+                               uint64_t* counter);
 /* After a call's work: records `done` on `stream` (during a capture an
  * external-event record node). */
 ncclResult_t device_call_end(DeviceWorkspace& ws, cudaStream_t stream, bool capturing);

@@ -113,6 +113,12 @@ ncclResult_t narrow(const Compute& c, const float* acc, size_t n, ncclDataType_t
               launch_typed("narrow", type, dst, "output", n, c.stream, acc, n, dst));
 }
 
+ncclResult_t copy(const Compute& c, const void* src, void* dst, size_t bytes) {
+  if (bytes == 0) return ncclSuccess;
+  const cudaError_t err = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, c.stream);
+  return err == cudaSuccess ? ncclSuccess : cuda_failed("copying on the device", err);
+}
+
 ncclResult_t residual(const Compute& c, const float* v, float* e, size_t n, float scale) {
   if (n == 0) return ncclSuccess;
   return step("updating the error-feedback residual on the device",
@@ -123,7 +129,7 @@ ncclResult_t residual(const Compute& c, const float* v, float* e, size_t n, floa
 
 Compute device_compute(cudaStream_t stream) {
   return Compute{"device",    nullptr, stream, quantize, quantize_many, dequantize,
-                 decode_many, reduce,  widen,  divide,   narrow,        residual};
+                 decode_many, reduce,  widen,  divide,   narrow,        copy, residual};
 }
 
 ncclResult_t set_current_device(int device, int* previous) {
@@ -171,7 +177,7 @@ cudaError_t allocate(const DeviceWorkspace& ws, size_t bytes, cudaStream_t strea
 
 /* The workspace's stream, event and counter, made once: all or nothing. */
 ncclResult_t open_workspace(DeviceWorkspace& ws, int device, uint64_t next_call,
-                            cudaStream_t stream) {
+                            uint64_t next_p2p_call, cudaStream_t stream) {
   int pools = 0;
   cudaError_t err = cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device);
   if (err != cudaSuccess) return cuda_failed("asking whether the device has memory pools", err);
@@ -190,6 +196,10 @@ ncclResult_t open_workspace(DeviceWorkspace& ws, int device, uint64_t next_call,
   if (res == ncclSuccess)
     res = step("starting the call counter",
                launch("qnccl_set_calls", 1, stream, static_cast<uint64_t*>(calls), next_call));
+  if (res == ncclSuccess)
+    res = step("starting the call counter",
+               launch("qnccl_set_calls", 1, stream, static_cast<uint64_t*>(calls) + 2,
+                      next_p2p_call));
   if (res != ncclSuccess) {
     if (calls != nullptr) made.async_alloc ? cudaFreeAsync(calls, stream) : cudaFree(calls);
     if (done != nullptr) cudaEventDestroy(done);
@@ -206,8 +216,10 @@ ncclResult_t open_workspace(DeviceWorkspace& ws, int device, uint64_t next_call,
 }  // namespace
 
 ncclResult_t grow_device_workspace(DeviceWorkspace& ws, int device, size_t bytes,
-                                   uint64_t next_call, cudaStream_t stream) {
-  if (ws.stream == nullptr) QNCCL_CHECK(open_workspace(ws, device, next_call, stream));
+                                   uint64_t next_call, uint64_t next_p2p_call,
+                                   cudaStream_t stream) {
+  if (ws.stream == nullptr)
+    QNCCL_CHECK(open_workspace(ws, device, next_call, next_p2p_call, stream));
   void* memory = nullptr;
   const cudaError_t err = allocate(ws, bytes, stream, &memory);
   if (err != cudaSuccess) {
@@ -223,11 +235,12 @@ ncclResult_t grow_device_workspace(DeviceWorkspace& ws, int device, size_t bytes
   return ncclSuccess;
 }
 
-ncclResult_t device_call_begin(DeviceWorkspace& ws, cudaStream_t stream, bool capturing) {
+ncclResult_t device_call_begin(DeviceWorkspace& ws, cudaStream_t stream, bool capturing,
+                               uint64_t* counter) {
   cudaError_t err = cudaStreamWaitEvent(stream, static_cast<cudaEvent_t>(ws.done),
                                         capturing ? cudaEventWaitExternal : 0);
   if (err != cudaSuccess) return cuda_failed("ordering after the communicator's previous call", err);
-  return step("taking the call number", launch("qnccl_take_call", 1, stream, ws.calls));
+  return step("taking the call number", launch("qnccl_take_call", 1, stream, counter));
 }
 
 ncclResult_t device_call_end(DeviceWorkspace& ws, cudaStream_t stream, bool capturing) {

@@ -1,6 +1,8 @@
 /* The host compute (engine/compute.h): the host codec, and the widening,
  * averaging and error-feedback loops the CUDA path runs as kernels
  * (compute_cuda.cc). */
+#include <string.h>
+
 #include "codec/codec_math.h"
 #include "common/error.h"
 #include "engine/compute.h"
@@ -67,6 +69,11 @@ ncclResult_t narrow(const Compute&, const float* acc, size_t n, ncclDataType_t t
   return ncclSuccess;
 }
 
+ncclResult_t copy(const Compute&, const void* src, void* dst, size_t bytes) {
+  if (bytes > 0) memcpy(dst, src, bytes);
+  return ncclSuccess;
+}
+
 ncclResult_t residual(const Compute&, const float* v, float* e, size_t n, float scale) {
   for (size_t i = 0; i < n; i++) e[i] = dropped_value(v[i], e[i], scale);
   return ncclSuccess;
@@ -78,7 +85,7 @@ ncclResult_t host_compute(Compute* compute) {
   const HostCodec* codec;
   QNCCL_CHECK(host_codec(&codec));
   *compute = Compute{"host", codec,  nullptr, quantize, quantize_many, dequantize,
-                     decode_many, reduce, widen,   divide,   narrow,        residual};
+                     decode_many, reduce, widen,   divide,   narrow,        copy, residual};
   return ncclSuccess;
 }
 

@@ -59,7 +59,8 @@ QNCCL_KERNEL qnccl_residual(const float* __restrict__ v, float* __restrict__ e, 
     e[i] = qnccl::dropped_value(v[i], e[i], scale);
 }
 
-/* The call counter of a workspace: calls[0] the next number, calls[1] the
- * current call's (read by the codec's encode kernels). */
+/* A call counter of a workspace (it has two: the collectives' and the
+ * point-to-point calls'): calls[0] the next number, calls[1] the current
+ * call's (read by the codec's encode kernels). */
 QNCCL_KERNEL qnccl_set_calls(uint64_t* calls, uint64_t next) { calls[0] = next; }
 QNCCL_KERNEL qnccl_take_call(uint64_t* calls) { calls[1] = calls[0]++; }

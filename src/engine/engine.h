@@ -88,6 +88,20 @@ struct Collective {
   int root;      // kReduce, kBroadcast
 };
 
+/* One send or receive of a group of quantized point-to-point operations
+ * (ncclSend/ncclRecv, docs/collectives.md "Send and receive"). */
+struct P2pOp {
+  bool send;
+  void* buffer;  // const for a send
+  size_t count;
+  ncclDataType_t type;
+  int peer;
+};
+
+/* The `call` of point-to-point calls' random streams: their own count with
+ * this bit set, apart from the collectives' calls. */
+constexpr uint64_t kP2pCall = 1ull << 63;
+
 /* One segment of one call: everything an algorithm needs. */
 class Segment {
  public:
@@ -133,13 +147,17 @@ class Segment {
   float* residual = nullptr;
   WorkArea<float> fed_input;  // z = x + e of one input range, quantized as float32
 
-  /* A reduce-scatter (docs/collectives.md): values from one chunk of the
-   * input to the next (the call's recvcount); 0 for an allreduce. */
+  /* The operations of a point-to-point call (run_sendrecv), in issue order. */
+  const std::vector<P2pOp>* p2p = nullptr;
+
+  /* A reduce-scatter, allgather or all-to-all (docs/collectives.md): values
+   * from one chunk of its chunked buffers to the next (the API's per-rank
+   * count); 0 for an allreduce. */
   size_t chunk_stride = 0;
 
   /* Chunk k (docs/allreduce.md, "Segments and chunks"). */
   Range chunk(int k) const;
-  /* A reduce-scatter's chunk k (mod N) of the segment: its input values
+  /* Chunk k (mod N) of the segment in a chunked buffer: its values
    * [k*chunk_stride, k*chunk_stride + count). */
   Range piece(int k) const;
   /* Most values any chunk of a segment of `values` can hold. */
@@ -175,6 +193,23 @@ class Segment {
   /* A reduce-scatter's result: avg divides acc by N, then output values
    * [0, count) = acc in the data type. */
   void store_result(float* acc);
+  /* output(r) = input(r) bit for bit (an all-to-all's own chunk); nothing
+   * when they are the same memory (in place). */
+  void copy_own(Range r);
+  /* A piece of some buffer of a point-to-point call: `count` values of
+   * `type` at `values`, quantized on the stream of (segment, step), its
+   * bytes at `wire`. */
+  struct Piece {
+    void* values;
+    size_t count;
+    ncclDataType_t type;
+    uint64_t segment, step;
+    uint8_t* wire;
+  };
+  /* wire = Q(values) of each piece (one step per data type), and values =
+   * D(wire) of each: the sends and receives of a point-to-point call. */
+  void encode_pieces(const std::vector<Piece>& pieces);
+  void decode_pieces(const std::vector<Piece>& pieces) const;
 
   /* Transport primitive: one group of sends and receives (zero-length ones
    * are skipped on both sides alike; a step with none makes no group, but
@@ -208,7 +243,10 @@ class Segment {
   ncclResult_t step(Post& post) const;  // exchange() and collectives()
   /* params with the random stream of quantization `step` (from device_call
    * when set), from its value `first` on. */
-  CodecParams stream_params(uint64_t step, uint64_t first = 0) const;
+  CodecParams stream_params(uint64_t step, uint64_t first = 0) const {
+    return stream_params_at(index, step, first);
+  }
+  CodecParams stream_params_at(uint64_t segment, uint64_t step, uint64_t first = 0) const;
   void set_stream(uint64_t step, uint64_t first = 0) { params = stream_params(step, first); }
   /* wire = Q(v) of float32 values covering `r` on the stream of `step`; with
    * error feedback then e[r] = (v - D(wire)) * scale (non-finite: 0). */
@@ -345,6 +383,12 @@ ncclResult_t hierarchical(Segment& s, Workspace& w);  // needs s.hier
 /* Reduce-scatters (docs/collectives.md); need s.chunk_stride. */
 ncclResult_t reduce_scatter_ring(Segment& s, Workspace& w);
 ncclResult_t reduce_scatter_sra(Segment& s, Workspace& w);
+/* The allgather and all-to-all (docs/collectives.md); need s.chunk_stride. */
+ncclResult_t direct_allgather(Segment& s, Workspace& w);
+ncclResult_t direct_alltoall(Segment& s, Workspace& w);
+/* The quantized sends and receives of s.p2p in one transport step
+ * (sendrecv.cc). */
+ncclResult_t sendrecv(Segment& s, Workspace& w);
 /* The ring's reduce-scatter (ring.cc) over the parts part(s, k) (k mod N
  * taken care of by part): N - 1 hops; at hop `step` this rank sends
  * part(r - step), its input (step 0) or the partial sum in `acc`, encoded
@@ -406,8 +450,9 @@ ncclResult_t run_allreduce(const void* sendbuff, void* recvbuff, size_t count,
                            size_t lane = 0);
 
 /* A checked quantized call, as a group defers it: an allreduce
- * (qncclCollAllReduce) or a reduce-scatter (qncclCollReduceScatter, `count`
- * its recvcount). */
+ * (qncclCollAllReduce), reduce-scatter (qncclCollReduceScatter, `count` its
+ * recvcount), allgather (qncclCollAllGather, its sendcount) or all-to-all
+ * (qncclCollAllToAll, its per-peer count); `op` only for the reductions. */
 struct CollectiveCall {
   qncclCollective_t kind;
   const void* sendbuff;
@@ -418,6 +463,7 @@ struct CollectiveCall {
   qncclAllReduceConfig_t config;
   ncclComm_t comm;
   cudaStream_t stream;
+  std::vector<P2pOp> p2p;  // qncclCollSendRecv: the group's quantized sends and receives
 };
 
 /* Runs the quantized calls one group deferred (engine/lockstep.cc): the
@@ -441,9 +487,14 @@ struct QuantizedCall {
   WorkspaceSize need;
   const void* sendbuff;
   void* recvbuff;
-  size_t count;  // values per rank of the output (allreduce: of the call)
+  size_t count;  // values per rank and chunk (allreduce: of the call)
+  size_t input_bytes;  // of this rank's input (statistics)
   const qncclAllReduceConfig_t* config;
   std::function<ncclResult_t()> pass_through;
+  /* A group's sends and receives (run_sendrecv): `run` once, on the
+   * workspace of lane 0, with kP2pCall | the point-to-point call count as
+   * its `call`. */
+  bool point_to_point = false;
 };
 /* Points `s` at the call's communicator, stream, codec, type and op
  * (counting nothing yet). */
@@ -484,6 +535,41 @@ qncclAlgo_t reduce_scatter_algo(qncclAlgo_t algo, int nranks);
 /* A reduce-scatter's workspace (ring or SRA, resolved) for recvcount values per rank. */
 WorkspaceSize reduce_scatter_workspace_size(qncclAlgo_t algo, size_t recvcount,
                                             const qncclAllReduceConfig_t& config, int nranks);
+
+/* A quantized allgather (allgather.cc) and all-to-all (alltoall.cc),
+ * docs/collectives.md: their checks, the call on `state`'s communicator
+ * (like run_allreduce), and both (qncclAllGather, qncclAlltoAll). */
+ncclResult_t check_gather_config(const char* fn, size_t count, ncclDataType_t type,
+                                 const qncclAllReduceConfig_t* config);
+ncclResult_t check_allgather(const char* fn, const void* sendbuff, void* recvbuff,
+                             size_t sendcount, ncclDataType_t datatype,
+                             const qncclAllReduceConfig_t* config, ncclComm_t comm);
+ncclResult_t run_allgather(const void* sendbuff, void* recvbuff, size_t sendcount,
+                           ncclDataType_t datatype, const qncclAllReduceConfig_t& config,
+                           ncclComm_t comm, cudaStream_t stream, CommState& state,
+                           Lockstep* lockstep = nullptr, size_t lane = 0);
+ncclResult_t allgather(const char* fn, const void* sendbuff, void* recvbuff, size_t sendcount,
+                       ncclDataType_t datatype, const qncclAllReduceConfig_t* config,
+                       ncclComm_t comm, cudaStream_t stream);
+ncclResult_t check_alltoall(const char* fn, const void* sendbuff, void* recvbuff, size_t count,
+                            ncclDataType_t datatype, const qncclAllReduceConfig_t* config,
+                            ncclComm_t comm);
+ncclResult_t run_alltoall(const void* sendbuff, void* recvbuff, size_t count,
+                          ncclDataType_t datatype, const qncclAllReduceConfig_t& config,
+                          ncclComm_t comm, cudaStream_t stream, CommState& state,
+                          Lockstep* lockstep = nullptr, size_t lane = 0);
+ncclResult_t alltoall(const char* fn, const void* sendbuff, void* recvbuff, size_t count,
+                      ncclDataType_t datatype, const qncclAllReduceConfig_t* config,
+                      ncclComm_t comm, cudaStream_t stream);
+
+/* The quantized sends and receives one group issued on `comm` (sendrecv.cc,
+ * docs/collectives.md "Send and receive"), with `config` (its codec and
+ * segments), as one point-to-point call; `stream` is the group's. */
+ncclResult_t run_sendrecv(const std::vector<P2pOp>& ops, const qncclAllReduceConfig_t& config,
+                          ncclComm_t comm, cudaStream_t stream, CommState& state,
+                          Lockstep* lockstep = nullptr, size_t lane = 0);
+/* Bytes a quantized send or receive of `count` values puts on the wire. */
+size_t p2p_wire_bytes(size_t count, const qncclAllReduceConfig_t& config);
 
 /* Behind the C API (src/api/api.cc); `fn` names the entry point in
  * messages. */

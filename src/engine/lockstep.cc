@@ -106,6 +106,26 @@ void Lockstep::drive() {
 
 namespace {
 
+ncclResult_t run_call(const CollectiveCall& c, CommState& state, Lockstep* lockstep,
+                      size_t lane) {
+  switch (c.kind) {
+    case qncclCollReduceScatter:
+      return run_reduce_scatter(c.sendbuff, c.recvbuff, c.count, c.type, c.op, c.config, c.comm,
+                                c.stream, state, lockstep, lane);
+    case qncclCollAllGather:
+      return run_allgather(c.sendbuff, c.recvbuff, c.count, c.type, c.config, c.comm, c.stream,
+                           state, lockstep, lane);
+    case qncclCollAllToAll:
+      return run_alltoall(c.sendbuff, c.recvbuff, c.count, c.type, c.config, c.comm, c.stream,
+                          state, lockstep, lane);
+    case qncclCollSendRecv:
+      return run_sendrecv(c.p2p, c.config, c.comm, c.stream, state, lockstep, lane);
+    default:
+      return run_allreduce(c.sendbuff, c.recvbuff, c.count, c.type, c.op, c.config, c.comm,
+                           c.stream, state, lockstep, lane);
+  }
+}
+
 /* The calls of one communicator, in issue order, and how they ended. */
 struct Sequence {
   std::vector<const CollectiveCall*> calls;
@@ -122,12 +142,7 @@ void run_sequence(Sequence& seq, const std::vector<CollectiveCall>& all, Lockste
   for (const CollectiveCall* c : seq.calls) {
     std::shared_ptr<CommState> state;
     ncclResult_t res = comm_state(c->comm, nullptr, &state);
-    if (res == ncclSuccess && c->kind == qncclCollReduceScatter)
-      res = run_reduce_scatter(c->sendbuff, c->recvbuff, c->count, c->type, c->op, c->config,
-                               c->comm, c->stream, *state, lockstep, lane);
-    else if (res == ncclSuccess)
-      res = run_allreduce(c->sendbuff, c->recvbuff, c->count, c->type, c->op, c->config, c->comm,
-                          c->stream, *state, lockstep, lane);
+    if (res == ncclSuccess) res = run_call(*c, *state, lockstep, lane);
     if (res == ncclInProgress) {
       seq.in_progress = true;
     } else if (res != ncclSuccess) {

@@ -67,6 +67,8 @@ Resolved resolve() {
                        sizeof r.error) &&
                   bind(h, "ncclRedOpDestroy", &a.redOpDestroy, r.error, sizeof r.error);
   if (!ok) return r;
+  // NCCL 2.28 added ncclAlltoAll; an older library simply has none.
+  a.alltoAll = reinterpret_cast<decltype(a.alltoAll)>(dlsym(h, "ncclAlltoAll"));
   struct link_map* map = nullptr;
   if (dlinfo(h, RTLD_DI_LINKMAP, &map) == 0 && map != nullptr)
     snprintf(a.path, sizeof a.path, "%s", map->l_name);

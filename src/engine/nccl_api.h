@@ -31,6 +31,8 @@ struct NcclApi {
   // Entry points libqnccl.so interposes and forwards (src/shim/).
   ncclResult_t (*allReduce)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t,
                             cudaStream_t);
+  ncclResult_t (*alltoAll)(const void*, void*, size_t, ncclDataType_t, ncclComm_t,
+                           cudaStream_t);  // nullptr before NCCL 2.28
   ncclResult_t (*commInitRank)(ncclComm_t*, int, ncclUniqueId, int);
   ncclResult_t (*commInitRankConfig)(ncclComm_t*, int, ncclUniqueId, int, ncclConfig_t*);
   ncclResult_t (*commInitAll)(ncclComm_t*, int, const int*);

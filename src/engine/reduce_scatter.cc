@@ -69,6 +69,7 @@ ncclResult_t run_reduce_scatter(const void* sendbuff, void* recvbuff, size_t rec
         sendbuff,
         recvbuff,
         recvcount,
+        recvcount * s.type_size * (size_t)s.nranks,
         &config,
         [&] {
           return s.nccl->reduceScatter(sendbuff, recvbuff, recvcount, datatype, op, comm, stream);

@@ -145,12 +145,12 @@ void Segment::encode_inputs(const Range* ranges, const uint64_t* steps, int n,
                                wires));
 }
 
-CodecParams Segment::stream_params(uint64_t step, uint64_t first) const {
+CodecParams Segment::stream_params_at(uint64_t segment, uint64_t step, uint64_t first) const {
   CodecParams p = params;
-  p.stream = stream_id(call, index, stream_rank, step_base + step);
+  p.stream = stream_id(call, segment, stream_rank, step_base + step);
   p.first = first;
   p.call = device_call;
-  p.segment = index;
+  p.segment = segment;
   p.rank = stream_rank;
   p.step = step_base + step;
   return p;
@@ -199,6 +199,47 @@ void Segment::store_result(float* acc) {
   if (average && status == ncclSuccess)
     record(compute.divide(compute, acc, count, (float)average_over));
   if (status == ncclSuccess) record(compute.narrow(compute, acc, count, type, y));
+}
+
+void Segment::copy_own(Range r) {
+  if (status == ncclSuccess && input(r) != output(r))
+    record(compute.copy(compute, input(r), output(r), r.size() * type_size));
+}
+
+void Segment::encode_pieces(const std::vector<Piece>& pieces) {
+  for (ncclDataType_t t : {ncclFloat32, ncclFloat16, ncclBfloat16}) {
+    std::vector<const void*> srcs;
+    std::vector<size_t> counts;
+    std::vector<CodecParams> ps;
+    std::vector<uint8_t*> wires;
+    for (const Piece& p : pieces) {
+      if (p.type != t) continue;
+      srcs.push_back(p.values);
+      counts.push_back(p.count);
+      ps.push_back(stream_params_at(p.segment, p.step));
+      wires.push_back(p.wire);
+    }
+    if (status != ncclSuccess || srcs.empty()) continue;
+    record(compute.quantize_many(compute, srcs.data(), counts.data(), (int)srcs.size(), t,
+                                 ps.data(), wires.data()));
+  }
+}
+
+void Segment::decode_pieces(const std::vector<Piece>& pieces) const {
+  for (ncclDataType_t t : {ncclFloat32, ncclFloat16, ncclBfloat16}) {
+    std::vector<const uint8_t*> wires;
+    std::vector<void*> dsts;
+    std::vector<size_t> counts;
+    for (const Piece& p : pieces) {
+      if (p.type != t) continue;
+      wires.push_back(p.wire);
+      dsts.push_back(p.values);
+      counts.push_back(p.count);
+    }
+    if (status != ncclSuccess || wires.empty()) continue;
+    record(compute.decode_many(compute, wires.data(), dsts.data(), counts.data(),
+                               (int)wires.size(), params, t));
+  }
 }
 
 void Segment::widen_input(Range r, float* acc) const {

@@ -160,6 +160,27 @@ ncclResult_t qncclReduceScatter(const void* sendbuff, void* recvbuff, size_t rec
                                 const qncclAllReduceConfig_t* config, ncclComm_t comm,
                                 cudaStream_t stream);
 
+/* Quantized ncclAllGather (docs/collectives.md): every rank's `sendcount`
+ * values of `datatype` (ncclFloat32, ncclFloat16 or ncclBfloat16) are
+ * quantized once, as `config` says, and every rank, the sender included,
+ * decodes them into chunk `rank` of recvbuff (nranks * sendcount values):
+ * every rank holds the same bytes. config->algo must be qncclAlgoAuto and
+ * errorFeedback 0. In place when sendbuff == recvbuff + rank * sendcount.
+ * Counts among the communicator's quantized calls, like qncclAllReduce. */
+ncclResult_t qncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
+                            ncclDataType_t datatype, const qncclAllReduceConfig_t* config,
+                            ncclComm_t comm, cudaStream_t stream);
+
+/* Quantized ncclAlltoAll (docs/collectives.md): chunk k of sendbuff (`count`
+ * values of `datatype` each, nranks chunks) goes to rank k, quantized once as
+ * `config` says, and lands in chunk `rank` of its recvbuff; a rank's own
+ * chunk is copied bit for bit. config->algo must be qncclAlgoAuto and
+ * errorFeedback 0. In place when sendbuff == recvbuff. Counts among the
+ * communicator's quantized calls, like qncclAllReduce. */
+ncclResult_t qncclAlltoAll(const void* sendbuff, void* recvbuff, size_t count,
+                           ncclDataType_t datatype, const qncclAllReduceConfig_t* config,
+                           ncclComm_t comm, cudaStream_t stream);
+
 /* The algorithm qncclAlgoAuto picks for `count` values of `datatype` over
  * `nranks` ranks on one node (on several, see qncclCommTopology). */
 ncclResult_t qncclAutoAlgo(size_t count, ncclDataType_t datatype, int nranks, qncclAlgo_t* algo);
@@ -234,9 +255,9 @@ typedef enum { qncclDebugWarn = 0, qncclDebugInfo = 1, qncclDebugTrace = 2 } qnc
 typedef enum {
   qncclCollAllReduce = 1,      /* "allreduce": ncclAllReduce */
   qncclCollReduceScatter = 2,  /* "reducescatter": ncclReduceScatter */
-  qncclCollAllGather = 4,      /* "allgather": ncclAllGather (not quantized yet) */
-  qncclCollAllToAll = 8,       /* "alltoall": ncclAlltoAll (not quantized yet) */
-  qncclCollSendRecv = 16       /* "sendrecv": grouped ncclSend/ncclRecv (not quantized yet) */
+  qncclCollAllGather = 4,      /* "allgather": ncclAllGather */
+  qncclCollAllToAll = 8,       /* "alltoall": ncclAlltoAll */
+  qncclCollSendRecv = 16       /* "sendrecv": ncclSend/ncclRecv (PyTorch's all-to-all) */
 } qncclCollective_t;
 #define QNCCL_NUM_COLLECTIVES 5
 

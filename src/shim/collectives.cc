@@ -1,11 +1,13 @@
-/* The interposed ncclAllReduce and ncclReduceScatter: eligible calls (the
- * collectives QNCCL_COLLECTIVES names) run the quantized engine, everything
+/* The interposed ncclAllReduce, ncclReduceScatter, ncclAllGather and
+ * ncclAlltoAll: eligible calls (of the collectives QNCCL_COLLECTIVES names)
+ * run the quantized engine, everything
  * else goes to the real NCCL unchanged (DESIGN invariant 5). Inside a group,
  * eligible calls wait for the outermost ncclGroupEnd, which first lets the
  * real NCCL flush the group's pass-through operations, then runs them: in
  * issue order per communicator, in lock-step across communicators
  * (engine/lockstep.cc). */
 #include <stdio.h>
+#include <string.h>
 
 #include <vector>
 
@@ -32,18 +34,22 @@ struct Decision {
 
 bool is_float(ncclDataType_t t) { return t == ncclFloat32 || t == ncclFloat16 || t == ncclBfloat16; }
 
+bool reduces(qncclCollective_t kind) {
+  return kind == qncclCollAllReduce || kind == qncclCollReduceScatter;
+}
+
 /* The configuration an eligible call of `kind` runs with: the environment's,
- * with the collective's own bits (QNCCL_<NAME>_BITS); a reduce-scatter
- * takes QNCCL_ALGO's ring or sra (else auto) and no error feedback
- * (docs/collectives.md). */
+ * with the collective's own bits (QNCCL_<NAME>_BITS); error feedback is the
+ * allreduce's alone, a reduce-scatter takes QNCCL_ALGO's ring or sra (else
+ * auto), an allgather or all-to-all its one algorithm (docs/collectives.md). */
 qncclAllReduceConfig_t config_for(const qncclEnvConfig_t& c, qncclCollective_t kind) {
   qncclAllReduceConfig_t config = c.allreduce;
   const int index = __builtin_ctz((unsigned)kind);
   if (c.collectiveBits[index] != 0) config.codec.bits = c.collectiveBits[index];
-  if (kind == qncclCollReduceScatter) {
-    if (config.algo != qncclAlgoRing && config.algo != qncclAlgoSra) config.algo = qncclAlgoAuto;
-    config.errorFeedback = 0;
-  }
+  if (kind == qncclCollAllReduce) return config;
+  config.errorFeedback = 0;
+  const bool ring_or_sra = config.algo == qncclAlgoRing || config.algo == qncclAlgoSra;
+  if (kind != qncclCollReduceScatter || !ring_or_sra) config.algo = qncclAlgoAuto;
   return config;
 }
 
@@ -62,11 +68,12 @@ Decision decide(ShimComm& st, qncclCollective_t kind, size_t count, ncclDataType
     snprintf(d.why, sizeof d.why, "not in QNCCL_COLLECTIVES");
   } else if (!is_float(type)) {
     snprintf(d.why, sizeof d.why, "%s is not quantized", short_type_name(type));
-  } else if (op != ncclSum && op != ncclAvg) {
+  } else if (reduces(kind) && op != ncclSum && op != ncclAvg) {
     snprintf(d.why, sizeof d.why, "op %s is not quantized", op_name(op));
   } else if (count * float_type_size(type) < c.minBytes) {
     snprintf(d.why, sizeof d.why, "below QNCCL_MIN_BYTES=%zu", c.minBytes);
-  } else if (st.eligible_calls++ < c.warmupCalls) {
+  } else if (kind != qncclCollSendRecv && st.eligible_calls++ < c.warmupCalls) {
+    // (Not sends and receives: the two sides of one count different calls.)
     snprintf(d.why, sizeof d.why, "warm-up: the first %llu eligible calls stay exact",
              (unsigned long long)c.warmupCalls);
   } else {
@@ -78,7 +85,13 @@ Decision decide(ShimComm& st, qncclCollective_t kind, size_t count, ncclDataType
 }
 
 const char* call_name(qncclCollective_t kind) {
-  return kind == qncclCollReduceScatter ? "ncclReduceScatter" : "ncclAllReduce";
+  switch (kind) {
+    case qncclCollReduceScatter: return "ncclReduceScatter";
+    case qncclCollAllGather: return "ncclAllGather";
+    case qncclCollAllToAll: return "ncclAlltoAll";
+    case qncclCollSendRecv: return "ncclSend/ncclRecv";
+    default: return "ncclAllReduce";
+  }
 }
 
 /* One report per kind of call (type, op, decision) and communicator; at
@@ -99,7 +112,9 @@ void report_kind(ncclComm_t comm, ShimComm& st, const CommState& state, qncclCol
             ? qncclAlgoAuto
             : resolve_algo(d.config.algo, count, type, nranks, &t);
     char how[96];
-    if (algo == qncclAlgoHier)
+    if (!reduces(call))
+      snprintf(how, sizeof how, "direct, %d bits", d.config.codec.bits);
+    else if (algo == qncclAlgoHier)
       snprintf(how, sizeof how, "hier: %s inside nodes, %s between them",
                d.config.intraBits ? "quantized" : "exact",
                t.known && t.uniform ? algo_name(resolve_inter_algo(d.config.interAlgo, count, type,
@@ -107,11 +122,12 @@ void report_kind(ncclComm_t comm, ShimComm& st, const CommState& state, qncclCol
                                     : algo_name(d.config.interAlgo));
     else
       snprintf(how, sizeof how, "%s", algo_name(algo));
-    snprintf(kind, sizeof kind, "%s %s: compressed (%s)", short_type_name(type),
-             st.ops.count((int)op) ? "quantized-op" : op_name(op), how);
+    snprintf(kind, sizeof kind, "%s%s%s: compressed (%s)", short_type_name(type),
+             reduces(call) ? " " : "",
+             !reduces(call) ? "" : st.ops.count((int)op) ? "quantized-op" : op_name(op), how);
   } else {
-    snprintf(kind, sizeof kind, "%s %s: passed through (%s)", short_type_name(type), op_name(op),
-             d.why);
+    snprintf(kind, sizeof kind, "%s%s%s: passed through (%s)", short_type_name(type),
+             reduces(call) ? " " : "", reduces(call) ? op_name(op) : "", d.why);
   }
   if (st.config.debug >= qncclDebugTrace)
     info(comm, st.config.debug, ": %s %zu values %s", call_name(call), count, kind);
@@ -121,17 +137,47 @@ void report_kind(ncclComm_t comm, ShimComm& st, const CommState& state, qncclCol
 
 thread_local int group_depth = 0;
 thread_local std::vector<CollectiveCall> deferred;
+/* The group's quantized sends and receives: one call per communicator, run
+ * after the group's collectives on it. */
+thread_local std::vector<CollectiveCall> deferred_p2p;
 
 /* The real NCCL's own call of `kind`. */
 ncclResult_t pass_through(const NcclApi& nccl, qncclCollective_t kind, const void* send,
                           void* recv, size_t count, ncclDataType_t type, ncclRedOp_t op,
                           ncclComm_t comm, cudaStream_t stream) {
-  if (kind == qncclCollReduceScatter)
-    return nccl.reduceScatter(send, recv, count, type, op, comm, stream);
-  return nccl.allReduce(send, recv, count, type, op, comm, stream);
+  switch (kind) {
+    case qncclCollReduceScatter:
+      return nccl.reduceScatter(send, recv, count, type, op, comm, stream);
+    case qncclCollAllGather:
+      return nccl.allGather(send, recv, count, type, comm, stream);
+    case qncclCollAllToAll:
+      if (nccl.alltoAll == nullptr) {  // NCCL before 2.28: the application's own NCCL has none
+        set_error(ncclInvalidUsage, "ncclAlltoAll: %s has no ncclAlltoAll (NCCL 2.28 added it)",
+                  nccl.path);
+        return fail(ncclInvalidUsage);
+      }
+      return nccl.alltoAll(send, recv, count, type, comm, stream);
+    default:
+      return nccl.allReduce(send, recv, count, type, op, comm, stream);
+  }
 }
 
-/* An interposed ncclAllReduce or ncclReduceScatter (`count`: its recvcount). */
+/* The checks of a quantized call of `kind`. */
+ncclResult_t check_call(qncclCollective_t kind, const void* send, void* recv, size_t count,
+                        ncclDataType_t type, ncclRedOp_t op, const qncclAllReduceConfig_t& config,
+                        ncclComm_t comm) {
+  const char* fn = call_name(kind);
+  switch (kind) {
+    case qncclCollReduceScatter:
+      return check_reduce_scatter(fn, send, recv, count, type, op, &config, comm);
+    case qncclCollAllGather: return check_allgather(fn, send, recv, count, type, &config, comm);
+    case qncclCollAllToAll: return check_alltoall(fn, send, recv, count, type, &config, comm);
+    default: return check_allreduce(fn, send, recv, count, type, op, &config, comm);
+  }
+}
+
+/* An interposed collective (`count`: the API's per-rank count; `op`: ncclSum
+ * for an allgather or all-to-all). */
 ncclResult_t collective(qncclCollective_t kind, const void* send, void* recv, size_t count,
                         ncclDataType_t type, ncclRedOp_t op, ncclComm_t comm,
                         cudaStream_t stream) {
@@ -144,14 +190,10 @@ ncclResult_t collective(qncclCollective_t kind, const void* send, void* recv, si
       comm_state(comm, &shim->config, &st) != ncclSuccess)
     return fail(ncclInvalidArgument);
   const Decision d = decide(*shim, kind, count, type, op);
-  if (d.compress && kind == qncclCollReduceScatter) {
-    if (check_reduce_scatter(call_name(kind), send, recv, count, type, d.reduction, &d.config,
-                             comm) != ncclSuccess)
-      return fail(ncclInvalidArgument);
-  } else if (d.compress) {
-    if (check_allreduce(call_name(kind), send, recv, count, type, d.reduction, &d.config,
-                        comm) != ncclSuccess)
-      return fail(ncclInvalidArgument);
+  if (d.compress &&
+      check_call(kind, send, recv, count, type, d.reduction, d.config, comm) != ncclSuccess)
+    return fail(ncclInvalidArgument);
+  if (d.compress && kind == qncclCollAllReduce) {
     // Outside a group the node layout can be found now (a collective, as the
     // call itself), so the report names the algorithm auto picks.
     const bool layout = d.config.algo == qncclAlgoAuto || d.config.algo == qncclAlgoHier;
@@ -169,7 +211,8 @@ ncclResult_t collective(qncclCollective_t kind, const void* send, void* recv, si
     st->stats.callsPassedThrough++;
     return pass_through(*nccl, kind, send, recv, count, type, op, comm, stream);
   }
-  const CollectiveCall call = {kind, send, recv, count, type, d.reduction, d.config, comm, stream};
+  const CollectiveCall call = {kind,     send, recv, count, type, d.reduction, d.config,
+                               comm,     stream, {}};
   if (group_depth > 0) {
     deferred.push_back(call);
     return ncclSuccess;
@@ -178,7 +221,94 @@ ncclResult_t collective(qncclCollective_t kind, const void* send, void* recv, si
   return res == ncclSuccess || res == ncclInProgress ? res : fail(res);
 }
 
+/* An interposed ncclSend (`send`) or ncclRecv. Eligible ones are decided
+ * from count, type and configuration alone, so both sides agree; one to or
+ * from this rank itself crosses no link and goes to the real NCCL. */
+ncclResult_t point_to_point(bool send, void* buffer, size_t count, ncclDataType_t type, int peer,
+                            ncclComm_t comm, cudaStream_t stream) {
+  const NcclApi* nccl;
+  if (real_nccl(&nccl) != ncclSuccess) return fail(ncclSystemError);
+  auto real = [&] {
+    return send ? nccl->send(buffer, count, type, peer, comm, stream)
+                : nccl->recv(buffer, count, type, peer, comm, stream);
+  };
+  if (comm == nullptr) return real();
+  std::shared_ptr<ShimComm> shim;
+  std::shared_ptr<CommState> st;
+  if (shim_comm(comm, nullptr, &shim) != ncclSuccess ||
+      comm_state(comm, &shim->config, &st) != ncclSuccess)
+    return fail(ncclInvalidArgument);
+  int rank = -1, nranks = 0;
+  nccl->commUserRank(comm, &rank);
+  nccl->commCount(comm, &nranks);
+  Decision d = decide(*shim, qncclCollSendRecv, count, type, ncclSum);
+  if (d.compress && peer == rank) {
+    d.compress = false;
+    snprintf(d.why, sizeof d.why, "to or from itself");
+  }
+  const char* fn = send ? "ncclSend" : "ncclRecv";
+  if (d.compress) {
+    if (peer < 0 || peer >= nranks) {
+      set_error(ncclInvalidArgument, "%s: peer = %d; allowed: 0..%d", fn, peer, nranks - 1);
+      return fail(ncclInvalidArgument);
+    }
+    if (check_gather_config(fn, count, type, &d.config) != ncclSuccess ||
+        check_buffers(fn, buffer, 0, buffer, count * float_type_size(type), buffer, "itself") !=
+            ncclSuccess)
+      return fail(ncclInvalidArgument);
+  }
+  report_kind(comm, *shim, *st, qncclCollSendRecv, type, ncclSum, d, count, *nccl);
+  if (!d.compress) {
+    st->stats.callsPassedThrough++;
+    return real();
+  }
+  const P2pOp op = {send, buffer, count, type, peer};
+  if (group_depth == 0) {
+    const CollectiveCall call = {qncclCollSendRecv, nullptr, nullptr, 0,    type,
+                                 ncclSum,           d.config, comm,   stream, {op}};
+    const ncclResult_t res = run_collectives({call});
+    return res == ncclSuccess || res == ncclInProgress ? res : fail(res);
+  }
+  for (CollectiveCall& call : deferred_p2p) {
+    if (call.comm != comm) continue;
+    if (call.stream != stream || memcmp(&call.config, &d.config, sizeof d.config) != 0) {
+      set_error(ncclInvalidUsage,
+                "%s: the quantized sends and receives of one group on a communicator run as "
+                "one call, on one stream with one configuration; this one's %s differs from "
+                "the group's first: issue it in a group of its own",
+                fn, call.stream != stream ? "stream" : "configuration");
+      return fail(ncclInvalidUsage);
+    }
+    call.p2p.push_back(op);
+    return ncclSuccess;
+  }
+  deferred_p2p.push_back(
+      CollectiveCall{qncclCollSendRecv, nullptr, nullptr, 0, type, ncclSum, d.config, comm, stream,
+                     {op}});
+  return ncclSuccess;
+}
+
 }  // namespace
+
+QNCCL_EXPORT ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype,
+                                   int peer, ncclComm_t comm, cudaStream_t stream) {
+  return point_to_point(true, const_cast<void*>(sendbuff), count, datatype, peer, comm, stream);
+}
+
+QNCCL_EXPORT ncclResult_t pncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype,
+                                    int peer, ncclComm_t comm, cudaStream_t stream) {
+  return point_to_point(true, const_cast<void*>(sendbuff), count, datatype, peer, comm, stream);
+}
+
+QNCCL_EXPORT ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype,
+                                   int peer, ncclComm_t comm, cudaStream_t stream) {
+  return point_to_point(false, recvbuff, count, datatype, peer, comm, stream);
+}
+
+QNCCL_EXPORT ncclResult_t pncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype,
+                                    int peer, ncclComm_t comm, cudaStream_t stream) {
+  return point_to_point(false, recvbuff, count, datatype, peer, comm, stream);
+}
 
 QNCCL_EXPORT ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
                                         ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
@@ -208,6 +338,32 @@ QNCCL_EXPORT ncclResult_t pncclReduceScatter(const void* sendbuff, void* recvbuf
                     stream);
 }
 
+QNCCL_EXPORT ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
+                                        ncclDataType_t datatype, ncclComm_t comm,
+                                        cudaStream_t stream) {
+  return collective(qncclCollAllGather, sendbuff, recvbuff, sendcount, datatype, ncclSum, comm,
+                    stream);
+}
+
+QNCCL_EXPORT ncclResult_t pncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
+                                         ncclDataType_t datatype, ncclComm_t comm,
+                                         cudaStream_t stream) {
+  return collective(qncclCollAllGather, sendbuff, recvbuff, sendcount, datatype, ncclSum, comm,
+                    stream);
+}
+
+QNCCL_EXPORT ncclResult_t ncclAlltoAll(const void* sendbuff, void* recvbuff, size_t count,
+                                       ncclDataType_t datatype, ncclComm_t comm,
+                                       cudaStream_t stream) {
+  return collective(qncclCollAllToAll, sendbuff, recvbuff, count, datatype, ncclSum, comm, stream);
+}
+
+QNCCL_EXPORT ncclResult_t pncclAlltoAll(const void* sendbuff, void* recvbuff, size_t count,
+                                        ncclDataType_t datatype, ncclComm_t comm,
+                                        cudaStream_t stream) {
+  return collective(qncclCollAllToAll, sendbuff, recvbuff, count, datatype, ncclSum, comm, stream);
+}
+
 QNCCL_EXPORT ncclResult_t ncclGroupStart(void) {
   const NcclApi* nccl;
   if (real_nccl(&nccl) != ncclSuccess) return fail(ncclSystemError);
@@ -230,6 +386,10 @@ QNCCL_EXPORT ncclResult_t ncclGroupEnd(void) {
   if (group_depth > 0) return end;
   std::vector<CollectiveCall> calls;
   calls.swap(deferred);
+  // Per communicator its collectives in issue order, then its sends and
+  // receives: every rank issues the same collectives, so both orders agree.
+  for (CollectiveCall& p2p : deferred_p2p) calls.push_back(std::move(p2p));
+  deferred_p2p.clear();
   if (calls.empty() || (end != ncclSuccess && end != ncclInProgress)) return end;
   if (end == ncclInProgress) {
     for (const CollectiveCall& call : calls) {
