@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 from . import __version__
+from .comm import COLLECTIVES
 
 REPO = Path(__file__).resolve().parents[1]
 BUILD = REPO / "build"
@@ -302,9 +303,6 @@ def describe_env_config(config):
             f"error_feedback={config.allreduce.errorFeedback} "
             f"debug={_DEBUG_NAMES.get(config.debug, config.debug)} "
             f"{describe_collectives(config)}")
-
-
-COLLECTIVES = ("allreduce", "reducescatter", "allgather", "alltoall", "sendrecv")
 
 
 def describe_collectives(config):

@@ -1,6 +1,9 @@
-"""What libqnccl.so keeps per NCCL communicator: statistics and error feedback's residuals.
+"""What libqnccl.so keeps per NCCL communicator: its policy, statistics and error
+feedback's residuals.
 
     import qnccl.comm
+    qnccl.comm.set_quantization(comm, "allreduce,reducescatter", 4)  # this communicator's own
+    with qnccl.comm.quantization(comm, "alltoall", 2): ...           # for the calls inside
     qnccl.comm.reset_error_feedback()        # every communicator of this process
     qnccl.comm.stats(comm)                   # {"calls_compressed": ..., "residual_bytes": ...}
 
@@ -13,11 +16,18 @@ buffers change).
 """
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 from . import _lib
 
-__all__ = ["reset_error_feedback", "residual", "stats"]
+__all__ = ["COLLECTIVES", "get_quantization", "quantization", "reset_error_feedback",
+           "residual", "set_quantization", "stats"]
+
+# The interposed collectives a policy names (QNCCL_COLLECTIVES), in the order of
+# qncclCollective_t's flags.
+COLLECTIVES = ("allreduce", "reducescatter", "allgather", "alltoall", "sendrecv")
 
 _NCCL_TYPES = {"float32": "ncclFloat32", "float16": "ncclFloat16", "bfloat16": "ncclBfloat16"}
 _STATS = (("callsCompressed", "calls_compressed"), ("callsPassedThrough", "calls_passed_through"),
@@ -79,3 +89,48 @@ def residual(comm, buffer, count=None, dtype=None):
     _lib.check(lib.qncclCommGetResidual(_comm(comm), ffi.cast("void*", _address(buffer)), count,
                                         getattr(lib, _NCCL_TYPES[dtype]), ffi.from_buffer("float[]", out)))
     return out
+
+
+def _flags(collectives):
+    names = collectives.split(",") if isinstance(collectives, str) else list(collectives)
+    unknown = [n for n in names if n not in COLLECTIVES]
+    if unknown or not names:
+        raise ValueError(f"collectives must name some of {', '.join(COLLECTIVES)} (a comma "
+                         f"string or a list), got {collectives!r}")
+    return sum(1 << COLLECTIVES.index(n) for n in set(names))
+
+
+def set_quantization(comm, collectives, bits):
+    """qncclCommSetQuantization: the interposed calls of `collectives` (names of COLLECTIVES,
+    a comma string or a list) on `comm` run with `bits` 1..8, 0 exact, None back to the
+    environment's QNCCL_COLLECTIVES / QNCCL_<NAME>_BITS. Every rank must set the same."""
+    value = -1 if bits is None else bits
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"bits must be an int 0..8 or None, got {bits!r}")
+    _lib.check(_lib.lib().qncclCommSetQuantization(_comm(comm), _flags(collectives), value))
+
+
+def get_quantization(comm, collective):
+    """The bits an eligible interposed call of `collective` on `comm` runs with now (0: exact)."""
+    if collective not in COLLECTIVES:
+        raise ValueError(f"collective must be one of {', '.join(COLLECTIVES)}, got "
+                         f"{collective!r}")
+    out = _lib.ffi().new("int*")
+    _lib.check(_lib.lib().qncclCommGetQuantization(_comm(comm), 1 << COLLECTIVES.index(collective),
+                                                   out))
+    return int(out[0])
+
+
+@contextlib.contextmanager
+def quantization(comm, collectives, bits):
+    """set_quantization for the calls issued inside the block, then each collective's bits as
+    they were (e.g. an embedding's all-to-all at 4 bits forward and 2 backward)."""
+    flags = _flags(collectives)
+    names = [n for i, n in enumerate(COLLECTIVES) if flags & (1 << i)]
+    before = {n: get_quantization(comm, n) for n in names}
+    set_quantization(comm, names, bits)
+    try:
+        yield
+    finally:
+        for name, was in before.items():
+            set_quantization(comm, [name], was)

@@ -10,6 +10,11 @@ Each gradient bucket is split per parameter: 1-D parameters and parameters with 
 grouped by their (bits, bucket_size) and each group is averaged with the SRA algorithm of
 docs/allreduce.md, the quantized bytes travelling as uint8 tensors through
 torch.distributed.all_to_all_single (gloo on CPU, NCCL on GPU). See docs/torch-hook.md.
+
+Under `qnccl run` (libqnccl.so preloaded), a process group's own policy for the NCCL calls
+PyTorch makes on it, e.g. to quantize the gradients' group and nothing else:
+
+    qnccl.torch.set_quantization(grad_group, "allreduce,reducescatter", 4)
 """
 from __future__ import annotations
 
@@ -26,9 +31,10 @@ import operator
 import numpy as np
 
 from . import codec as _codec
+from . import comm as _comm
 from .emulate.allreduce import chunks as _chunks, segments as _segments, stream_id as _stream_id
 
-__all__ = ["QuantizedHookState", "sra_hook"]
+__all__ = ["QuantizedHookState", "communicator", "set_quantization", "sra_hook"]
 
 ROUNDINGS = ("stochastic", "nearest")
 _F32 = np.float32
@@ -326,3 +332,30 @@ def sra_hook(state: QuantizedHookState, bucket):
                 state.residuals[name] = residual[offset:offset + m].copy()
             offset += m
     return _done(buffer)
+
+
+def communicator(group=None):
+    """The address of `group`'s NCCL communicator (default: the world group), as
+    ProcessGroupNCCL._comm_ptr() gives it, for qnccl.comm's per-communicator calls."""
+    if group is None:
+        group = dist.distributed_c10d._get_default_group()
+    try:
+        backend = group._get_backend(torch.device("cuda"))
+        address = backend._comm_ptr()
+    except (RuntimeError, AttributeError) as exc:
+        raise ValueError(f"process group {group!r} has no NCCL backend with a communicator "
+                         f"({exc}); QNCCL's policy applies to NCCL process groups "
+                         f"(backend='nccl')") from exc
+    if not address:
+        raise RuntimeError("the process group's NCCL communicator does not exist yet: "
+                           "PyTorch makes it at the group's first collective, or at "
+                           "init_process_group(..., device_id=...); call after that")
+    return int(address)
+
+
+def set_quantization(group, collectives, bits):
+    """qnccl.comm.set_quantization on `group`'s NCCL communicator: the NCCL calls PyTorch
+    makes for `collectives` on it (names of qnccl.comm.COLLECTIVES; PyTorch's all_to_all
+    is "sendrecv" or "alltoall") run with `bits` 1..8, 0 exact, None the environment's
+    policy. Call it on every rank of the group."""
+    _comm.set_quantization(communicator(group), collectives, bits)

@@ -83,3 +83,13 @@ def test_sends_and_receives_outside_the_policy_are_exact():
     """Without sendrecv in QNCCL_COLLECTIVES every ncclSend/ncclRecv is byte-identical to
     the real NCCL's."""
     run_check(3, "sendrecv")
+
+
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_a_communicator_has_its_own_policy(nprocs):
+    """Under QNCCL_COLLECTIVES=none: qnccl.comm.set_quantization quantizes one
+    communicator's reduce-scatters (at its bits) while another's stay exact; a
+    qnccl.comm.quantization block sets an all-to-all's bits for the calls inside it only
+    (4 forward, 2 backward); 0 means exact and None the environment again; bad arguments
+    fail naming what is allowed."""
+    run_check(nprocs, "policy", env={"QNCCL_COLLECTIVES": "none"})

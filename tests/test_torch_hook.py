@@ -200,3 +200,17 @@ def test_import_without_torch():
                          timeout=60)
     assert out.returncode == 0, out.stderr
     assert "HINT" in out.stdout and "pip install torch" in out.stdout
+
+
+def test_a_group_without_nccl_has_no_communicator_to_set():
+    """qnccl.torch.set_quantization needs a process group with an NCCL backend (its
+    communicator, ProcessGroupNCCL._comm_ptr()); a gloo group fails saying so."""
+    code = ("import torch.distributed as dist, qnccl.torch as q\n"
+            "dist.init_process_group('gloo', store=dist.HashStore(), rank=0, world_size=1)\n"
+            "try:\n    q.set_quantization(None, 'allreduce', 4)\n"
+            "except ValueError as e:\n    print('ERROR', e)\n"
+            "dist.destroy_process_group()\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "ERROR" in out.stdout and "has no NCCL backend" in out.stdout, out.stdout

@@ -158,6 +158,16 @@ QNCCL_EXPORT ncclResult_t qncclCommGetResidual(ncclComm_t comm, const void* send
 
 // ---- quantized ops -------------------------------------------------------------------
 
+QNCCL_EXPORT ncclResult_t qncclCommSetQuantization(ncclComm_t comm, unsigned collectives,
+                                                   int bits) {
+  return set_comm_quantization("qncclCommSetQuantization", comm, collectives, bits);
+}
+
+QNCCL_EXPORT ncclResult_t qncclCommGetQuantization(ncclComm_t comm, qncclCollective_t collective,
+                                                   int* bits) {
+  return get_comm_quantization("qncclCommGetQuantization", comm, collective, bits);
+}
+
 QNCCL_EXPORT ncclResult_t qncclRedOpCreateQuantized(ncclRedOp_t* op,
                                                     const qncclQuantizedOpConfig_t* config,
                                                     ncclComm_t comm) {

@@ -274,6 +274,22 @@ typedef struct {
                                                 0 for allreduce.codec.bits (QNCCL_BITS) */
 } qncclEnvConfig_t;
 
+/* A communicator's own policy for the interposed calls on it, in place of
+ * QNCCL_COLLECTIVES and QNCCL_<NAME>_BITS (docs/collectives.md, "Which
+ * calls are quantized"): for each collective in `collectives` (qncclColl*
+ * flags, OR-ed), `bits` 1..8 quantizes its eligible calls on `comm` with
+ * that many bits, 0 sends them to NCCL exact, -1 returns to the
+ * environment's policy. Eligibility (type, op, QNCCL_MIN_BYTES, warm-up)
+ * and QNCCL_ENABLE=0 still apply. Takes effect from the next call issued on
+ * `comm`, so it also selects bits per call (e.g. the forward and backward
+ * all-to-all of an embedding); every rank of `comm` must set the same. The
+ * communicator must be one the interposed NCCL made (LD_PRELOAD, qnccl run). */
+ncclResult_t qncclCommSetQuantization(ncclComm_t comm, unsigned collectives, int bits);
+
+/* What an eligible interposed call of `collective` (one qncclColl* flag) on
+ * `comm` runs with now: *bits 1..8 quantized, 0 exact. */
+ncclResult_t qncclCommGetQuantization(ncclComm_t comm, qncclCollective_t collective, int* bits);
+
 /* The configuration the QNCCL_* variables give a communicator created now.
  * An unparsable or out-of-range value fails with ncclInvalidArgument and a
  * message naming the variable and the values allowed. */

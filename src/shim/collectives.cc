@@ -39,13 +39,12 @@ bool reduces(qncclCollective_t kind) {
 }
 
 /* The configuration an eligible call of `kind` runs with: the environment's,
- * with the collective's own bits (QNCCL_<NAME>_BITS); error feedback is the
- * allreduce's alone, a reduce-scatter takes QNCCL_ALGO's ring or sra (else
- * auto), an allgather or all-to-all its one algorithm (docs/collectives.md). */
-qncclAllReduceConfig_t config_for(const qncclEnvConfig_t& c, qncclCollective_t kind) {
+ * with `bits`; error feedback is the allreduce's alone, a reduce-scatter
+ * takes QNCCL_ALGO's ring or sra (else auto), an allgather or all-to-all its
+ * one algorithm (docs/collectives.md). */
+qncclAllReduceConfig_t config_for(const qncclEnvConfig_t& c, qncclCollective_t kind, int bits) {
   qncclAllReduceConfig_t config = c.allreduce;
-  const int index = __builtin_ctz((unsigned)kind);
-  if (c.collectiveBits[index] != 0) config.codec.bits = c.collectiveBits[index];
+  config.codec.bits = bits;
   if (kind == qncclCollAllReduce) return config;
   config.errorFeedback = 0;
   const bool ring_or_sra = config.algo == qncclAlgoRing || config.algo == qncclAlgoSra;
@@ -57,6 +56,7 @@ Decision decide(ShimComm& st, qncclCollective_t kind, size_t count, ncclDataType
                 ncclRedOp_t op) {
   Decision d;
   const qncclEnvConfig_t& c = st.config;
+  const int bits = quantization_bits(st, kind);
   auto quantized = kind == qncclCollAllReduce ? st.ops.find((int)op) : st.ops.end();
   if (quantized != st.ops.end()) {  // an explicit request: the environment does not apply
     d.compress = true;
@@ -64,8 +64,11 @@ Decision decide(ShimComm& st, qncclCollective_t kind, size_t count, ncclDataType
     d.reduction = quantized->second.reduction;
   } else if (!c.enable) {
     snprintf(d.why, sizeof d.why, "QNCCL_ENABLE=0");
-  } else if ((c.collectives & (unsigned)kind) == 0) {
-    snprintf(d.why, sizeof d.why, "not in QNCCL_COLLECTIVES");
+  } else if (bits == 0) {
+    snprintf(d.why, sizeof d.why, "%s",
+             st.bits[__builtin_ctz((unsigned)kind)] == 0 ? "exact on this communicator "
+                                                           "(qncclCommSetQuantization)"
+                                                         : "not in QNCCL_COLLECTIVES");
   } else if (!is_float(type)) {
     snprintf(d.why, sizeof d.why, "%s is not quantized", short_type_name(type));
   } else if (reduces(kind) && op != ncclSum && op != ncclAvg) {
@@ -78,7 +81,7 @@ Decision decide(ShimComm& st, qncclCollective_t kind, size_t count, ncclDataType
              (unsigned long long)c.warmupCalls);
   } else {
     d.compress = true;
-    d.config = config_for(c, kind);
+    d.config = config_for(c, kind, bits);
     d.reduction = op;
   }
   return d;

@@ -22,6 +22,9 @@ namespace qnccl {
  * ncclCommDestroy/ncclCommAbort. */
 struct ShimComm {
   qncclEnvConfig_t config;
+  /* qncclCommSetQuantization: per collective (index: its flag's bit) the
+   * bits of its eligible calls, 0 exact, -1 the environment's policy. */
+  int bits[QNCCL_NUM_COLLECTIVES] = {-1, -1, -1, -1, -1};
   uint64_t eligible_calls = 0;
   std::set<std::string> logged;
   std::unordered_map<int, qncclQuantizedOpConfig_t> ops;
@@ -45,6 +48,16 @@ const char* op_name(ncclRedOp_t op);
 /* Makes the states of a communicator the real NCCL just made, from the
  * environment read before it was made, and reports its configuration. */
 void adopt_comm(ncclComm_t comm, const qncclEnvConfig_t& config);
+
+/* The bits an eligible call of `kind` on a communicator of `state` runs
+ * with: 1..8, or 0 when it goes to the real NCCL exact. */
+int quantization_bits(const ShimComm& state, qncclCollective_t kind);
+
+/* qncclCommSetQuantization and qncclCommGetQuantization (shim/policy.cc). */
+ncclResult_t set_comm_quantization(const char* fn, ncclComm_t comm, unsigned collectives,
+                                   int bits);
+ncclResult_t get_comm_quantization(const char* fn, ncclComm_t comm, qncclCollective_t collective,
+                                   int* bits);
 
 /* qncclRedOpCreateQuantized (src/api/api.cc). */
 ncclResult_t create_quantized_op(const char* fn, ncclRedOp_t* op,

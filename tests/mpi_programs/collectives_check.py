@@ -34,6 +34,11 @@ sendrecv       ncclSend/ncclRecv through libqnccl under the job's QNCCL_* enviro
                QNCCL_MIN_BYTES) with an allreduce, and lone sends between rank pairs; with
                sendrecv in QNCCL_COLLECTIVES bit for bit qnccl.emulate.alltoall(call=P2P_CALL
                | c) and sendrecv, else byte-identical to the real NCCL's sends.
+policy         (QNCCL_COLLECTIVES=none) a communicator's own policy through qnccl.comm
+               (qncclCommSetQuantization): its reduce-scatters at 3 bits while another
+               communicator's stay exact, an all-to-all at 4 then 2 bits for one call each
+               (qnccl.comm.quantization), 0 (exact) and None (the environment again), what
+               get_quantization reports, and bad arguments' messages.
 misuse         reduce-scatter: algo tree or hier, op ncclMax; allgather and all-to-all: algo
                other than auto; all three: errorFeedback 1, overlapping buffers that are
                not in place: ncclInvalidArgument naming the argument and what is allowed,
@@ -457,6 +462,84 @@ def sendrecv(comm, failures):
     return checked
 
 
+def policy(comm, failures):
+    """Per-communicator and per-call control (module docstring), under QNCCL_COLLECTIVES=none."""
+    import qnccl.comm
+    from qnccl import QncclError
+    other = init_comm()
+    calls = 0  # comm's quantized calls so far
+    checked = 0
+
+    def one(c, kind, case, bits):
+        """Runs one interposed call on every rank; checks it against the emulator at `bits`
+        (0: the real NCCL's own call)."""
+        nonlocal calls
+        x = rank_input(whole(kind, case), RANK)
+        send, recv = buffers(kind, case, x)
+        check_nccl(issue(lib, kind, send, recv, case, c), f"{kind} {case}")
+        real = None
+        if bits == 0:
+            send, want = buffers(kind, case, x)
+            check_nccl(issue(nccl, kind, send, want, case, c), f"the real {kind}")
+            real = bits_of(want).tobytes()
+        outs = COMM.gather((bits_of(recv).tobytes(), real), root=0)
+        if RANK == 0:
+            if bits:
+                inputs = [rank_input(whole(kind, case), r) for r in range(NRANKS)]
+                env = dataclasses.replace(case, seed=0)  # QNCCL_SEED's default
+                expected = emulated(kind, inputs, env, calls, bits=bits)
+                wants = [bits_of(e).tobytes() for e in expected]
+            else:
+                wants = [w for _, w in outs]
+            for r, (got, _) in enumerate(outs):
+                if got != wants[r]:
+                    failures.add(f"policy {kind} {case} bits={bits}", f"rank {r} differs from "
+                                 f"the {'emulator' if bits else 'real NCCL'}")
+        if bits:
+            calls += 1
+
+    rs = Case("auto", "float32", 20000, seed=101)
+    a2a = Case("auto", "float32", 20000, seed=102)
+    qnccl.comm.set_quantization(comm, "reducescatter", 3)
+    reported = {(name, c == comm): qnccl.comm.get_quantization(c, name)
+                for name in ("reducescatter", "alltoall", "allreduce") for c in (comm, other)}
+    want = {("reducescatter", True): 3, ("reducescatter", False): 0, ("alltoall", True): 0,
+            ("alltoall", False): 0, ("allreduce", True): 0, ("allreduce", False): 0}
+    if reported != want:
+        failures.add("policy get_quantization", f"rank {RANK}: {reported} != {want}")
+    one(comm, "rs", rs, 3)
+    one(other, "rs", rs, 0)
+    for bits in (4, 2):  # a forward and a backward all-to-all
+        with qnccl.comm.quantization(comm, "alltoall", bits):
+            one(comm, "a2a", a2a, bits)
+        one(comm, "a2a", a2a, 0)
+    qnccl.comm.set_quantization(comm, ["reducescatter", "allgather"], 0)
+    one(comm, "rs", rs, 0)
+    qnccl.comm.set_quantization(comm, "reducescatter", 5)
+    one(comm, "rs", rs, 5)
+    qnccl.comm.set_quantization(comm, "reducescatter", None)  # the environment: none
+    one(comm, "rs", rs, 0)
+    checked += 9
+    bad = [(lambda: qnccl.comm.set_quantization(comm, "reducescatter", 9),
+            "bits = 9; allowed: 1..8 (quantized), 0 (exact) or -1"),
+           (lambda: lib.qncclCommSetQuantization(comm, 0, 4), "collectives = 0"),
+           (lambda: lib.qncclCommSetQuantization(comm, 64, 4), "collectives = 0x40"),
+           (lambda: lib.qncclCommGetQuantization(comm, 3, ffi.new("int*")),
+            "collective = 0x3; allowed: one qncclColl* flag"),
+           (lambda: lib.qncclCommSetQuantization(ffi.NULL, 1, 4), "comm is NULL")]
+    for call, message in bad:
+        try:
+            result = call()
+            got = (result, ffi.string(lib.qncclGetLastError()).decode())
+        except QncclError as error:
+            got = (error.code, error.message)
+        if got[0] != lib.ncclInvalidArgument or message not in got[1]:
+            failures.add("policy bad arguments", f"rank {RANK}: {got} lacks {message!r}")
+        checked += 1
+    check_nccl(lib.ncclCommDestroy(other), "ncclCommDestroy")
+    return checked
+
+
 def dtype_name(values):
     return "bfloat16" if values.dtype == np.uint16 else values.dtype.name
 
@@ -464,13 +547,13 @@ def dtype_name(values):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("program", choices=("reducescatter", "allgather", "alltoall", "counts",
-                                            "misuse", "interposed", "sendrecv"))
+                                            "misuse", "interposed", "sendrecv", "policy"))
     args = parser.parse_args()
     comm = init_comm()
     failures = Failures()
     programs = {"reducescatter": reducescatter, "allgather": allgather, "alltoall": alltoall,
                 "counts": counts, "misuse": misuse, "interposed": interposed,
-                "sendrecv": sendrecv}
+                "sendrecv": sendrecv, "policy": policy}
     return finish(comm, failures, args.program, programs[args.program](comm, failures))
 
 

@@ -1,0 +1,66 @@
+/* Which interposed calls are quantized, with how many bits: the
+ * environment's QNCCL_COLLECTIVES and QNCCL_<NAME>_BITS, or a
+ * communicator's own policy (qncclCommSetQuantization). */
+#include "common/error.h"
+#include "engine/nccl_api.h"
+#include "shim/shim.h"
+
+namespace qnccl {
+
+int quantization_bits(const ShimComm& state, qncclCollective_t kind) {
+  const int i = __builtin_ctz((unsigned)kind);
+  if (state.bits[i] >= 0) return state.bits[i];
+  if ((state.config.collectives & (unsigned)kind) == 0) return 0;
+  const int own = state.config.collectiveBits[i];
+  return own != 0 ? own : state.config.allreduce.codec.bits;
+}
+
+namespace {
+
+constexpr unsigned kAllCollectives = (1u << QNCCL_NUM_COLLECTIVES) - 1;
+
+ncclResult_t state_of(const char* fn, ncclComm_t comm, std::shared_ptr<ShimComm>* state) {
+  if (comm == nullptr) return set_error(ncclInvalidArgument, "%s: comm is NULL", fn);
+  const NcclApi* nccl;
+  int nranks = 0, rank = 0;
+  QNCCL_CHECK(comm_shape(fn, comm, &nccl, &nranks, &rank));
+  return shim_comm(comm, nullptr, state);
+}
+
+}  // namespace
+
+ncclResult_t set_comm_quantization(const char* fn, ncclComm_t comm, unsigned collectives,
+                                   int bits) {
+  if (collectives == 0 || (collectives & ~kAllCollectives) != 0)
+    return set_error(ncclInvalidArgument,
+                     "%s: collectives = %#x; allowed: qncclColl* flags OR-ed, at least one "
+                     "(qncclCollAllReduce 1, qncclCollReduceScatter 2, qncclCollAllGather 4, "
+                     "qncclCollAllToAll 8, qncclCollSendRecv 16)",
+                     fn, collectives);
+  if (bits < -1 || bits > QNCCL_MAX_BITS)
+    return set_error(ncclInvalidArgument,
+                     "%s: bits = %d; allowed: %d..%d (quantized), 0 (exact) or -1 (the "
+                     "environment's QNCCL_COLLECTIVES and QNCCL_<NAME>_BITS)",
+                     fn, bits, QNCCL_MIN_BITS, QNCCL_MAX_BITS);
+  std::shared_ptr<ShimComm> state;
+  QNCCL_CHECK(state_of(fn, comm, &state));
+  for (int i = 0; i < QNCCL_NUM_COLLECTIVES; i++)
+    if (collectives & (1u << i)) state->bits[i] = bits;
+  return ncclSuccess;
+}
+
+ncclResult_t get_comm_quantization(const char* fn, ncclComm_t comm, qncclCollective_t collective,
+                                   int* bits) {
+  const unsigned c = (unsigned)collective;
+  if (c == 0 || (c & (c - 1)) != 0 || (c & ~kAllCollectives) != 0)
+    return set_error(ncclInvalidArgument,
+                     "%s: collective = %#x; allowed: one qncclColl* flag (1, 2, 4, 8 or 16)", fn,
+                     c);
+  if (bits == nullptr) return set_error(ncclInvalidArgument, "%s: bits is NULL", fn);
+  std::shared_ptr<ShimComm> state;
+  QNCCL_CHECK(state_of(fn, comm, &state));
+  *bits = quantization_bits(*state, collective);
+  return ncclSuccess;
+}
+
+}  // namespace qnccl
