@@ -289,3 +289,105 @@ def test_bad_arguments(capi, change, names):
     assert message.startswith("qncclAllReduceErrorBound: "), message
     for name in names:
         assert name in message, message
+
+
+# ---- the other collectives (qncclCollectiveErrorBound) -------------------------------
+
+COLLECTIVES = {"allreduce": 1, "reducescatter": 2, "allgather": 4, "alltoall": 8, "sendrecv": 16}
+
+
+def collective_bound(capi, kind, count, dtype, op, cfg, nranks, a):
+    ffi, lib = capi
+    out = ffi.new("double*")
+    result = lib.qncclCollectiveErrorBound(COLLECTIVES[kind], count, TYPES[dtype], OPS[op], cfg,
+                                           nranks, a, out)
+    assert result == lib.ncclSuccess, ffi.string(lib.qncclGetLastError()).decode()
+    return out[0]
+
+
+def collective_error(kind, algo, values, dtype, op, **kw):
+    """max |output - exact| over every rank's output of one emulated call on `values`
+    (N x N*COUNT, or N x COUNT for allgather and send), less the reference's float64
+    rounding."""
+    from qnccl import emulate
+    n = values.shape[0]
+    inputs, exact_inputs = rank_inputs(values, dtype)
+    if kind == "sendrecv":
+        got = [emulate.sendrecv(inputs[0], 0, 1, n, dtype=dtype, **kw)]
+        exact = [exact_inputs[0]]
+    elif kind == "allgather":
+        got = emulate.allgather(inputs, dtype=dtype, **kw)
+        exact = [exact_inputs.reshape(-1)] * n
+    elif kind == "alltoall":
+        got = emulate.alltoall(inputs, dtype=dtype, **kw)
+        chunks = exact_inputs.reshape(n, n, -1)  # [sender, chunk]
+        exact = [chunks[:, k].reshape(-1) for k in range(n)]
+    else:
+        got = emulate.reduce_scatter(inputs, algo=algo, op=op, dtype=dtype, **kw)
+        chunks = exact_inputs.reshape(n, n, -1)
+        exact = chunks.sum(axis=0)
+        slack = (n - 1) * 2.0**-53 * np.abs(chunks).sum(axis=0)
+        if op == "avg":
+            exact, slack = exact / n, slack / n
+        return max(float(np.max(np.abs(widen(g, dtype) - e) - s))
+                   for g, e, s in zip(got, exact, slack))
+    return max(float(np.max(np.abs(widen(g, dtype) - e))) for g, e in zip(got, exact))
+
+
+@pytest.mark.parametrize("kind, algo", [("reducescatter", "ring"), ("reducescatter", "sra"),
+                                        ("allgather", "auto"), ("alltoall", "auto"),
+                                        ("sendrecv", "auto")])
+def test_collective_bound_holds(capi, kind, algo):
+    """Every (N, bits, rounding) with every input distribution, type, op and bucket size
+    rotating: the emulated call's error never exceeds qncclCollectiveErrorBound, and some
+    configuration comes near it."""
+    rng = np.random.default_rng(len(kind) + len(algo))
+    rotation = itertools.cycle(itertools.product(TYPES, OPS, BUCKETS))
+    worst = 0.0
+    count = 200
+    for (n, bits, rounding), make in itertools.product(
+            itertools.product((2, 3, 5, 8), BITS, ROUNDINGS), DISTRIBUTIONS):
+        dtype, op, bucket = next(rotation)
+        magnitudes = MAGNITUDES[dtype]
+        a = magnitudes[rng.integers(len(magnitudes))]
+        per_rank = count if kind in ("allgather", "sendrecv") else n * count
+        values = make(rng, n, per_rank, a, bucket)
+        cfg = config(capi, "auto" if kind != "reducescatter" else algo, bits, bucket, rounding)
+        bound = collective_bound(capi, kind, count, dtype, op, cfg, n, a)
+        if kind == "reducescatter" and not np.isfinite(bound):
+            continue  # a sum of N values of A may overflow the type
+        err = collective_error(kind, algo, values, dtype, op, bits=bits, bucket_size=bucket,
+                               rounding=rounding, seed=11, call=n)
+        what = dict(n=n, bits=bits, rounding=rounding, dist=make.__name__, dtype=dtype, op=op,
+                    bucket=bucket, a=a)
+        assert err <= bound, f"error {err!r} > bound {bound!r} for {what}"
+        worst = max(worst, err / bound)
+    assert worst > 0.3
+
+
+def test_collective_bounds_relate_to_the_allreduce(capi):
+    """The allreduce's through qncclCollectiveErrorBound is qncclAllReduceErrorBound's; a
+    reduce-scatter's is below it (no owner's quantization) and a direct one's below both."""
+    for algo, n in itertools.product(("ring", "sra"), (2, 5, 16)):
+        cfg = config(capi, algo, 4, 128, "nearest")
+        allreduce = error_bound(capi, 1000, "float32", "sum", cfg, n, 1.0)
+        assert collective_bound(capi, "allreduce", 1000, "float32", "sum", cfg, n, 1.0) == allreduce
+        rs = collective_bound(capi, "reducescatter", 1000, "float32", "sum", cfg, n, 1.0)
+        direct = collective_bound(capi, "allgather", 1000, "float32", "sum",
+                                  config(capi, "auto", 4, 128, "nearest"), n, 1.0)
+        assert direct < rs < allreduce
+
+
+@pytest.mark.parametrize("kind, algo, message", [
+    ("allgather", "ring", "algo = 1; an allgather or all-to-all has one algorithm"),
+    ("reducescatter", "tree", "algo = 2 has no reduce-scatter"),
+    (3, "auto", "collective = 3; allowed: one qncclColl* flag"),
+])
+def test_collective_bound_bad_arguments(capi, kind, algo, message):
+    ffi, lib = capi
+    flag = COLLECTIVES.get(kind, kind)
+    result = lib.qncclCollectiveErrorBound(flag, 100, TYPES["float32"], OPS["sum"],
+                                           config(capi, algo, 4, 128, "nearest"), 4, 1.0,
+                                           ffi.new("double*"))
+    assert result == lib.ncclInvalidArgument
+    assert message in ffi.string(lib.qncclGetLastError()).decode()

@@ -131,6 +131,15 @@ QNCCL_EXPORT ncclResult_t qncclAllReduceErrorBound(size_t count, ncclDataType_t 
                                inputAbsMax, bound);
 }
 
+QNCCL_EXPORT ncclResult_t qncclCollectiveErrorBound(qncclCollective_t collective, size_t count,
+                                                    ncclDataType_t datatype, ncclRedOp_t op,
+                                                    const qncclAllReduceConfig_t* config,
+                                                    int nranks, double inputAbsMax,
+                                                    double* bound) {
+  return collective_error_bound("qncclCollectiveErrorBound", collective, count, datatype, op,
+                                config, nranks, inputAbsMax, bound);
+}
+
 QNCCL_EXPORT ncclResult_t qncclCommTopology(ncclComm_t comm, qncclTopology_t* topology) {
   return comm_topology("qncclCommTopology", comm, topology);
 }

@@ -586,6 +586,10 @@ ncclResult_t get_stats(const char* fn, ncclComm_t comm, qncclStats_t* stats);
 ncclResult_t allreduce_error_bound(const char* fn, size_t count, ncclDataType_t datatype,
                                    ncclRedOp_t op, const qncclAllReduceConfig_t* config,
                                    int nranks, double inputAbsMax, double* bound);
+ncclResult_t collective_error_bound(const char* fn, qncclCollective_t collective, size_t count,
+                                    ncclDataType_t datatype, ncclRedOp_t op,
+                                    const qncclAllReduceConfig_t* config, int nranks,
+                                    double inputAbsMax, double* bound);
 
 }  // namespace qnccl
 

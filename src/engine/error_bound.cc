@@ -1,7 +1,8 @@
-/* qncclAllReduceErrorBound: an a priori bound on how far a quantized
- * allreduce's result can lie from the exact sum, from nothing but the
- * configuration and a bound A on the inputs' magnitude. docs/allreduce.md,
- * "Error bound", derives every term; the names below follow it. */
+/* qncclAllReduceErrorBound and qncclCollectiveErrorBound: an a priori bound
+ * on how far a quantized call's result can lie from the exact one, from
+ * nothing but the configuration and a bound A on the inputs' magnitude.
+ * docs/allreduce.md, "Error bound", derives every term; the names below
+ * follow it. docs/collectives.md, "Error bound", the other collectives'. */
 #include <float.h>
 #include <math.h>
 
@@ -83,8 +84,11 @@ double store_error(ncclDataType_t type, double m) {
   return 0;
 }
 
+/* `owner_quantizes`: the allreduce's owner quantizes the result once more;
+ * a reduce-scatter stores it. */
 double error_bound(qncclAlgo_t algo, ncclDataType_t type, bool average,
-                   const qncclCodecConfig_t& codec, int nranks, double a) {
+                   const qncclCodecConfig_t& codec, int nranks, double a,
+                   bool owner_quantizes = true) {
   const double n = nranks;
   // A partial sum covering k ranks is at most k A G in magnitude (decoding
   // never leaves a bucket's [min, max]; each addition rounds up by <= 1+u).
@@ -100,8 +104,14 @@ double error_bound(qncclAlgo_t algo, ncclDataType_t type, bool average,
     before = before / n + kUnit * a * g + kDivideTiny;
     result_max = a * g * (1 + kUnit) + kDivideTiny;
   }
-  const double bound = before + alpha * result_max + kCodecTiny + store_error(type, result_max);
-  return bound * kDoubleMargin;
+  const double last = owner_quantizes ? alpha * result_max + kCodecTiny : 0;
+  return (before + last + store_error(type, result_max)) * kDoubleMargin;
+}
+
+/* An allgather's, all-to-all's or send's value: quantized once, decoded into
+ * the data type. */
+double direct_bound(ncclDataType_t type, const qncclCodecConfig_t& codec, double a) {
+  return (quantization_alpha(codec) * a + kCodecTiny + store_error(type, a)) * kDoubleMargin;
 }
 
 ncclResult_t check_bound_args(const char* fn, int nranks, double inputAbsMax, double* bound) {
@@ -137,6 +147,39 @@ ncclResult_t allreduce_error_bound(const char* fn, size_t count, ncclDataType_t 
                      fn);
   *bound = error_bound(algo, datatype, op == ncclAvg, config->codec, nranks, inputAbsMax);
   return ncclSuccess;
+}
+
+ncclResult_t collective_error_bound(const char* fn, qncclCollective_t collective, size_t count,
+                                    ncclDataType_t datatype, ncclRedOp_t op,
+                                    const qncclAllReduceConfig_t* config, int nranks,
+                                    double inputAbsMax, double* bound) {
+  switch (collective) {
+    case qncclCollAllReduce:
+      return allreduce_error_bound(fn, count, datatype, op, config, nranks, inputAbsMax, bound);
+    case qncclCollReduceScatter: {
+      QNCCL_CHECK(check_allreduce_config(fn, count, datatype, op, config));
+      QNCCL_CHECK(check_bound_args(fn, nranks, inputAbsMax, bound));
+      if (config->algo != qncclAlgoAuto && config->algo != qncclAlgoRing &&
+          config->algo != qncclAlgoSra)
+        return set_error(ncclInvalidArgument,
+                         "%s: algo = %d has no reduce-scatter; allowed: qncclAlgoAuto (0), "
+                         "qncclAlgoRing (1), qncclAlgoSra (3)",
+                         fn, (int)config->algo);
+      *bound = error_bound(reduce_scatter_algo(config->algo, nranks), datatype, op == ncclAvg,
+                           config->codec, nranks, inputAbsMax, false);
+      return ncclSuccess;
+    }
+    case qncclCollAllGather:
+    case qncclCollAllToAll:
+    case qncclCollSendRecv:
+      QNCCL_CHECK(check_gather_config(fn, count, datatype, config));
+      QNCCL_CHECK(check_bound_args(fn, nranks, inputAbsMax, bound));
+      *bound = direct_bound(datatype, config->codec, inputAbsMax);
+      return ncclSuccess;
+  }
+  return set_error(ncclInvalidArgument,
+                   "%s: collective = %d; allowed: one qncclColl* flag (1, 2, 4, 8 or 16)", fn,
+                   (int)collective);
 }
 
 }  // namespace qnccl

@@ -274,6 +274,18 @@ typedef struct {
                                                 0 for allreduce.codec.bits (QNCCL_BITS) */
 } qncclEnvConfig_t;
 
+/* qncclAllReduceErrorBound for any quantized collective (docs/collectives.md,
+ * "Error bound"): a bound on |result - exact| of every output value of a
+ * call of `collective` (`count` as that call takes it; `op` only for the
+ * reductions; config->algo as the call resolves it) when every input is
+ * finite and in [-inputAbsMax, inputAbsMax]. A reduce-scatter's is the
+ * allreduce's without the owner's final quantization; an allgather's,
+ * all-to-all's or send's is one quantization and the store into the type. */
+ncclResult_t qncclCollectiveErrorBound(qncclCollective_t collective, size_t count,
+                                       ncclDataType_t datatype, ncclRedOp_t op,
+                                       const qncclAllReduceConfig_t* config, int nranks,
+                                       double inputAbsMax, double* bound);
+
 /* A communicator's own policy for the interposed calls on it, in place of
  * QNCCL_COLLECTIVES and QNCCL_<NAME>_BITS (docs/collectives.md, "Which
  * calls are quantized"): for each collective in `collectives` (qncclColl*
