@@ -84,8 +84,12 @@ LIB_OBJS := $(LIB_SRCS:%.cc=$(BUILD)/obj/%.o) $(HOST_CODEC_OBJS) $(CU_OBJS)
 LIB      := $(BUILD)/lib/libqnccl.so
 CDEF     := $(BUILD)/include/qnccl_cdef.h
 # nccl-tests style perf binaries (docs/perf.md): one rank per process under mpirun.
-PERF_DRIVER := perf/perf.cc perf/perf.h
-COLL_PERF_BINS := $(BUILD)/bin/all_reduce_perf $(BUILD)/bin/mpi_all_reduce_perf
+# The driver (perf/perf.h: one file per job) and the NCCL backend its binaries share.
+PERF_DRIVER_SRCS := perf/perf.cc perf/options.cc perf/reference.cc perf/timing.cc perf/output.cc
+PERF_DRIVER := $(PERF_DRIVER_SRCS) perf/perf.h perf/driver.h
+NCCL_PERF_TOOLS := all_reduce_perf reduce_scatter_perf all_gather_perf alltoall_perf sendrecv_perf
+NCCL_PERF_BINS := $(NCCL_PERF_TOOLS:%=$(BUILD)/bin/%)
+COLL_PERF_BINS := $(NCCL_PERF_BINS) $(BUILD)/bin/mpi_all_reduce_perf
 PERF_BINS := $(BUILD)/bin/codec_bench $(COLL_PERF_BINS)
 # The nccl.h they compile against: QNCCL's declaration of the ABI by default;
 # NCCL_INCLUDE=<dir of NVIDIA's nccl.h> builds against NVIDIA's header instead.
@@ -162,16 +166,16 @@ $(BUILD)/include/nccl/nccl.h:
 # the host backend; LD_LIBRARY_PATH picks another libnccl.so.2 at run time.
 PERF_CUDA_FLAGS := $(if $(CU_OBJS),-DQNCCL_PERF_CUDA $(CUDA_CFLAGS))
 PERF_CUDA_LIBS := $(if $(CU_OBJS),$(CUDA_LIBS))
-$(BUILD)/bin/all_reduce_perf: perf/all_reduce_perf.cc $(PERF_DRIVER) $(HOST_LIB) $(HEADERS) \
-                              $(NCCL_INCLUDE)/nccl.h $(FLAGS_STAMP)
+$(NCCL_PERF_BINS): $(BUILD)/bin/%: perf/%.cc perf/nccl_backend.cc perf/nccl_backend.h \
+                   $(PERF_DRIVER) $(HOST_LIB) $(HEADERS) $(NCCL_INCLUDE)/nccl.h $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
-	$(MPICXX) $(PERF_CXXFLAGS) $(PERF_CUDA_FLAGS) $< perf/perf.cc -o $@ -L$(BUILD)/host -lnccl \
-	  $(PERF_CUDA_LIBS) -ldl -Wl,-rpath,'$$ORIGIN/../host'
+	$(MPICXX) $(PERF_CXXFLAGS) $(PERF_CUDA_FLAGS) $< perf/nccl_backend.cc $(PERF_DRIVER_SRCS) \
+	  -o $@ -L$(BUILD)/host -lnccl $(PERF_CUDA_LIBS) -ldl -Wl,-rpath,'$$ORIGIN/../host'
 
 $(BUILD)/bin/mpi_all_reduce_perf: perf/mpi_all_reduce_perf.cc $(PERF_DRIVER) $(HEADERS) \
                                   $(NCCL_INCLUDE)/nccl.h $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
-	$(MPICXX) $(PERF_CXXFLAGS) $< perf/perf.cc -o $@
+	$(MPICXX) $(PERF_CXXFLAGS) $< $(PERF_DRIVER_SRCS) -o $@
 
 $(BUILD)/bin/%_gpu_test: tests/gpu/%_gpu_test.cc $(LIB) $(HEADERS) tests/gpu/gpu_test.h $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)

@@ -40,8 +40,9 @@ class MpiAllReduce : public perf::Backend {
   const char* tool() const override { return "mpi_all_reduce_perf"; }
   const char* library() const override { return "mpi"; }
 
-  std::string unsupported(const perf::DataType& type, const perf::ReduceOp& op,
-                          perf::Memory memory) const override {
+  std::string unsupported(perf::Collective c, const perf::DataType& type,
+                          const perf::ReduceOp& op, perf::Memory memory) const override {
+    if (c != perf::Collective::AllReduce) return "mpi_all_reduce_perf measures MPI_Allreduce only";
     if (memory == perf::Memory::Device) {
       return "--memory device: the MPI baseline uses host memory (CUDA-aware MPI is not assumed)";
     }
@@ -70,8 +71,8 @@ class MpiAllReduce : public perf::Backend {
     return "MPI_Allreduce of " + text.substr(0, text.find_first_of("\n,"));
   }
 
-  bool allreduce(const void* send, void* recv, size_t count, const perf::DataType& type,
-                 const perf::ReduceOp& op) override {
+  bool start(perf::Collective, const void* send, void* recv, size_t count,
+             const perf::DataType& type, const perf::ReduceOp& op) override {
     if (count > INT_MAX) {  // MPI-3 counts are int
       fprintf(stderr, "rank %d: MPI_Allreduce takes at most %d values, asked for %zu\n", rank_,
               INT_MAX, count);
@@ -102,5 +103,5 @@ class MpiAllReduce : public perf::Backend {
 
 int main(int argc, char** argv) {
   MpiAllReduce backend;
-  return perf::run(argc, argv, backend);
+  return perf::run(argc, argv, backend, perf::Collective::AllReduce);
 }

@@ -117,7 +117,7 @@ def get_quantization(comm, collective):
                          f"{collective!r}")
     out = _lib.ffi().new("int*")
     _lib.check(_lib.lib().qncclCommGetQuantization(_comm(comm), 1 << COLLECTIVES.index(collective),
-                                                   out))
+                                                   out, _lib.ffi().NULL))
     return int(out[0])
 
 

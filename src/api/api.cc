@@ -173,8 +173,8 @@ QNCCL_EXPORT ncclResult_t qncclCommSetQuantization(ncclComm_t comm, unsigned col
 }
 
 QNCCL_EXPORT ncclResult_t qncclCommGetQuantization(ncclComm_t comm, qncclCollective_t collective,
-                                                   int* bits) {
-  return get_comm_quantization("qncclCommGetQuantization", comm, collective, bits);
+                                                   int* bits, qncclAllReduceConfig_t* config) {
+  return get_comm_quantization("qncclCommGetQuantization", comm, collective, bits, config);
 }
 
 QNCCL_EXPORT ncclResult_t qncclRedOpCreateQuantized(ncclRedOp_t* op,

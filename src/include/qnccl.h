@@ -299,8 +299,11 @@ ncclResult_t qncclCollectiveErrorBound(qncclCollective_t collective, size_t coun
 ncclResult_t qncclCommSetQuantization(ncclComm_t comm, unsigned collectives, int bits);
 
 /* What an eligible interposed call of `collective` (one qncclColl* flag) on
- * `comm` runs with now: *bits 1..8 quantized, 0 exact. */
-ncclResult_t qncclCommGetQuantization(ncclComm_t comm, qncclCollective_t collective, int* bits);
+ * `comm` runs with now: *bits 1..8 quantized, 0 exact; and, unless `config`
+ * is NULL, the configuration it is quantized with (its codec, algorithm,
+ * segments, lanes, error feedback) when *bits > 0. */
+ncclResult_t qncclCommGetQuantization(ncclComm_t comm, qncclCollective_t collective, int* bits,
+                                      qncclAllReduceConfig_t* config);
 
 /* The configuration the QNCCL_* variables give a communicator created now.
  * An unparsable or out-of-range value fails with ncclInvalidArgument and a

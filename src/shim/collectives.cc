@@ -38,20 +38,6 @@ bool reduces(qncclCollective_t kind) {
   return kind == qncclCollAllReduce || kind == qncclCollReduceScatter;
 }
 
-/* The configuration an eligible call of `kind` runs with: the environment's,
- * with `bits`; error feedback is the allreduce's alone, a reduce-scatter
- * takes QNCCL_ALGO's ring or sra (else auto), an allgather or all-to-all its
- * one algorithm (docs/collectives.md). */
-qncclAllReduceConfig_t config_for(const qncclEnvConfig_t& c, qncclCollective_t kind, int bits) {
-  qncclAllReduceConfig_t config = c.allreduce;
-  config.codec.bits = bits;
-  if (kind == qncclCollAllReduce) return config;
-  config.errorFeedback = 0;
-  const bool ring_or_sra = config.algo == qncclAlgoRing || config.algo == qncclAlgoSra;
-  if (kind != qncclCollReduceScatter || !ring_or_sra) config.algo = qncclAlgoAuto;
-  return config;
-}
-
 Decision decide(ShimComm& st, qncclCollective_t kind, size_t count, ncclDataType_t type,
                 ncclRedOp_t op) {
   Decision d;
@@ -81,7 +67,7 @@ Decision decide(ShimComm& st, qncclCollective_t kind, size_t count, ncclDataType
              (unsigned long long)c.warmupCalls);
   } else {
     d.compress = true;
-    d.config = config_for(c, kind, bits);
+    d.config = quantized_config(c, kind, bits);
     d.reduction = op;
   }
   return d;

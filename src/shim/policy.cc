@@ -15,6 +15,17 @@ int quantization_bits(const ShimComm& state, qncclCollective_t kind) {
   return own != 0 ? own : state.config.allreduce.codec.bits;
 }
 
+qncclAllReduceConfig_t quantized_config(const qncclEnvConfig_t& env, qncclCollective_t kind,
+                                        int bits) {
+  qncclAllReduceConfig_t config = env.allreduce;
+  config.codec.bits = bits;
+  if (kind == qncclCollAllReduce) return config;
+  config.errorFeedback = 0;
+  const bool ring_or_sra = config.algo == qncclAlgoRing || config.algo == qncclAlgoSra;
+  if (kind != qncclCollReduceScatter || !ring_or_sra) config.algo = qncclAlgoAuto;
+  return config;
+}
+
 namespace {
 
 constexpr unsigned kAllCollectives = (1u << QNCCL_NUM_COLLECTIVES) - 1;
@@ -50,7 +61,7 @@ ncclResult_t set_comm_quantization(const char* fn, ncclComm_t comm, unsigned col
 }
 
 ncclResult_t get_comm_quantization(const char* fn, ncclComm_t comm, qncclCollective_t collective,
-                                   int* bits) {
+                                   int* bits, qncclAllReduceConfig_t* config) {
   const unsigned c = (unsigned)collective;
   if (c == 0 || (c & (c - 1)) != 0 || (c & ~kAllCollectives) != 0)
     return set_error(ncclInvalidArgument,
@@ -60,6 +71,7 @@ ncclResult_t get_comm_quantization(const char* fn, ncclComm_t comm, qncclCollect
   std::shared_ptr<ShimComm> state;
   QNCCL_CHECK(state_of(fn, comm, &state));
   *bits = quantization_bits(*state, collective);
+  if (config != nullptr && *bits > 0) *config = quantized_config(state->config, collective, *bits);
   return ncclSuccess;
 }
 

@@ -52,12 +52,18 @@ void adopt_comm(ncclComm_t comm, const qncclEnvConfig_t& config);
 /* The bits an eligible call of `kind` on a communicator of `state` runs
  * with: 1..8, or 0 when it goes to the real NCCL exact. */
 int quantization_bits(const ShimComm& state, qncclCollective_t kind);
+/* The configuration it is quantized with at `bits`: the environment's, with
+ * those bits; error feedback is the allreduce's alone, a reduce-scatter takes
+ * QNCCL_ALGO's ring or sra (else auto), the others their one algorithm
+ * (docs/collectives.md). */
+qncclAllReduceConfig_t quantized_config(const qncclEnvConfig_t& env, qncclCollective_t kind,
+                                        int bits);
 
 /* qncclCommSetQuantization and qncclCommGetQuantization (shim/policy.cc). */
 ncclResult_t set_comm_quantization(const char* fn, ncclComm_t comm, unsigned collectives,
                                    int bits);
 ncclResult_t get_comm_quantization(const char* fn, ncclComm_t comm, qncclCollective_t collective,
-                                   int* bits);
+                                   int* bits, qncclAllReduceConfig_t* config);
 
 /* qncclRedOpCreateQuantized (src/api/api.cc). */
 ncclResult_t create_quantized_op(const char* fn, ncclRedOp_t* op,

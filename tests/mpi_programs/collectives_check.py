@@ -524,7 +524,7 @@ def policy(comm, failures):
             "bits = 9; allowed: 1..8 (quantized), 0 (exact) or -1"),
            (lambda: lib.qncclCommSetQuantization(comm, 0, 4), "collectives = 0"),
            (lambda: lib.qncclCommSetQuantization(comm, 64, 4), "collectives = 0x40"),
-           (lambda: lib.qncclCommGetQuantization(comm, 3, ffi.new("int*")),
+           (lambda: lib.qncclCommGetQuantization(comm, 3, ffi.new("int*"), ffi.NULL),
             "collective = 0x3; allowed: one qncclColl* flag"),
            (lambda: lib.qncclCommSetQuantization(ffi.NULL, 1, 4), "comm is NULL")]
     for call, message in bad:

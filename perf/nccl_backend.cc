@@ -1,0 +1,274 @@
+// The NCCL backend of the perf binaries (all_reduce_perf, reduce_scatter_perf,
+// all_gather_perf, alltoall_perf, sendrecv_perf: docs/perf.md): the NCCL call
+// of each collective.
+//
+// Written against the plain NCCL API, so the same source runs on QNCCL's host
+// backend and, built with CUDA, on GPUs with NVIDIA's NCCL. It does not link
+// QNCCL: when libqnccl.so is preloaded it finds QNCCL's calls with dlsym and
+// also reports what QNCCL did (configuration, bytes on the wire, the error
+// bound a compressed result must meet).
+#include "nccl_backend.h"
+
+#include <dlfcn.h>
+#include <link.h>
+#include <mpi.h>
+#include <nccl.h>
+
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "qnccl.h"  // the types of QNCCL's calls; include <nccl.h> first
+
+#ifdef QNCCL_PERF_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace perf {
+namespace {
+
+// QNCCL's API when libqnccl.so is in the process, else all null.
+struct Qnccl {
+  decltype(&qncclGetVersion) get_version;
+  decltype(&qncclConfigFromEnv) config_from_env;
+  decltype(&qncclCommGetStats) comm_get_stats;
+  decltype(&qncclCollectiveErrorBound) error_bound;
+  decltype(&qncclAutoAlgo) auto_algo;
+  decltype(&qncclCommGetQuantization) get_quantization;
+
+  Qnccl() {
+    find(&get_version, "qncclGetVersion");
+    find(&config_from_env, "qncclConfigFromEnv");
+    find(&comm_get_stats, "qncclCommGetStats");
+    find(&error_bound, "qncclCollectiveErrorBound");
+    find(&auto_algo, "qncclAutoAlgo");
+    find(&get_quantization, "qncclCommGetQuantization");
+  }
+  bool loaded() const {
+    return get_version && config_from_env && comm_get_stats && error_bound && auto_algo &&
+           get_quantization;
+  }
+
+ private:
+  template <class F>
+  static void find(F* fn, const char* name) {
+    *fn = reinterpret_cast<F>(dlsym(RTLD_DEFAULT, name));
+  }
+};
+
+const char* algo_name(qncclAlgo_t algo) {
+  switch (algo) {
+    case qncclAlgoRing: return "ring";
+    case qncclAlgoTree: return "tree";
+    case qncclAlgoSra: return "sra";
+    case qncclAlgoHier: return "hier";
+    default: return "auto";
+  }
+}
+
+// Path of the loaded shared object that defines `symbol`, or of `soname`.
+std::string library_path(const char* soname) {
+  void* handle = dlopen(soname, RTLD_LAZY | RTLD_NOLOAD);
+  if (!handle) return "?";
+  link_map* map = nullptr;
+  std::string path = dlinfo(handle, RTLD_DI_LINKMAP, &map) == 0 && map ? map->l_name : "?";
+  dlclose(handle);
+  return path;
+}
+
+// The flag of a collective in QNCCL's policy.
+qncclCollective_t flag_of(Collective c) {
+  switch (c) {
+    case Collective::ReduceScatter: return qncclCollReduceScatter;
+    case Collective::AllGather: return qncclCollAllGather;
+    case Collective::AlltoAll: return qncclCollAllToAll;
+    case Collective::SendRecv: return qncclCollSendRecv;
+    default: return qncclCollAllReduce;
+  }
+}
+
+}  // namespace
+
+class NcclBackend : public Backend {
+ public:
+  NcclBackend(const char* tool, Collective collective) : tool_(tool), collective_(collective) {}
+  const char* tool() const override { return tool_; }
+  const char* library() const override { return "nccl"; }
+
+  std::string unsupported(Collective, const DataType&, const ReduceOp&, Memory) const override {
+    return "";
+  }
+
+  bool init(int rank, int nranks, int local_rank, Memory memory) override {
+    rank_ = rank;
+    nranks_ = nranks;
+#ifdef QNCCL_PERF_CUDA
+    if (memory == Memory::Device) {
+      int devices = 0;
+      if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0 ||
+          cudaSetDevice(local_rank % devices) != cudaSuccess ||
+          cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking) != cudaSuccess) {
+        fprintf(stderr, "rank %d: cannot use a CUDA device: %s\n", rank,
+                cudaGetErrorString(cudaGetLastError()));
+        return false;
+      }
+    }
+#else
+    (void)local_rank;
+    (void)memory;
+#endif
+    ncclUniqueId id;
+    ncclResult_t made = rank == 0 ? ncclGetUniqueId(&id) : ncclSuccess;
+    MPI_Bcast(&made, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    if (made != ncclSuccess) return report("ncclGetUniqueId", made);
+    MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
+    if (ncclResult_t r = ncclCommInitRank(&comm_, nranks, id, rank)) return report("ncclCommInitRank", r);
+    if (qnccl_.loaded()) {
+      // The communicator read the same QNCCL_* variables when it was created;
+      // what this binary's collective runs with is its own policy.
+      if (ncclResult_t r = qnccl_.config_from_env(&config_)) return report("qncclConfigFromEnv", r);
+      if (ncclResult_t r = qnccl_.get_quantization(comm_, flag_of(collective_), &bits_, &quantized_))
+        return report("qncclCommGetQuantization", r);
+    }
+    return true;
+  }
+
+  std::string describe() const override {
+    int version = 0;
+    ncclGetVersion(&version);
+    std::string text = "NCCL " + std::to_string(version / 10000) + "." +
+                       std::to_string(version / 100 % 100) + "." + std::to_string(version % 100) +
+                       " at " + library_path("libnccl.so.2") + "\n";
+    if (!qnccl_.loaded()) return text + "QNCCL not loaded: every call is the plain NCCL's";
+    Dl_info where{};
+    dladdr(reinterpret_cast<void*>(qnccl_.get_version), &where);
+    if (!config_.enable || bits_ == 0)
+      return text + "QNCCL " + qnccl_version() + " at " + (where.dli_fname ? where.dli_fname : "?") +
+             ": this collective is not quantized (QNCCL_ENABLE, QNCCL_COLLECTIVES)";
+    const qncclCodecConfig_t& codec = quantized_.codec;
+    char line[512];
+    snprintf(line, sizeof line,
+             "QNCCL %s at %s: enable=%d bits=%d bucket=%zu rounding=%s algo=%s min_bytes=%zu "
+             "seed=%llu warmup_calls=%llu error_feedback=%d",
+             qnccl_version().c_str(), where.dli_fname ? where.dli_fname : "?", config_.enable,
+             codec.bits, codec.bucketSize, rounding_name(), algo_name(quantized_.algo),
+             config_.minBytes, (unsigned long long)codec.seed,
+             (unsigned long long)config_.warmupCalls, quantized_.errorFeedback);
+    return text + line;
+  }
+
+  std::string quantization_json() const override {
+    if (!qnccl_.loaded() || !config_.enable || bits_ == 0) return "null";
+    const qncclCodecConfig_t& codec = quantized_.codec;
+    char json[512];
+    snprintf(json, sizeof json,
+             "{\"version\": \"%s\", \"enable\": %d, \"bits\": %d, \"bucket_size\": %zu, "
+             "\"rounding\": \"%s\", \"algo\": \"%s\", \"min_bytes\": %zu, \"seed\": %llu, "
+             "\"warmup_calls\": %llu, \"error_feedback\": %d}",
+             qnccl_version().c_str(), config_.enable, codec.bits, codec.bucketSize,
+             rounding_name(), algo_name(quantized_.algo), config_.minBytes,
+             (unsigned long long)codec.seed, (unsigned long long)config_.warmupCalls,
+             quantized_.errorFeedback);
+    return json;
+  }
+
+  bool start(Collective c, const void* send, void* recv, size_t count, const DataType& type,
+             const ReduceOp& op) override {
+    switch (c) {
+      case Collective::ReduceScatter:
+        return check(ncclReduceScatter(send, recv, count, type.nccl, op.nccl, comm_, stream_),
+                     "ncclReduceScatter");
+      case Collective::AllGather:
+        return check(ncclAllGather(send, recv, count, type.nccl, comm_, stream_), "ncclAllGather");
+      case Collective::AlltoAll:
+        return check(ncclAlltoAll(send, recv, count, type.nccl, comm_, stream_), "ncclAlltoAll");
+      case Collective::SendRecv: {
+        const int right = (rank_ + 1) % nranks_, left = (rank_ + nranks_ - 1) % nranks_;
+        if (!check(ncclGroupStart(), "ncclGroupStart")) return false;
+        const bool sent = check(ncclSend(send, count, type.nccl, right, comm_, stream_), "ncclSend");
+        const bool received =
+            sent && check(ncclRecv(recv, count, type.nccl, left, comm_, stream_), "ncclRecv");
+        return check(ncclGroupEnd(), "ncclGroupEnd") && received;
+      }
+      default:
+        return check(ncclAllReduce(send, recv, count, type.nccl, op.nccl, comm_, stream_),
+                     "ncclAllReduce");
+    }
+  }
+
+  bool wait() override {
+#ifdef QNCCL_PERF_CUDA
+    if (stream_ && cudaStreamSynchronize(stream_) != cudaSuccess) {
+      fprintf(stderr, "rank %d: cudaStreamSynchronize: %s\n", rank_,
+              cudaGetErrorString(cudaGetLastError()));
+      return false;
+    }
+#endif
+    return true;
+  }
+
+  bool wire_stats(WireStats* stats) const override {
+    qncclStats_t s;
+    if (!qnccl_.loaded() || qnccl_.comm_get_stats(comm_, &s) != ncclSuccess) return false;
+    stats->calls_compressed = s.callsCompressed;
+    stats->bytes_in = s.bytesIn;
+    stats->bytes_on_wire = s.bytesOnWire;
+    return true;
+  }
+
+  bool quantization_bound(Collective c, size_t count, const DataType& type, const ReduceOp& op,
+                          double input_abs_max, double* bound, std::string* algo) const override {
+    if (!qnccl_.loaded() || bits_ == 0) return false;
+    qncclAlgo_t resolved = quantized_.algo;
+    if (c == Collective::AllReduce && resolved == qncclAlgoAuto &&
+        qnccl_.auto_algo(count, type.nccl, nranks_, &resolved) != ncclSuccess) {
+      return false;
+    }
+    const bool direct = c != Collective::AllReduce && c != Collective::ReduceScatter;
+    *algo = direct ? "direct" : algo_name(resolved);
+    if (quantized_.errorFeedback) return false;  // no per-call bound: see qnccl.h
+    return qnccl_.error_bound(flag_of(c), count, type.nccl, op.nccl, &quantized_, nranks_,
+                              input_abs_max, bound) == ncclSuccess;
+  }
+
+  void finalize() override {
+    if (comm_) ncclCommDestroy(comm_);
+#ifdef QNCCL_PERF_CUDA
+    if (stream_) cudaStreamDestroy(stream_);
+#endif
+  }
+
+ private:
+  bool check(ncclResult_t r, const char* call) const { return r == ncclSuccess || report(call, r); }
+  bool report(const char* call, ncclResult_t r) const {
+    fprintf(stderr, "rank %d: %s failed: %s (%d): %s\n", rank_, call, ncclGetErrorString(r),
+            (int)r, ncclGetLastError(comm_));
+    return false;
+  }
+  std::string qnccl_version() const {
+    int v = 0;
+    qnccl_.get_version(&v);
+    return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." +
+           std::to_string(v % 100);
+  }
+  const char* rounding_name() const {
+    return quantized_.codec.rounding == qncclRoundNearest ? "nearest" : "stochastic";
+  }
+
+  const char* tool_;
+  Collective collective_;
+  Qnccl qnccl_;
+  qncclEnvConfig_t config_{};
+  int bits_ = 0;                       // of this collective: 0 exact (qncclCommGetQuantization)
+  qncclAllReduceConfig_t quantized_{};  // what it is quantized with
+  ncclComm_t comm_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  int rank_ = 0, nranks_ = 1;
+};
+
+int run_nccl(int argc, char** argv, const char* tool, Collective collective) {
+  NcclBackend backend(tool, collective);
+  return run(argc, argv, backend, collective);
+}
+
+}  // namespace perf
