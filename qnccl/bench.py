@@ -1,8 +1,10 @@
 """`qnccl bench` (`make bench`): quantized and uncompressed allreduce side by side
-on bandwidth-limited links (docs/perf.md).
+on bandwidth-limited links, then reduce-scatter, allgather and all-to-all
+(docs/perf.md).
 
 Every configuration is one MPI job of build/bin/all_reduce_perf (or of a
-baseline: mpi_all_reduce_perf, perf/torch_all_reduce_perf.py) inside
+baseline: mpi_all_reduce_perf, perf/torch_all_reduce_perf.py; or of
+reduce_scatter_perf, all_gather_perf, alltoall_perf) inside
 perf/netlab, a network namespace whose loopback `tc` limits to a rate, with
 MPI over TCP; the whole matrix runs once per rate of --rates. The jobs write
 nccl-tests style JSON; this module runs them one after another, shows
@@ -55,6 +57,7 @@ class Config:
     nodes: int = 1  # > 1: emulated nodes (perf/netlab --nodes), the rate between them
     ranks: int = None  # None: --ranks
     rate: str = "1gbit"  # perf/netlab --rate: of the loopback, or between the nodes
+    collective: str = "allreduce"  # the perf binary's (COLLECTIVE_TOOLS), in QNCCL_COLLECTIVES
 
     @property
     def slug(self):
@@ -69,12 +72,35 @@ class Config:
             return [str(BUILD / "bin" / "mpi_all_reduce_perf"), *perf_args]
         if self.kind == "torch-gloo":
             return [sys.executable, str(TORCH_PERF), *perf_args]
-        perf = [str(BUILD / "bin" / "all_reduce_perf"), *perf_args]
+        if self.collective != "allreduce":  # their only op and placement is these
+            perf_args = [a for a in perf_args if a not in ("-o", "sum")]
+        perf = [str(BUILD / "bin" / COLLECTIVE_TOOLS[self.collective]), *perf_args]
         if self.kind == "nccl":
             return perf
+        policy = ([] if self.collective == "allreduce" else
+                  ["--collectives", self.collective, f"--{self.collective}-bits", str(self.bits)])
         return [sys.executable, "-m", "qnccl", "run", "--bits", str(self.bits),
                 "--bucket-size", str(self.bucket_size), "--algo", self.algo,
-                "--rounding", args.rounding, "--", *perf]
+                "--rounding", args.rounding, *policy, "--", *perf]
+
+
+# The perf binary of each collective.
+COLLECTIVE_TOOLS = {"allreduce": "all_reduce_perf", "reducescatter": "reduce_scatter_perf",
+                    "allgather": "all_gather_perf", "alltoall": "alltoall_perf"}
+# The collectives section: each beside its uncompressed run at these bits (ZeRO++'s:
+# 4-bit gradients, 8-bit weights; 8-bit embeddings).
+COLLECTIVE_BITS = (("reducescatter", 4), ("allgather", 8), ("alltoall", 8))
+
+
+def collective_configurations(args, rate):
+    """The collectives section: reduce-scatter, allgather and all-to-all at `rate`, each
+    uncompressed then quantized (bucket 128, auto)."""
+    configs = []
+    for name, bits in COLLECTIVE_BITS:
+        configs += [Config(f"{name} uncompressed (NCCL API)", "nccl", rate=rate, collective=name),
+                    Config(f"{name} qnccl {bits}b B128", "qnccl", bits, 128, "auto", rate=rate,
+                           collective=name)]
+    return configs
 
 
 NODES, NODE_RANKS = 2, 4  # the multi-node section: 2 nodes x 2 ranks
@@ -207,9 +233,9 @@ def busbw_by_size(record):
     for row in record.get("perf", {}).get("rows", []):
         if row["placement"] != "out-of-place":
             continue
-        nranks = record["perf"]["nranks"]
         seconds = (row.get("time_us_median") or row["time_us"]) / 1e6
-        factor = 2 * (nranks - 1) / nranks
+        # the collective's bus-bandwidth factor, as the binary applied it
+        factor = row["busbw_gbps"] / row["algbw_gbps"] if row["algbw_gbps"] else 0.0
         result[row["size"]] = row["size"] / 1e9 / seconds * factor if seconds > 0 else 0.0
     return result
 
@@ -314,8 +340,8 @@ def time_left(done, todo):
 
 
 def missing_parts(args):
-    needed = [BUILD / "bin" / "all_reduce_perf", BUILD / "lib" / "libqnccl.so",
-              BUILD / "host" / "libnccl.so.2", NETLAB]
+    needed = [BUILD / "bin" / tool for tool in COLLECTIVE_TOOLS.values()]
+    needed += [BUILD / "lib" / "libqnccl.so", BUILD / "host" / "libnccl.so.2", NETLAB]
     if "mpi" in args.baselines:
         needed.append(BUILD / "bin" / "mpi_all_reduce_perf")
     return [str(p) for p in needed if not p.exists()]
@@ -350,12 +376,16 @@ def main(args):
     first = links[0]
     nodes = (node_configurations(args, first.requested)
              if "on" in args.nodes_section and first.limited else [])
-    configs = [c for _, section in sections for c in section] + nodes
+    collectives = (collective_configurations(args, first.requested)
+                   if "on" in args.collectives_section else [])
+    configs = [c for _, section in sections for c in section] + nodes + collectives
     log(f"qnccl bench: {len(configs)} configurations, {args.ranks} ranks, "
         f"{mib(args.sizes[0])}..{mib(args.sizes[1])}, on "
         + "; then ".join(link.words for link in links)
         + (f"; then {NODES} nodes x {NODE_RANKS // NODES} ranks, {first.rate} between the nodes, "
-           f"shared memory inside" if nodes else ""))
+           f"shared memory inside" if nodes else "")
+        + (f"; then reduce-scatter, allgather and all-to-all on {first.words}"
+           if collectives else ""))
     started = time.monotonic()
     records = []
     for i, config in enumerate(configs, 1):
@@ -384,7 +414,8 @@ def main(args):
                                          "requested": link.requested},
                                 "sizes": sizes, "configurations": section_records,
                                 "table": table})
-    node_records = list(done)
+    node_records = [next(done) for _ in nodes]
+    collective_records = list(done)
     two_nodes = None
     if node_records:
         node_sizes = summarize(node_records)
@@ -400,6 +431,24 @@ def main(args):
                      "link": {"rate": first.rate, "tool": "perf/netlab --nodes",
                               "requested": first.requested},
                      "configurations": node_records, "table": node_table}
+    collective_section = None
+    if collective_records:
+        for i in range(0, len(collective_records), 2):  # each beside its own uncompressed run
+            summarize(collective_records[i:i + 2])
+        collective_sizes = sorted({int(s) for r in collective_records for s in r["busbw_gbps"]})
+        collective_title = (f"reduce-scatter, allgather and all-to-all of float32, {args.ranks} "
+                            f"ranks, {first.words}, {args.rounding} rounding, bucket 128 "
+                            f"(speedup over the same collective uncompressed)")
+        collective_table = format_table(collective_records, collective_sizes, collective_title)
+        print(collective_table + "\n")
+        tables.append(collective_table)
+        panels.append((collective_records, collective_sizes,
+                       f"reduce-scatter, allgather, all-to-all busbw, {args.ranks} ranks, "
+                       f"{first.rate}"))
+        collective_section = {"link": {"rate": first.rate, "tool": "perf/netlab",
+                                       "requested": first.requested},
+                              "sizes": collective_sizes, "configurations": collective_records,
+                              "table": collective_table}
     report = {
         "benchmark": "qnccl bench",
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
@@ -408,7 +457,8 @@ def main(args):
         "nranks": args.ranks, "datatype": "float", "op": "sum",
         "rounding": args.rounding, "iters": args.iters, "warmup": args.warmup,
         "command": " ".join(sys.argv), "wall_s": round(time.monotonic() - started, 1),
-        "sections": report_sections, "two_nodes": two_nodes, "table": "\n\n".join(tables),
+        "sections": report_sections, "two_nodes": two_nodes,
+        "collectives": collective_section, "table": "\n\n".join(tables),
     }
     report_path = out_dir / "report.json"
     report_path.write_text(json.dumps(report, indent=1) + "\n")

@@ -523,6 +523,10 @@ def build_parser():
                             "the nodes: "
                             "uncompressed, MPI_Allreduce, flat ring/SRA and hierarchical at 8 "
                             "and 4 bits (default on)")
+    bench.add_argument("--collectives-section", type=_name_list(("on", "off")), default=["on"],
+                       metavar="on|off",
+                       help="then, at the first of --rates, reduce-scatter at 4 bits, allgather "
+                            "and all-to-all at 8 bits beside each uncompressed (default on)")
     bench.add_argument("--iters", type=int_in(1), default=3, metavar="N",
                        help="timed calls per size; busbw from their median (default 3)")
     bench.add_argument("--warmup", type=int_in(0), default=1, metavar="N",

@@ -42,7 +42,7 @@ def small_bench(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     args = ["--sizes", "256K:512K", "--bits", "4", "--buckets", "128,1024", "--algos", "sra,ring",
             "--baselines", "mpi", "--iters", "2", "--rates", ",".join(RATES),
-            "--nodes-section", "off", "--out", str(out)]
+            "--nodes-section", "off", "--collectives-section", "off", "--out", str(out)]
     status, output = run_bench(args)
     assert status == 0, output
     return out, output, json.loads((out / "report.json").read_text())
@@ -50,7 +50,7 @@ def small_bench(tmp_path_factory):
 
 def test_every_configuration_ran(small_bench):
     out, output, report = small_bench
-    assert report["nranks"] == 4 and report["two_nodes"] is None
+    assert report["nranks"] == 4 and report["two_nodes"] is None and report["collectives"] is None
     assert [s["link"]["requested"] for s in report["sections"]] == list(RATES)
     for section in report["sections"]:
         assert [c["name"] for c in section["configurations"]] == NAMES
@@ -159,3 +159,37 @@ def test_two_node_section(tmp_path):
         assert hier["wire_bytes_per_input_byte"] == pytest.approx(
             sra["wire_bytes_per_input_byte"] / 3, rel=0.02)
     assert section["table"] in output and section["table"] in report["table"]
+
+
+def test_collectives_section(tmp_path):
+    """--collectives-section on: reduce-scatter at 4 bits, allgather and all-to-all at 8,
+    each beside its own uncompressed run at the first rate; the quantized ones compressed,
+    within their bound, sending the bytes docs/collectives.md says; speedups over their
+    own uncompressed run."""
+    from qnccl.emulate import compressed_size
+    args = ["--sizes", "512K:512K", "--bits", "4", "--buckets", "128", "--algos", "sra",
+            "--baselines", "mpi", "--iters", "2", "--rates", "10gbit", "--nodes-section", "off",
+            "--collectives-section", "on", "--out", str(tmp_path)]
+    status, output = run_bench(args)
+    assert status == 0, output
+    report = json.loads((tmp_path / "report.json").read_text())
+    section = report["collectives"]
+    names = [c["name"] for c in section["configurations"]]
+    assert names == ["reducescatter uncompressed (NCCL API)", "reducescatter qnccl 4b B128",
+                     "allgather uncompressed (NCCL API)", "allgather qnccl 8b B128",
+                     "alltoall uncompressed (NCCL API)", "alltoall qnccl 8b B128"]
+    assert section["table"] in output
+    for base, quantized in zip(section["configurations"][::2], section["configurations"][1::2]):
+        assert base["status"] == quantized["status"] == "ok" and quantized["check_ok"]
+        assert quantized["perf"]["collective"] == quantized["collective"]
+        rows = quantized["perf"]["rows"]
+        assert all(r["compressed"] and r["ok"] for r in rows)
+        count = rows[0]["count"]
+        bits = quantized["bits"]
+        per = count // 4
+        sent = 3 * compressed_size(per, bits, 128)
+        expected = sent / (4 * (per if quantized["collective"] == "allgather" else count))
+        assert quantized["wire_bytes_per_input_byte"] == pytest.approx(expected, rel=1e-6)
+        size = str(rows[0]["size"])
+        assert quantized["speedup"][size] == pytest.approx(
+            quantized["busbw_gbps"][size] / base["busbw_gbps"][size])
