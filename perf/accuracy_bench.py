@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""accuracy_bench: what quantized allreduce does to training accuracy (issue 6, docs/accuracy.md).
+"""accuracy_bench: what quantized allreduce and all-to-all do to training accuracy
+(docs/accuracy.md).
 
 A DLRM-style model learns a synthetic click-through task (perf/accuracy_model.py) with a global
 batch split over N emulated data-parallel ranks. Each rank's MLP gradient (its own micro-batch)
@@ -9,6 +10,8 @@ alltoall). Every configuration is paired with the full-precision run of the same
 init, same data order) and reported as seeds/000 eq. 2: the relative change of the test
 accuracy in percent, averaged over seeds; the same for the test log-loss. One real 4-process
 job through the qnccl.torch DDP hook (perf/accuracy_ddp.py) is compared with plain DDP.
+seeds/000 Table 2 beside it: the embeddings' all-to-alls quantized (forward x backward bits,
+through qnccl.emulate.alltoall, 8 ranks owning a table each), the allreduce exact.
 
     .venv/bin/python perf/accuracy_bench.py              # full run, < 30 min on 2 cores
     .venv/bin/python perf/accuracy_bench.py --quick      # < 3 min: the test's run
@@ -45,6 +48,10 @@ from qnccl.cli import int_in  # noqa: E402  (after the path: the repository's qn
 
 DDP_PROGRAM = REPO / "perf" / "accuracy_ddp.py"
 BITS, ALGOS, RANKS = (8, 4, 2), ("ring", "tree", "sra"), (8, 32)
+# seeds/000 Table 2's (forward, backward) bits of the embeddings' all-to-alls, at as many ranks
+# as the model has tables (each rank owns one: DLRM's model-parallel embeddings).
+ALLTOALL_BITS = ((8, 8), (8, 4), (4, 8), (4, 4), (4, 2), (2, 4), (2, 2))
+ALLTOALL_RANKS = 8
 DDP_RANKS = 4
 
 # Open MPI as root, more ranks than cores, no busy waiting, shared memory between the ranks.
@@ -76,6 +83,21 @@ def choice_list(kind, allowed):
     return parse
 
 
+def bit_pairs(text):
+    """FWD/BWD bit pairs, comma-separated (each 1..8), or none."""
+    if text.strip() == "none":
+        return ()
+    pairs = []
+    for item in (t.strip() for t in text.split(",")):
+        fwd, _, bwd = item.partition("/")
+        if not (fwd.isdigit() and bwd.isdigit() and 1 <= int(fwd) <= 8 and 1 <= int(bwd) <= 8):
+            raise argparse.ArgumentTypeError(
+                f"invalid pair {item!r} in {text!r}: allowed is FWD/BWD bits (1..8 each), "
+                f"comma-separated, e.g. 8/8,4/2, or none")
+        pairs.append((int(fwd), int(bwd)))
+    return tuple(dict.fromkeys(pairs))
+
+
 def build_parser():
     p = argparse.ArgumentParser(
         prog=TOOL, description="Training accuracy of a DLRM-style model under quantized "
@@ -98,6 +120,9 @@ def build_parser():
                    help="allreduce algorithms, e.g. ring,tree,sra (default all)")
     p.add_argument("--ranks", type=choice_list("ranks", (4, 8, 16, 32, 64)), default=RANKS,
                    help="emulated rank counts, from 4,8,16,32,64 (default 8,32)")
+    p.add_argument("--alltoall", type=bit_pairs, default=ALLTOALL_BITS, metavar="PAIRS",
+                   help="Table 2: forward/backward bits of the embeddings' all-to-alls, e.g. "
+                        "8/8,4/2, or none (default: the paper's seven pairs)")
     p.add_argument("--bucket-size", type=int_in(1), default=128,
                    help="values per quantization bucket (default 128)")
     p.add_argument("--rounding", choices=("stochastic", "nearest"), default="stochastic",
@@ -129,9 +154,16 @@ def configurations(args):
             for b in args.bits for a in args.algos for ef in (False, True)]
 
 
+def alltoall_configurations(args):
+    """Table 2's configurations: the embeddings' all-to-alls quantized, the allreduce exact."""
+    return [{"alltoall": list(pair)} for pair in args.alltoall]
+
+
 def config_name(c):
     if c is None:
         return "fp32"
+    if "alltoall" in c:
+        return "alltoall fwd uint{} bwd uint{}".format(*c["alltoall"])
     return f"uint{c['bits']} {c['algo']}" + (" EF" if c["error_feedback"] else "")
 
 
@@ -144,6 +176,11 @@ def jobs(args):
         for s in range(args.seeds):
             out.append({"config": None, "nranks": n, "seed": s})
             out += [{"config": c, "nranks": n, "seed": s} for c in configurations(args)]
+    for s in range(args.seeds):  # Table 2, beside its own exact run at its rank count
+        if args.alltoall and ALLTOALL_RANKS not in args.ranks:
+            out.append({"config": None, "nranks": ALLTOALL_RANKS, "seed": s})
+        out += [{"config": c, "nranks": ALLTOALL_RANKS, "seed": s}
+                for c in alltoall_configurations(args)]
     return sorted(out, key=lambda j: -job_cost(j))
 
 
@@ -153,6 +190,8 @@ def job_cost(job):
     n, c = job["nranks"], job["config"]
     if c is None:
         return 15.0
+    if "alltoall" in c:
+        return 20.0
     return 15.0 + n * (0.8 if c["algo"] == "ring" else 0.45)
 
 
@@ -188,8 +227,11 @@ def train(job, settings):
         model.parameters(), lr=lr)
     order = torch.randperm(len(train_set), generator=torch.Generator().manual_seed(job["seed"]))
     c, n = job["config"], job["nranks"]
-    allreduce = None
-    if c is not None:
+    allreduce = alltoall = None
+    if c is not None and "alltoall" in c:
+        alltoall = EmbeddingAlltoall(n, *c["alltoall"], bucket_size=settings["bucket_size"],
+                                     rounding=settings["rounding"], seed=job["seed"])
+    elif c is not None:
         # the training seed also seeds stochastic rounding, as a job's QNCCL_SEED would
         allreduce = EmulatedAllReduce(n, algo=c["algo"], bits=c["bits"],
                                       bucket_size=settings["bucket_size"],
@@ -208,7 +250,7 @@ def train(job, settings):
             group["lr"] = am.learning_rate(step, steps, lr)
         optimizer.zero_grad(set_to_none=True)
         grads = am.rank_gradients(model, *train_set.take(order[step * BATCH:(step + 1) * BATCH]),
-                                  n)
+                                  n, alltoall)
         exact = grads.sum(0) / n  # float32 sum in rank order, / N
         mean = exact
         if allreduce is not None:
@@ -219,6 +261,45 @@ def train(job, settings):
     loss, acc = am.evaluate(model, test_set)
     return {**job, "name": config_name(c), "test_loss": loss, "test_acc": acc, "curve": curve,
             "grad_rel_error": grad_error / steps, "wall_s": time.perf_counter() - start}
+
+
+class EmbeddingAlltoall:
+    """The all-to-alls of a model-parallel DLRM's embeddings on N ranks, rank j owning table j
+    (so N = the number of tables), quantized as QNCCL quantizes ncclAlltoAll: through
+    qnccl.emulate.alltoall, the forward's vectors at `fwd` bits and the backward's gradients at
+    `bwd`, one call counter for both (a rank's own chunk stays exact)."""
+
+    def __init__(self, nranks, fwd, bwd, bucket_size, rounding, seed):
+        self.n, self.fwd, self.bwd, self.call = nranks, fwd, bwd, 0
+        self.codec = dict(bucket_size=bucket_size, rounding=rounding, seed=seed)
+
+    def _exchange(self, inputs, bits):
+        from qnccl import emulate
+        out = emulate.alltoall([x.reshape(-1).numpy() for x in inputs], bits=bits,
+                               call=self.call, **self.codec)
+        self.call += 1
+        return out
+
+    def forward(self, vectors):
+        """vectors: N receivers x micro x tables x dim; owner j sends each rank its chunk."""
+        import numpy as np
+        import torch
+        n, micro, tables, dim = vectors.shape
+        assert tables == self.n, f"{tables} tables on {self.n} ranks: one table per rank"
+        out = self._exchange(vectors.permute(2, 0, 1, 3).contiguous(), self.fwd)
+        # rank k's output: owner j's chunk for it, in owner order
+        got = np.stack(out).reshape(n, tables, micro, dim).transpose(0, 2, 1, 3)
+        return torch.from_numpy(np.ascontiguousarray(got))
+
+    def backward(self, grads):
+        """grads: N senders x micro x tables x dim; rank k sends owner j its chunk."""
+        import numpy as np
+        import torch
+        n, micro, tables, dim = grads.shape
+        out = self._exchange(grads.permute(0, 2, 1, 3).contiguous(), self.bwd)
+        # owner j's output: rank k's chunk for table j, in sender order
+        got = np.stack(out).reshape(tables, n, micro, dim).transpose(1, 2, 0, 3)
+        return torch.from_numpy(np.ascontiguousarray(got))
 
 
 def train_job(payload):
@@ -336,6 +417,13 @@ def summarize(records, args):
             grad = [q["grad_rel_error"] for q, _ in pairs]
             rows.append({"name": name, "config": c, "nranks": n, "d_acc": stats(acc),
                          "d_loss": stats(loss), "grad_rel_error": sum(grad) / len(grad)})
+    for c in alltoall_configurations(args):  # Table 2: vs the exact run at its rank count
+        pairs = [(by_key[(config_name(c), ALLTOALL_RANKS, s)],
+                  by_key[("fp32", ALLTOALL_RANKS, s)]) for s in range(args.seeds)]
+        rows.append({"name": config_name(c), "config": c, "nranks": ALLTOALL_RANKS,
+                     "d_acc": stats([delta(q["test_acc"], b["test_acc"]) for q, b in pairs]),
+                     "d_loss": stats([delta(q["test_loss"], b["test_loss"]) for q, b in pairs]),
+                     "grad_rel_error": None})
     return rows
 
 
@@ -356,13 +444,25 @@ def markdown_table(rows, args):
     head = ([f"δ acc N={n}" for n in args.ranks] + [f"δ log-loss N={n}" for n in args.ranks]
             + [f"grad. error N={n}" for n in args.ranks])
     lines = ["| allreduce | " + " | ".join(head) + " |", "|---" * (len(head) + 1) + "|"]
-    for name in dict.fromkeys(r["name"] for r in rows):
+    for name in dict.fromkeys(r["name"] for r in rows if r["grad_rel_error"] is not None):
         mine = {r["nranks"]: r for r in rows if r["name"] == name}
         label = "fp32 exact (vs full batch)" if name == "fp32" else name
         cells = ([cell(mine[n]["d_acc"], args.seeds) for n in args.ranks]
                  + [cell(mine[n]["d_loss"], args.seeds) for n in args.ranks]
                  + [f"{mine[n]['grad_rel_error']:.4f}" for n in args.ranks])
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def markdown_table2(rows, args):
+    """seeds/000 Table 2: quantized all-to-all of the embeddings, full-precision allreduce."""
+    lines = [f"| all-to-all forward | backward | δ acc N={ALLTOALL_RANKS} | "
+             f"δ log-loss N={ALLTOALL_RANKS} |", "|---|---|---|---|"]
+    for r in rows:
+        if r["grad_rel_error"] is None:
+            fwd, bwd = r["config"]["alltoall"]
+            lines.append(f"| uint{fwd} | uint{bwd} | {cell(r['d_acc'], args.seeds)} | "
+                         f"{cell(r['d_loss'], args.seeds)} |")
     return "\n".join(lines)
 
 
@@ -479,8 +579,14 @@ def main(argv=None):
             f"{args.seeds} seed(s)" + (" [min, max]" if args.seeds > 1 else "")
             + "; accuracy: higher is better, log-loss: lower is better. grad. error: mean "
             "over steps of |quantized - exact| / |exact| of the averaged MLP gradient.", "",
-            table, "",
-            baseline_line(records, facts)]
+            "Quantized allreduce, full-precision all-to-all (seeds/000 Table 3):", "",
+            table, ""]
+    if args.alltoall:
+        text += ["Quantized all-to-all of the embeddings (forward: the looked-up vectors to the "
+                 "ranks, backward: their gradients to the tables' owners; "
+                 f"{ALLTOALL_RANKS} ranks, one table each), full-precision allreduce "
+                 "(seeds/000 Table 2):", "", markdown_table2(rows, args), ""]
+    text += [baseline_line(records, facts)]
     if ddp is not None:
         text += ["", "| real DDP job | δ acc | δ log-loss | replicas in sync |",
                  "|---|---|---|---|", *ddp_lines(ddp)]
@@ -498,6 +604,7 @@ def main(argv=None):
                            "lr": SGD_LR if args.optimizer == "sgd" else LR,
                            "bucket_size": args.bucket_size,
                            "rounding": args.rounding, "ranks": list(args.ranks),
+                           "alltoall": [list(p) for p in args.alltoall],
                            "workers": args.workers},
               "data": dict(zip(("bayes_acc", "bayes_loss", "majority_rate", "label_entropy"),
                                facts)),

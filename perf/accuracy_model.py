@@ -169,26 +169,36 @@ def evaluate(model, data, chunk=1 << 16):
     return loss_sum / len(data), correct / len(data)
 
 
-def rank_gradients(model, dense, cats, labels, nranks):
+def rank_gradients(model, dense, cats, labels, nranks, alltoall=None):
     """Gradients of N data-parallel ranks, each from its own micro-batch (a 1/N slice of the
     batch, in rank order). Returns the N x n float32 tensor of the ranks' flat head (MLP)
     gradients, in model.head.parameters() order, and leaves in the embedding tables' .grad
-    the exact average of the ranks' embedding gradients (the full-precision alltoall of
-    seeds/000 Table 3). One vmap over the ranks instead of N backward passes."""
+    the average of the ranks' embedding gradients. One vmap over the ranks instead of N
+    backward passes.
+
+    The embedding vectors and their gradients travel as a model-parallel DLRM's all-to-alls
+    do: exactly without `alltoall` (seeds/000 Table 3); else alltoall.forward(v) gives what
+    the ranks receive of the looked-up vectors v (N receivers x micro x tables x dim) and
+    alltoall.backward(g) what the tables' owners receive of the ranks' gradients g (N
+    senders x micro x tables x dim): seeds/000 Table 2."""
     batch = len(labels)
     if batch % nranks:
         raise ValueError(f"batch {batch} is not a multiple of {nranks} ranks")
     micro = batch // nranks
     params = {k: v.detach() for k, v in model.head.named_parameters()}
     embedded = model.embed(cats)  # through the tables' autograd graph
+    received = embedded.detach().view(nranks, micro, *embedded.shape[1:])
+    if alltoall is not None:
+        received = alltoall.forward(received)
 
     def micro_loss(p, d, e, y):
         return loss_fn(functional_call(model.head, p, (d, e)), y)
 
     per_rank = vmap(grad(micro_loss, argnums=(0, 2)), in_dims=(None, 0, 0, 0))
-    g_params, g_emb = per_rank(params, dense.view(nranks, micro, -1),
-                               embedded.detach().view(nranks, micro, *embedded.shape[1:]),
+    g_params, g_emb = per_rank(params, dense.view(nranks, micro, -1), received,
                                labels.view(nranks, micro))
+    if alltoall is not None:
+        g_emb = alltoall.backward(g_emb)
     # the average over ranks of rank means: each sample's vector gradient counts 1/N
     embedded.backward(g_emb.reshape(embedded.shape) / nranks)
     return torch.cat([g_params[k].reshape(nranks, -1) for k in params], dim=1)

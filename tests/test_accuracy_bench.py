@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from mpi import REPO
@@ -91,6 +92,8 @@ def test_teacher_labels_have_signal_and_noise():
     (["--ranks", "7"], "4, 8, 16, 32, 64"),
     (["--seeds", "0"], "an integer >= 1"),
     (["--optimizer", "lion"], "'adam', 'sgd'"),
+    (["--alltoall", "9/4"], "FWD/BWD bits (1..8 each)"),
+    (["--alltoall", "4"], "FWD/BWD bits (1..8 each)"),
 ])
 def test_bad_options_exit_2_naming_the_allowed_values(argv, allowed):
     proc = subprocess.run([sys.executable, str(SCRIPT), *argv], capture_output=True, text=True,
@@ -100,10 +103,60 @@ def test_bad_options_exit_2_naming_the_allowed_values(argv, allowed):
 
 
 def test_table_has_one_row_per_configuration():
-    args = bench.parse_args(["--quick", "--bits", "4", "--algos", "sra", "--ranks", "8"])
+    args = bench.parse_args(["--quick", "--bits", "4", "--algos", "sra", "--ranks", "8",
+                             "--alltoall", "4/2"])
     assert [bench.config_name(c) for c in bench.configurations(args)] == [
         "uint4 sra", "uint4 sra EF"]
-    assert len(bench.jobs(args)) == args.seeds * (1 + 1 + 2)  # full batch, fp32 N=8, 2 configs
+    assert [bench.config_name(c) for c in bench.alltoall_configurations(args)] == [
+        "alltoall fwd uint4 bwd uint2"]
+    # full batch, fp32 N=8, 2 allreduce configurations, 1 all-to-all configuration
+    assert len(bench.jobs(args)) == args.seeds * (1 + 1 + 2 + 1)
+    args = bench.parse_args(["--quick", "--ranks", "32", "--alltoall", "none"])
+    assert not any(j["nranks"] == 8 for j in bench.jobs(args))
+
+
+def test_embedding_alltoall_routes_every_chunk_to_its_owner():
+    """Forward: rank k receives owner j's vectors for its micro-batch, backward: owner j its
+    table's gradients from rank k; both are the identity on the N x micro x tables x dim
+    layout up to one quantization (within the codec's step), exact where k == j, and the
+    same bytes as qnccl.emulate.alltoall (call 0 forward, 1 backward)."""
+    from qnccl import emulate
+    n, micro, dim = 8, 16, 16
+    rng = np.random.default_rng(5)
+    values = torch.from_numpy(rng.uniform(-1, 1, (n, micro, n, dim)).astype(np.float32))
+    a2a = bench.EmbeddingAlltoall(n, 4, 8, bucket_size=128, rounding="stochastic", seed=3)
+    fwd = a2a.forward(values)
+    bwd = a2a.backward(values)
+    for got, bits in ((fwd, 4), (bwd, 8)):
+        error = (got - values).abs()
+        assert error.max() <= 2 / (2**bits - 1) + 1e-6, bits
+        for k in range(n):
+            assert torch.equal(got[k, :, k, :], values[k, :, k, :])
+        assert error.max() > 0
+    inputs = [values[:, :, j, :].reshape(-1).numpy() for j in range(n)]  # owner j's sends
+    want = emulate.alltoall(inputs, bits=4, bucket_size=128, seed=3, call=0)
+    for k in range(n):
+        assert np.array_equal(fwd[k].permute(1, 0, 2).reshape(-1).numpy(), want[k])
+
+
+def test_identity_alltoall_changes_no_gradient():
+    """rank_gradients with an all-to-all that changes nothing is rank_gradients without one."""
+    class Identity:
+        def forward(self, v):
+            return v.clone()
+
+        def backward(self, g):
+            return g.clone()
+    torch.manual_seed(0)
+    model = am.DLRM(am.Shape())
+    data = am.make_data(am.Teacher(am.Shape()), 256, stream=1)
+    plain = am.rank_gradients(model, data.dense, data.cats, data.labels, 8)
+    plain_emb = [t.weight.grad.clone() for t in model.emb]
+    model.zero_grad()
+    routed = am.rank_gradients(model, data.dense, data.cats, data.labels, 8, Identity())
+    assert torch.equal(plain, routed)
+    for a, t in zip(plain_emb, model.emb):
+        assert torch.equal(a, t.weight.grad)
 
 
 # ------------------------------------------------------------------------- the quick run
@@ -137,7 +190,10 @@ def test_quick_run_has_every_configuration(quick):
                 assert {(name, 8, 0), (name, 32, 0)} <= runs, name
                 assert f"| {name} |" in log
     assert {("fp32", n, 0) for n in (1, 8, 32)} <= runs
-    assert len(report["summary"]) == 2 * (1 + 18)
+    for fwd, bwd in bench.ALLTOALL_BITS:
+        assert (f"alltoall fwd uint{fwd} bwd uint{bwd}", 8, 0) in runs
+        assert f"| uint{fwd} | uint{bwd} |" in log
+    assert len(report["summary"]) == 2 * (1 + 18) + len(bench.ALLTOALL_BITS)
 
 
 def test_quick_baseline_learned(quick):
@@ -170,6 +226,17 @@ def test_quick_deltas_order_by_bits(quick):
                 assert abs(q[8]["d_loss"]["mean"]) < 0.5 and abs(q[8]["d_acc"]["mean"]) < 0.5
                 assert (q[8]["grad_rel_error"] < q[4]["grad_rel_error"]
                         < q[2]["grad_rel_error"]), (algo, ef, n)
+
+
+def test_quick_alltoall_8_bits_barely_moves_the_result(quick):
+    """Table 2: 8-bit forward and backward all-to-alls stay near full precision; 2-bit ones
+    move the result more than 8-bit ones."""
+    _, report, _ = quick
+    table = rows(report)
+    eight = table[("alltoall fwd uint8 bwd uint8", 8)]
+    two = table[("alltoall fwd uint2 bwd uint2", 8)]
+    assert abs(eight["d_loss"]["mean"]) < 0.5 and abs(eight["d_acc"]["mean"]) < 0.5
+    assert abs(two["d_loss"]["mean"]) > abs(eight["d_loss"]["mean"])
 
 
 def test_quick_ddp_replicas_in_sync(quick):
