@@ -398,18 +398,24 @@ def main(args):
             log(f"      {record['status']}: {record['message']}")
 
     tables, panels, report_sections = [], [], []
+
+    def emit(section_records, sizes, title, panel_title):
+        """Prints a section's table; keeps it and its plot panel."""
+        table = format_table(section_records, sizes, title)
+        print("\n" + table + "\n")
+        tables.append(table)
+        panels.append((section_records, sizes, panel_title))
+        return table
+
     done = iter(records)
     for link, section in sections:
         section_records = [next(done) for _ in section]
         sizes = summarize(section_records)
-        title = (f"allreduce of float32 (sum), {args.ranks} ranks, {link.words}, "
-                 f"{args.rounding} rounding; busbw from the median of {args.iters} calls "
-                 f"(speedup over uncompressed all_reduce_perf at the same size)")
-        table = format_table(section_records, sizes, title)
-        print("\n" + table + "\n")
-        tables.append(table)
-        panels.append((section_records, sizes,
-                       f"allreduce busbw, {args.ranks} ranks, {link.words}"))
+        table = emit(section_records, sizes,
+                     f"allreduce of float32 (sum), {args.ranks} ranks, {link.words}, "
+                     f"{args.rounding} rounding; busbw from the median of {args.iters} calls "
+                     f"(speedup over uncompressed all_reduce_perf at the same size)",
+                     f"allreduce busbw, {args.ranks} ranks, {link.words}")
         report_sections.append({"link": {"rate": link.rate, "tool": "perf/netlab",
                                          "requested": link.requested},
                                 "sizes": sizes, "configurations": section_records,
@@ -419,14 +425,13 @@ def main(args):
     two_nodes = None
     if node_records:
         node_sizes = summarize(node_records)
-        node_title = (f"{NODES} nodes x {NODE_RANKS // NODES} ranks (perf/netlab --nodes): "
-                      f"{first.rate} between the nodes, shared memory inside; {args.rounding} "
-                      f"rounding, bucket 128; hier = exact inside nodes, quantized between them")
-        node_table = format_table(node_records, node_sizes, node_title)
-        print(node_table + "\n")
-        tables.append(node_table)
-        panels.append((node_records, node_sizes, f"allreduce busbw, {NODES} nodes x "
-                       f"{NODE_RANKS // NODES} ranks, {first.rate} between nodes"))
+        node_table = emit(
+            node_records, node_sizes,
+            f"{NODES} nodes x {NODE_RANKS // NODES} ranks (perf/netlab --nodes): {first.rate} "
+            f"between the nodes, shared memory inside; {args.rounding} rounding, bucket 128; "
+            f"hier = exact inside nodes, quantized between them",
+            f"allreduce busbw, {NODES} nodes x {NODE_RANKS // NODES} ranks, {first.rate} "
+            f"between nodes")
         two_nodes = {"nodes": NODES, "nranks": NODE_RANKS, "sizes": node_sizes,
                      "link": {"rate": first.rate, "tool": "perf/netlab --nodes",
                               "requested": first.requested},
@@ -436,15 +441,12 @@ def main(args):
         for i in range(0, len(collective_records), 2):  # each beside its own uncompressed run
             summarize(collective_records[i:i + 2])
         collective_sizes = sorted({int(s) for r in collective_records for s in r["busbw_gbps"]})
-        collective_title = (f"reduce-scatter, allgather and all-to-all of float32, {args.ranks} "
-                            f"ranks, {first.words}, {args.rounding} rounding, bucket 128 "
-                            f"(speedup over the same collective uncompressed)")
-        collective_table = format_table(collective_records, collective_sizes, collective_title)
-        print(collective_table + "\n")
-        tables.append(collective_table)
-        panels.append((collective_records, collective_sizes,
-                       f"reduce-scatter, allgather, all-to-all busbw, {args.ranks} ranks, "
-                       f"{first.rate}"))
+        collective_table = emit(
+            collective_records, collective_sizes,
+            f"reduce-scatter, allgather and all-to-all of float32, {args.ranks} ranks, "
+            f"{first.words}, {args.rounding} rounding, bucket 128 (speedup over the same "
+            f"collective uncompressed)",
+            f"reduce-scatter, allgather, all-to-all busbw, {args.ranks} ranks, {first.rate}")
         collective_section = {"link": {"rate": first.rate, "tool": "perf/netlab",
                                        "requested": first.requested},
                               "sizes": collective_sizes, "configurations": collective_records,

@@ -29,21 +29,23 @@ run() {  # run BUILD PRELOAD PYTEST-ARGS...
 # abort from another thread), the ProcessGroupNCCL-style job (watchdog,
 # groups over two communicators in lock-step), a fault on one rank, the
 # pipelined segments of hierarchical and flat calls (lanes on their own
-# threads, moving together or in turn), a group of reduce-scatters and
-# allreduces on two communicators.
+# threads, moving together or in turn), groups of every quantized collective
+# on two communicators, a group's quantized sends and receives.
 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 report_signal_unsafe=0 \
 suppressions=$PWD/scripts/tsan.supp" \
   run build/tsan "$(runtime libtsan.so)" \
   tests/test_host_backend.py tests/test_interposer.py tests/test_hierarchical.py \
   tests/test_allreduce.py tests/test_collectives.py \
   -k "nonblocking or another_thread or process_group or fault_on_one_rank or host_ids or \
-each_communicator_counts or (interposed and both)"
+each_communicator_counts or (interposed and (both or fsdp)) or (quantized_sends and 3)"
 
 # AddressSanitizer + UBSan: the interposer's tests, but those that replace
-# LD_PRELOAD themselves (the runtime must stay preloaded), and the
-# reduce-scatter's but its long matrix. Python leaks by
+# LD_PRELOAD themselves (the runtime must stay preloaded), and the other
+# collectives' but their long matrices (one run of quantized sends and
+# receives). Python leaks by
 # design (interned objects at exit): leak checking is off.
 ASAN_OPTIONS="detect_leaks=0 verify_asan_link_order=0 abort_on_error=1" \
 UBSAN_OPTIONS="print_stacktrace=1 halt_on_error=1" \
   run build/asan "$(runtime libasan.so)" tests/test_interposer.py tests/test_collectives.py \
-  -k "not ld_preload and not matches_the_emulator"
+  -k "(not ld_preload and not matches_the_emulator and not match_the_emulator) or \
+(quantized_sends and 3)"

@@ -43,24 +43,15 @@ ncclResult_t check_gather_config(const char* fn, size_t count, ncclDataType_t ty
                      "%s: algo = %d; an allgather or all-to-all has one algorithm (every rank "
                      "sends its bytes straight to the others): pass qncclAlgoAuto (0)",
                      fn, (int)config->algo);
-  if (config->errorFeedback)
-    return set_error(ncclInvalidArgument,
-                     "%s: errorFeedback = 1; error feedback applies to allreduce only: pass 0",
-                     fn);
-  return ncclSuccess;
+  return check_no_error_feedback(fn, *config);
 }
 
 ncclResult_t check_allgather(const char* fn, const void* sendbuff, void* recvbuff,
                              size_t sendcount, ncclDataType_t datatype,
                              const qncclAllReduceConfig_t* config, ncclComm_t comm) {
   QNCCL_CHECK(check_gather_config(fn, sendcount, datatype, config));
-  if (comm == nullptr) return set_error(ncclInvalidArgument, "%s: comm is NULL", fn);
-  const NcclApi* nccl;
   int nranks = 0, rank = 0;
-  QNCCL_CHECK(comm_shape(fn, comm, &nccl, &nranks, &rank));
-  if (sendcount > SIZE_MAX / 16 / (size_t)nranks)
-    return set_error(ncclInvalidArgument, "%s: sendcount = %zu is too large for %d ranks", fn,
-                     sendcount, nranks);
+  QNCCL_CHECK(check_chunked_comm(fn, comm, sendcount, "sendcount", &nranks, &rank));
   const size_t bytes = sendcount * float_type_size(datatype);
   // In place: sendbuff is chunk `rank` of recvbuff.
   const void* in_place = reinterpret_cast<const void*>((uintptr_t)sendbuff - (size_t)rank * bytes);

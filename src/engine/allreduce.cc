@@ -292,6 +292,23 @@ ncclResult_t check_buffers(const char* fn, const void* sendbuff, size_t send_byt
   return ncclSuccess;
 }
 
+ncclResult_t check_no_error_feedback(const char* fn, const qncclAllReduceConfig_t& config) {
+  if (!config.errorFeedback) return ncclSuccess;
+  return set_error(ncclInvalidArgument,
+                   "%s: errorFeedback = 1; error feedback applies to allreduce only: pass 0", fn);
+}
+
+ncclResult_t check_chunked_comm(const char* fn, ncclComm_t comm, size_t count,
+                                const char* count_name, int* nranks, int* rank) {
+  if (comm == nullptr) return set_error(ncclInvalidArgument, "%s: comm is NULL", fn);
+  const NcclApi* nccl;
+  QNCCL_CHECK(comm_shape(fn, comm, &nccl, nranks, rank));
+  if (count > SIZE_MAX / 16 / (size_t)*nranks)
+    return set_error(ncclInvalidArgument, "%s: %s = %zu is too large for %d ranks", fn,
+                     count_name, count, *nranks);
+  return ncclSuccess;
+}
+
 ncclResult_t check_allreduce(const char* fn, const void* sendbuff, void* recvbuff, size_t count,
                              ncclDataType_t type, ncclRedOp_t op,
                              const qncclAllReduceConfig_t* config, ncclComm_t comm) {

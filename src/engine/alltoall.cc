@@ -44,13 +44,8 @@ ncclResult_t check_alltoall(const char* fn, const void* sendbuff, void* recvbuff
                             ncclDataType_t datatype, const qncclAllReduceConfig_t* config,
                             ncclComm_t comm) {
   QNCCL_CHECK(check_gather_config(fn, count, datatype, config));
-  if (comm == nullptr) return set_error(ncclInvalidArgument, "%s: comm is NULL", fn);
-  const NcclApi* nccl;
   int nranks = 0, rank = 0;
-  QNCCL_CHECK(comm_shape(fn, comm, &nccl, &nranks, &rank));
-  if (count > SIZE_MAX / 16 / (size_t)nranks)
-    return set_error(ncclInvalidArgument, "%s: count = %zu is too large for %d ranks", fn, count,
-                     nranks);
+  QNCCL_CHECK(check_chunked_comm(fn, comm, count, "count", &nranks, &rank));
   const size_t bytes = count * float_type_size(datatype) * (size_t)nranks;
   return check_buffers(fn, sendbuff, bytes, recvbuff, bytes, sendbuff, "sendbuff");
 }

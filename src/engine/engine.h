@@ -508,6 +508,14 @@ ncclResult_t run_quantized(Segment& s, QuantizedCall c, CommState& state);
  * answers ncclInProgress where the real NCCL did. */
 ncclResult_t guarded_call(const char* what, CommState& state, Lockstep* lockstep, size_t lane,
                           const std::function<ncclResult_t(Segment&)>& body);
+/* A reduce-scatter's, allgather's or all-to-all's config asking for error
+ * feedback: an error naming `fn`. */
+ncclResult_t check_no_error_feedback(const char* fn, const qncclAllReduceConfig_t& config);
+/* The communicator checks of a call whose buffers hold a chunk of `count`
+ * values (`count_name` in messages) per rank: non-NULL, of the real NCCL,
+ * and not too many values for its ranks; gives its shape. */
+ncclResult_t check_chunked_comm(const char* fn, ncclComm_t comm, size_t count,
+                                const char* count_name, int* nranks, int* rank);
 /* The buffer checks of a quantized call: non-NULL with data, not
  * overlapping unless recvbuff is `in_place` (named `in_place_is` in the
  * message), and (CUDA builds) both in host memory or both on one device. */
@@ -516,8 +524,11 @@ ncclResult_t check_buffers(const char* fn, const void* sendbuff, size_t send_byt
                            const char* in_place_is);
 
 /* A quantized reduce-scatter (reduce_scatter.cc, docs/collectives.md): the
- * checks of its arguments, then, like run_allreduce, the call itself on
- * `state`'s communicator; reduce_scatter is both (qncclReduceScatter). */
+ * checks of its configuration (no communicator needed), of all its
+ * arguments, then, like run_allreduce, the call itself on `state`'s
+ * communicator; reduce_scatter is both (qncclReduceScatter). */
+ncclResult_t check_reduce_scatter_config(const char* fn, size_t recvcount, ncclDataType_t type,
+                                         ncclRedOp_t op, const qncclAllReduceConfig_t* config);
 ncclResult_t check_reduce_scatter(const char* fn, const void* sendbuff, void* recvbuff,
                                   size_t recvcount, ncclDataType_t datatype, ncclRedOp_t op,
                                   const qncclAllReduceConfig_t* config, ncclComm_t comm);

@@ -157,14 +157,8 @@ ncclResult_t collective_error_bound(const char* fn, qncclCollective_t collective
     case qncclCollAllReduce:
       return allreduce_error_bound(fn, count, datatype, op, config, nranks, inputAbsMax, bound);
     case qncclCollReduceScatter: {
-      QNCCL_CHECK(check_allreduce_config(fn, count, datatype, op, config));
+      QNCCL_CHECK(check_reduce_scatter_config(fn, count, datatype, op, config));
       QNCCL_CHECK(check_bound_args(fn, nranks, inputAbsMax, bound));
-      if (config->algo != qncclAlgoAuto && config->algo != qncclAlgoRing &&
-          config->algo != qncclAlgoSra)
-        return set_error(ncclInvalidArgument,
-                         "%s: algo = %d has no reduce-scatter; allowed: qncclAlgoAuto (0), "
-                         "qncclAlgoRing (1), qncclAlgoSra (3)",
-                         fn, (int)config->algo);
       *bound = error_bound(reduce_scatter_algo(config->algo, nranks), datatype, op == ncclAvg,
                            config->codec, nranks, inputAbsMax, false);
       return ncclSuccess;

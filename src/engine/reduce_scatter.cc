@@ -9,10 +9,8 @@
 #include "engine/engine.h"
 
 namespace qnccl {
-namespace {
-
-ncclResult_t check_config(const char* fn, size_t recvcount, ncclDataType_t type, ncclRedOp_t op,
-                          const qncclAllReduceConfig_t* config) {
+ncclResult_t check_reduce_scatter_config(const char* fn, size_t recvcount, ncclDataType_t type,
+                                         ncclRedOp_t op, const qncclAllReduceConfig_t* config) {
   QNCCL_CHECK(check_allreduce_config(fn, recvcount, type, op, config));
   if (config->algo != qncclAlgoAuto && config->algo != qncclAlgoRing &&
       config->algo != qncclAlgoSra)
@@ -20,14 +18,8 @@ ncclResult_t check_config(const char* fn, size_t recvcount, ncclDataType_t type,
                      "%s: algo = %d has no reduce-scatter; allowed: qncclAlgoAuto (0), "
                      "qncclAlgoRing (1), qncclAlgoSra (3)",
                      fn, (int)config->algo);
-  if (config->errorFeedback)
-    return set_error(ncclInvalidArgument,
-                     "%s: errorFeedback = 1; error feedback applies to allreduce only: pass 0",
-                     fn);
-  return ncclSuccess;
+  return check_no_error_feedback(fn, *config);
 }
-
-}  // namespace
 
 qncclAlgo_t reduce_scatter_algo(qncclAlgo_t algo, int nranks) {
   if (algo != qncclAlgoAuto) return algo;
@@ -37,15 +29,10 @@ qncclAlgo_t reduce_scatter_algo(qncclAlgo_t algo, int nranks) {
 ncclResult_t check_reduce_scatter(const char* fn, const void* sendbuff, void* recvbuff,
                                   size_t recvcount, ncclDataType_t datatype, ncclRedOp_t op,
                                   const qncclAllReduceConfig_t* config, ncclComm_t comm) {
-  QNCCL_CHECK(check_config(fn, recvcount, datatype, op, config));
-  if (comm == nullptr) return set_error(ncclInvalidArgument, "%s: comm is NULL", fn);
+  QNCCL_CHECK(check_reduce_scatter_config(fn, recvcount, datatype, op, config));
   // The buffers' sizes and the in-place position need the communicator's shape.
-  const NcclApi* nccl;
   int nranks = 0, rank = 0;
-  QNCCL_CHECK(comm_shape(fn, comm, &nccl, &nranks, &rank));
-  if (recvcount > SIZE_MAX / 16 / (size_t)nranks)
-    return set_error(ncclInvalidArgument, "%s: recvcount = %zu is too large for %d ranks", fn,
-                     recvcount, nranks);
+  QNCCL_CHECK(check_chunked_comm(fn, comm, recvcount, "recvcount", &nranks, &rank));
   const size_t bytes = recvcount * float_type_size(datatype);
   return check_buffers(fn, sendbuff, bytes * (size_t)nranks, recvbuff, bytes,
                        static_cast<const char*>(sendbuff) + (size_t)rank * bytes,
