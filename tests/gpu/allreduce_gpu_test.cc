@@ -18,7 +18,10 @@
  *      algorithm and type, sum and avg;
  *   6. with two devices, two ranks (one thread each): both ranks' outputs are
  *      identical, and with an output folder (argv[1]) the inputs and outputs
- *      are written there with a manifest for the emulator to check.
+ *      are written there with a manifest for the emulator to check;
+ *   7. qncclReduceScatter (ring, SRA), qncclAllGather and qncclAlltoAll on
+ *      device buffers write the host path's bytes too, in and out of place
+ *      (one rank: the store, the encode and decode kernels, the copy).
  *
  * Exit status: 0 all passed, 1 a failure (printed), 77 skipped (no CUDA
  * device, or no NVIDIA NCCL). */
@@ -203,6 +206,67 @@ int check_matrix(Twin& twin, cudaStream_t stream) {
           if (!check_case(c, twin, stream, serial * 7919 + 1) && ++failed >= 10) return failed;
         }
   printf("matrix: %llu cases, %d failed\n", (unsigned long long)serial, failed);
+  return failed;
+}
+
+/* Part 7: one call of `kind` (a qncclColl* flag) on both sides of the twin. */
+bool check_collective(qncclCollective_t kind, const Case& c, Twin& twin, cudaStream_t stream,
+                      uint64_t seed) {
+  static const char* kinds[] = {"", "reduce-scatter", "allgather", "", "all-to-all"};
+  const std::string name = std::string(kinds[kind / 2]) + " " + c.name();
+  const size_t bytes = c.count * type_size(c.type);  // one rank: one chunk
+  auto call = [&](ncclComm_t comm, void* send, void* recv, cudaStream_t s) {
+    switch (kind) {
+      case qncclCollReduceScatter:
+        return qncclReduceScatter(send, recv, c.count, c.type, c.op, &c.config, comm, s);
+      case qncclCollAllGather:
+        return qncclAllGather(send, recv, c.count, c.type, &c.config, comm, s);
+      default:
+        return qncclAlltoAll(send, recv, c.count, c.type, &c.config, comm, s);
+    }
+  };
+  const Bytes input = make_input(c.type, c.count, seed, c.nonfinite);
+  Bytes send = input, want(bytes, kGarbage);
+  if (!nccl_ok(call(twin.host, send.data(), c.inplace ? send.data() : want.data(), nullptr),
+               name + " (host buffers)"))
+    return false;
+  if (c.inplace) want = send;
+  DeviceBuffer dsend(bytes), drecv(bytes);
+  if (!dsend.upload(input)) return false;
+  if (!nccl_ok(call(twin.device, dsend.ptr, c.inplace ? dsend.ptr : drecv.ptr, stream),
+               name + " (device buffers)") ||
+      !cuda_ok(cudaStreamSynchronize(stream), name + ": the device work"))
+    return false;
+  if (!same_bytes(name, want, (c.inplace ? dsend : drecv).download(), type_size(c.type)))
+    return false;
+  return c.inplace || same_bytes(name + " (input)", input, dsend.download(), type_size(c.type));
+}
+
+int check_collectives(Twin& twin, cudaStream_t stream) {
+  const ncclDataType_t types[] = {ncclFloat32, ncclFloat16, ncclBfloat16};
+  const size_t counts[] = {0, 1, 4099, 300007};
+  int failed = 0;
+  uint64_t serial = 0;
+  for (qncclCollective_t kind : {qncclCollReduceScatter, qncclCollAllGather, qncclCollAllToAll})
+    for (size_t count : counts)
+      for (ncclDataType_t type : types)
+        for (int variant = 0; variant < 4; ++variant, ++serial) {
+          Case c;
+          c.config = {{1 + (int)(serial % 8), variant < 2 ? (size_t)128 : (size_t)7,
+                       variant % 2 ? qncclRoundStochastic : qncclRoundNearest,
+                       0xc011ull + serial},
+                      qncclAlgoAuto, variant == 3 ? (size_t)65536 : 0, 0, qncclAlgoAuto, 0, 0};
+          if (kind == qncclCollReduceScatter)
+            c.config.algo = variant % 2 ? qncclAlgoRing : qncclAlgoSra;
+          c.type = type;
+          c.op = kind == qncclCollReduceScatter && variant / 2 ? ncclAvg : ncclSum;
+          c.count = count;
+          c.inplace = serial % 3 == 1;
+          c.nonfinite = serial % 5 == 2;
+          if (!check_collective(kind, c, twin, stream, serial * 104729 + 3) && ++failed >= 10)
+            return failed;
+        }
+  printf("collectives: %llu cases, %d failed\n", (unsigned long long)serial, failed);
   return failed;
 }
 
@@ -512,6 +576,7 @@ int main(int argc, char** argv) {
     failed += !check_mixed_buffers(twin, stream);
     failed += !check_no_sync(twin, stream);
     failed += check_error_feedback(twin, stream);
+    failed += check_collectives(twin, stream);
   }
   failed += !check_capture(stream);
   if (devices >= 2)
