@@ -358,12 +358,12 @@ void transfer(Post* const* posts, size_t n) {
     }
     if (p.result == ncclSuccess) continue;
     if (s.state->aborted) {
-      set_error(ncclInvalidUsage, "qncclAllReduce: the communicator was aborted (ncclCommAbort) "
+      set_error(ncclInvalidUsage, "quantized call: the communicator was aborted (ncclCommAbort) "
                 "during the call on rank %d", s.rank);
       p.result = ncclInvalidUsage;
     } else {
       const char* why = nccl.getLastError(p.nops > 0 ? p.on : s.comm);
-      set_error(p.result, "qncclAllReduce: the NCCL %s of rank %d failed (%d): %s",
+      set_error(p.result, "quantized call: the NCCL %s of rank %d failed (%d): %s",
                 p.nops > 0 ? "collectives inside the node" : "transfer", s.rank, (int)p.result,
                 why != nullptr && why[0] != '\0' ? why : "no message");
     }

@@ -52,10 +52,38 @@ ncclResult_t sendrecv(Segment& s, Workspace& w) {
   return s.status;
 }
 
+namespace {
+
+/* The call's compute runs where its first buffer lives: every other one must
+ * live there too. */
+ncclResult_t check_memory(const std::vector<P2pOp>& ops) {
+#ifdef QNCCL_WITH_CUDA
+  const char* fn = "quantized send/receive";
+  int first = -1;
+  QNCCL_CHECK(pointer_device(fn, ops[0].buffer, &first));
+  for (const P2pOp& op : ops) {
+    int device = -1;
+    QNCCL_CHECK(pointer_device(fn, op.buffer, &device));
+    if (device != first)
+      return set_error(ncclInvalidUsage,
+                       "%s: the group's quantized sends and receives on this communicator have "
+                       "buffers on device %d and on device %d (-1: host memory); pass all in "
+                       "host memory or all on one device",
+                       fn, first, device);
+  }
+#else
+  (void)ops;
+#endif
+  return ncclSuccess;
+}
+
+}  // namespace
+
 ncclResult_t run_sendrecv(const std::vector<P2pOp>& ops, const qncclAllReduceConfig_t& config,
                           ncclComm_t comm, cudaStream_t stream, CommState& state,
                           Lockstep* lockstep, size_t lane) {
   return guarded_call("send/receive", state, lockstep, lane, [&](Segment& s) {
+    QNCCL_CHECK(check_memory(ops));
     QNCCL_CHECK(begin_call(s, "send/receive", comm, stream, config, ops[0].type, ncclSum));
     s.p2p = &ops;
     s.count = segment_values(config);  // sendrecv() cuts each operation in these

@@ -313,8 +313,9 @@ ncclResult_t qncclConfigFromEnv(qncclEnvConfig_t* config);
 /* ---- Statistics ------------------------------------------------------------- */
 
 typedef struct {
-  uint64_t callsCompressed;   /* allreduces that went through the quantized engine */
-  uint64_t callsPassedThrough; /* allreduces forwarded to the real NCCL unchanged */
+  uint64_t callsCompressed;   /* calls that went through the quantized engine (of any
+                                 collective; a group's quantized sends and receives: one) */
+  uint64_t callsPassedThrough; /* interposed calls forwarded to the real NCCL unchanged */
   uint64_t bytesIn;           /* input bytes of the compressed calls */
   uint64_t bytesOnWire;       /* bytes this rank sent for them */
   uint64_t residualBuffers;   /* error feedback: buffers holding a residual now */
