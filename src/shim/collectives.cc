@@ -1,11 +1,11 @@
-/* The interposed ncclAllReduce, ncclReduceScatter, ncclAllGather and
- * ncclAlltoAll: eligible calls (of the collectives QNCCL_COLLECTIVES names)
- * run the quantized engine, everything
- * else goes to the real NCCL unchanged (DESIGN invariant 5). Inside a group,
+/* The interposed ncclAllReduce, ncclReduceScatter, ncclAllGather,
+ * ncclAlltoAll, ncclSend and ncclRecv: eligible calls (of the collectives the
+ * policy names, shim/policy.cc) run the quantized engine, everything else
+ * goes to the real NCCL unchanged (DESIGN invariant 5). Inside a group,
  * eligible calls wait for the outermost ncclGroupEnd, which first lets the
- * real NCCL flush the group's pass-through operations, then runs them: in
- * issue order per communicator, in lock-step across communicators
- * (engine/lockstep.cc). */
+ * real NCCL flush the group's pass-through operations, then runs them: per
+ * communicator its collectives in issue order, then its sends and receives
+ * as one call; across communicators in lock-step (engine/lockstep.cc). */
 #include <stdio.h>
 #include <string.h>
 
