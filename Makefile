@@ -99,8 +99,10 @@ PERF_CXXFLAGS = $(filter-out -fvisibility=hidden,$(CXXFLAGS)) -Iperf -I$(NCCL_IN
                 -DOMPI_SKIP_MPICXX -DMPICH_SKIP_MPICXX
 GPU_TESTS := $(if $(CU_OBJS),$(BUILD)/bin/codec_gpu_test $(BUILD)/bin/allreduce_gpu_test)
 
-.PHONY: all setup test bench accuracy sanitize clean
+.PHONY: all native setup test bench accuracy sanitize clean
 all: $(LIB) $(HOST_LIB) $(CDEF) $(PERF_BINS) $(GPU_TESTS)
+# What the Python package carries when installed (setup.py).
+native: $(LIB) $(HOST_LIB) $(CDEF) $(BUILD)/bin/codec_bench
 
 # Objects depend on the compilers and flags they were built with: a build
 # with other settings (say CUDA=0) rebuilds everything instead of mixing.
@@ -148,7 +150,7 @@ $(HOST_LIB): $(HOST_SRCS:src/host_backend/%.cc=$(BUILD)/obj/host/%.o) $(BUILD)/o
 	ln -sf libnccl.so.2 $(BUILD)/host/libnccl.so
 
 # The cffi binding reads the public header itself, preprocessed into plain
-# declarations (bindings/qnccl_ffi.py).
+# declarations (qnccl/_ffi.py).
 $(CDEF): src/include/qnccl.h src/include/nccl_abi.h
 	@mkdir -p $(dir $@)
 	$(CXX) -E -P -x c -DQNCCL_CDEF -Isrc/include $< -o $@

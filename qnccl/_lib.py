@@ -1,13 +1,10 @@
 """The loaded libqnccl.so, and its error convention turned into an exception.
 
-The cffi binding lives in bindings/qnccl_ffi.py at the repository root (not a
-package), so it is loaded from its path, once, on first use.
+The cffi binding (qnccl/_ffi.py) is imported on first use, so that `import qnccl` needs
+neither cffi nor the built library.
 """
 import functools
-import importlib.util
-from pathlib import Path
-
-BINDINGS_PATH = Path(__file__).resolve().parents[1] / "bindings" / "qnccl_ffi.py"
+import importlib
 
 
 class QncclError(RuntimeError):
@@ -23,10 +20,7 @@ class QncclError(RuntimeError):
 
 @functools.lru_cache(maxsize=None)
 def _bindings():
-    spec = importlib.util.spec_from_file_location("qnccl_ffi", BINDINGS_PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("._ffi", __package__)
 
 
 def ffi():

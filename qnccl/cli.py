@@ -18,18 +18,18 @@ import subprocess
 import sys
 from pathlib import Path
 
-from . import __version__
+from . import __version__, _native
 from .comm import COLLECTIVES
 
-REPO = Path(__file__).resolve().parents[1]
-BUILD = REPO / "build"
+REPO = _native.SOURCE_TREE  # the benchmarks and perf binaries are the source tree's
+BUILD = _native.SOURCE_BUILD
 NCCL_SONAME = "libnccl.so.2"
 
 
 def libqnccl_path():
-    """The libqnccl.so `qnccl run` preloads and `qnccl info` describes: QNCCL_LIB
-    (as for the Python binding), else the one `make` built in this repository."""
-    return Path(os.environ.get("QNCCL_LIB") or BUILD / "lib" / "libqnccl.so").resolve()
+    """The libqnccl.so `qnccl run` preloads and `qnccl info` describes: QNCCL_LIB (as for
+    the Python binding), else the installed package's, else the one `make` built here."""
+    return _native.path("lib/libqnccl.so", "QNCCL_LIB").resolve()
 
 
 # ---- argument types ------------------------------------------------------------------
@@ -174,7 +174,7 @@ def cmd_run(args):
         args.parser.error("missing CMD: qnccl run [options] -- CMD [ARGS...]")
     library = libqnccl_path()
     if not library.is_file():
-        print(f"qnccl run: {library} is missing: run `make` in {REPO}", file=sys.stderr)
+        print(f"qnccl run: {_native.missing(library, 'QNCCL_LIB')}", file=sys.stderr)
         return 1
     env = run_environment(args, os.environ, library)
     sys.stdout.flush()
@@ -263,7 +263,7 @@ def nccl_library():
         if (Path(directory) / NCCL_SONAME).is_file():
             return str(Path(directory) / NCCL_SONAME), "default directory"
     return None, (f"{NCCL_SONAME} not found: set QNCCL_NCCL_LIB, or LD_LIBRARY_PATH="
-                  f"{BUILD / 'host'} for the host backend")
+                  f"{_native.path('host/libnccl.so.2').parent} for the host backend")
 
 
 def nccl_wheel():
@@ -394,10 +394,11 @@ def cmd_info(_args):
     if wheel:
         rows.append(("NCCL wheel", wheel))
     rows.append(("GPU", cuda_driver()))
-    header = (REPO / "src" / "include" / "qnccl.h").read_text()
+    header = _native.header().read_text()
     wire = re.search(r"#define QNCCL_WIRE_VERSION (\d+)", header).group(1)
-    rows += [("wire format", f"{wire} (qnccl.h), {emulator.WIRE_VERSION} (emulator)"),
-             ("CUDA toolkit", _cuda_toolkit())]
+    rows.append(("wire format", f"{wire} (qnccl.h), {emulator.WIRE_VERSION} (emulator)"))
+    if not _native.PACKAGED.is_dir():  # building here: what `make` compiles the kernels with
+        rows.append(("CUDA toolkit", _cuda_toolkit()))
     rows += [(pkg, importlib.metadata.version(pkg)) for pkg in ("numpy", "cffi")]
     for key, value in rows:
         print(f"{key:<14} {value}")
@@ -446,9 +447,9 @@ def cmd_bench(args):
 
 
 def cmd_codec_bench(args):
-    exe = BUILD / "bin" / "codec_bench"
+    exe = _native.path("bin/codec_bench")
     if not exe.is_file():
-        print(f"qnccl codec-bench: {exe} is missing: run `make` in {REPO}", file=sys.stderr)
+        print(f"qnccl codec-bench: {_native.missing(exe)}", file=sys.stderr)
         return 1
     args.json.parent.mkdir(parents=True, exist_ok=True)
     cmd = [str(exe), "-b", ",".join(map(str, args.bits)), "-B", ",".join(map(str, args.bucket)),
