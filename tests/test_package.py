@@ -28,11 +28,11 @@ def header_version():
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory):
     out = tmp_path_factory.mktemp("wheel")
-    built = subprocess.run([sys.executable, "-m", "pip", "wheel", str(REPO), "--no-deps",
-                            "--no-build-isolation", "-q", "-w", str(out)],
-                           capture_output=True, text=True, timeout=1200)
-    if built.returncode != 0:
-        pytest.fail(f"pip wheel failed:\n{built.stdout[-3000:]}\n{built.stderr[-3000:]}")
+    made = subprocess.run([sys.executable, "-m", "pip", "wheel", str(REPO), "--no-deps",
+                           "--no-build-isolation", "-q", "-w", str(out)],
+                          capture_output=True, text=True, timeout=1200)
+    if made.returncode != 0:
+        pytest.fail(f"pip wheel failed:\n{made.stdout[-3000:]}\n{made.stderr[-3000:]}")
     (path,) = out.glob("qnccl-*.whl")
     return path
 
