@@ -4,12 +4,15 @@
     y = qnccl.codec.dequantize(q)                          # shape and dtype of x
     qnccl.codec.dequantize_accumulate(q, acc)              # acc += y, in place
 
-Host arrays are numpy float32, float16 or bfloat16 (ml_dtypes.bfloat16, or
-uint16 bits with dtype="bfloat16"). Device arrays, anything exposing a
-C-contiguous __cuda_array_interface__ (CuPy arrays, torch CUDA tensors), are
-processed on the GPU on the stream their interface names; the results this
-module allocates for them are CuPy arrays (bfloat16 as uint16 bits).
-qnccl.emulate computes the same bytes in numpy.
+Arrays of float32, float16 or bfloat16 values: numpy arrays (bfloat16 as
+ml_dtypes.bfloat16, or uint16 bits with dtype="bfloat16"; CPU objects with
+__dlpack__ too), torch tensors on the CPU or a CUDA device (torch.bfloat16
+included), CuPy arrays and anything else with a C-contiguous
+__cuda_array_interface__ (qnccl/_arrays.py). Device memory is processed on the
+GPU, ordered on the array's stream: PyTorch's current stream of the tensor's
+device, or the stream the interface names (CuPy's current one). What this
+module allocates is of the input's kind: numpy, torch (on the same device) or
+CuPy. qnccl.emulate computes the same bytes in numpy.
 
 Arguments the library rejects raise QncclError with its message (naming the
 argument and the values allowed); Python-level type problems raise TypeError
@@ -23,7 +26,7 @@ from typing import Any, Tuple
 
 import numpy as np
 
-from . import _lib
+from . import _arrays, _lib
 from .emulate import codec as _emulator
 
 _NCCL_TYPE_NAMES = {"float32": "ncclFloat32", "float16": "ncclFloat16", "bfloat16": "ncclBfloat16"}
@@ -34,7 +37,7 @@ _ROUNDING_NAMES = {"nearest": "qncclRoundNearest", "stochastic": "qncclRoundStoc
 class QuantizedArray:
     """The wire bytes of a quantized array and everything needed to decode them."""
 
-    data: Any  # uint8 array of the packed bytes: numpy, or CuPy for device input
+    data: Any  # uint8 array of the packed bytes, of the input's kind (numpy, torch, CuPy)
     count: int
     shape: Tuple[int, ...]
     dtype: str  # "float32", "float16" or "bfloat16": the type that was quantized
@@ -47,7 +50,8 @@ class QuantizedArray:
 
     @property
     def nbytes(self):
-        return int(self.data.nbytes)
+        return int(self.data.nbytes) if hasattr(self.data, "nbytes") else \
+            int(self.data.numel() * self.data.element_size())
 
     @property
     def ratio(self):
@@ -56,7 +60,7 @@ class QuantizedArray:
         return self.count * itemsize / self.nbytes if self.nbytes else 1.0
 
     def _host_bytes(self):
-        return self.data if isinstance(self.data, np.ndarray) else self.data.get()
+        return _arrays.to_numpy(self.data)
 
     @property
     def meta(self):
@@ -108,72 +112,29 @@ def compressed_size(count, bits, bucket_size):
 
 # ---- arrays as the C API takes them -------------------------------------------
 
-@dataclasses.dataclass(frozen=True)
-class _Memory:
-    ptr: Any  # cffi void*
-    numpy_dtype: np.dtype  # as the array declares it (uint16 for 16-bit float bits)
-    shape: Tuple[int, ...]
-    device: bool
-    stream: Any  # the cudaStream_t a device array's interface names; NULL for host memory
-    owner: Any  # keeps the memory alive during the call
-
-    @property
-    def count(self):
-        return int(np.prod(self.shape, dtype=np.int64))
-
-
-def _is_device(array):
-    return hasattr(array, "__cuda_array_interface__")
-
-
-def _c_strides(shape, itemsize):
-    strides, step = [], itemsize
-    for extent in reversed(shape):
-        strides.append(step)
-        step *= extent
-    return tuple(reversed(strides))
-
-
 def _require_cuda(what):
     compiled = _lib.ffi().new("int*")
     _lib.check(_lib.lib().qncclCudaCompiled(compiled))
     if not compiled[0]:
         raise RuntimeError(f"{what} is in device memory but this libqnccl.so was built without "
-                           "CUDA: run `make setup` (it installs the CUDA 12 wheels) and `make`, or pass numpy arrays")
+                           "CUDA: run `make setup` (it installs the CUDA 12 wheels) and `make`, "
+                           "or pass host arrays")
 
 
 def _memory(array, what, writable):
-    """Where the elements of `array` (C-contiguous, host or device) are."""
-    ffi = _lib.ffi()
-    kind = "C-contiguous writable" if writable else "C-contiguous"
-    if not _is_device(array):
-        if not (isinstance(array, np.ndarray) and array.flags.c_contiguous
-                and (array.flags.writeable or not writable)):
-            raise ValueError(f"{what} must be a {kind} numpy array or device array")
-        return _Memory(ffi.cast("void*", array.ctypes.data), array.dtype, array.shape, False,
-                       ffi.NULL, array)
-    _require_cuda(what)
-    interface = array.__cuda_array_interface__
-    dtype, shape = np.dtype(interface["typestr"]), tuple(interface["shape"])
-    strides = interface.get("strides")
-    address, readonly = interface["data"]
-    if (strides is not None and tuple(strides) != _c_strides(shape, dtype.itemsize)) or (
-            writable and readonly):
-        raise ValueError(f"{what} must be a {kind} device array")
-    return _Memory(ffi.cast("void*", address), dtype, shape, True,
-                   ffi.cast("cudaStream_t", interface.get("stream") or 0), array)
+    """_arrays.adopt, then the C pointer and stream of it."""
+    memory = _arrays.adopt(array, what, writable)
+    if memory.device:
+        _require_cuda(what)
+    return memory
 
 
-def _empty(device, shape, name):
-    """An uninitialized array of codec type `name` next to the data (host or device)."""
-    if not device:
-        return np.empty(shape, _emulator.storage_dtype(name))
-    try:
-        import cupy
-    except ImportError:
-        raise TypeError("device arrays (__cuda_array_interface__) need CuPy to allocate "
-                        "results: install cupy, or pass numpy arrays") from None
-    return cupy.empty(shape, np.uint16 if name == "bfloat16" else name)
+def _ptr(memory):
+    return _lib.ffi().cast("void*", memory.address)
+
+
+def _stream(memory):
+    return _lib.ffi().cast("cudaStream_t", memory.stream)
 
 
 def _output(array, dtype, q, src, what, allowed):
@@ -184,11 +145,12 @@ def _output(array, dtype, q, src, what, allowed):
     if dst.device != src.device:
         raise ValueError(f"{what} and the quantized data must both be in host memory or both "
                          "in device memory")
-    # uint16 bits are taken to be of q's type unless dtype says otherwise
-    implied = dtype if dtype is not None else (q.dtype if dst.numpy_dtype == np.uint16 else None)
+    # uint16 bits are taken to be of q's type unless dtype (or the array) says otherwise
+    implied = dtype if dtype is not None else (
+        q.dtype if dst.numpy_dtype == np.uint16 and dst.implied is None else None)
     try:
-        name = _emulator.dtype_name(dst.numpy_dtype, implied)
-    except TypeError:
+        name = _arrays.codec_type(dst, implied)
+    except (TypeError, ValueError):
         name = None
     if name not in allowed:
         raise ValueError(f"{what} must be an array of {' or '.join(allowed)} (16-bit types also "
@@ -215,15 +177,14 @@ def quantize(array, bits=4, bucket_size=128, rounding="stochastic", seed=0, stre
     """
     config = _config(bits, bucket_size, rounding, seed)
     random_stream = _c_value("uint64_t", "stream", stream)
-    # host input may be any array-like; a non-contiguous one is copied
-    src = _memory(array if _is_device(array) else np.ascontiguousarray(array), "array", False)
-    name = _emulator.dtype_name(src.numpy_dtype, dtype)
+    src = _memory(array, "array", False)  # a non-contiguous input is copied
+    name = _arrays.codec_type(src, dtype)
     size = compressed_size(src.count, bits, bucket_size)
-    data = _empty(src.device, (size,), "uint8")
+    data = _arrays.empty(src, (size,), "uint8")
     dst = _memory(data, "data", writable=True)
     lib = _lib.lib()
-    _lib.check(lib.qncclQuantize(src.ptr, src.count, getattr(lib, _NCCL_TYPE_NAMES[name]), config,
-                                 random_stream, dst.ptr, size, src.stream))
+    _lib.check(lib.qncclQuantize(_ptr(src), src.count, getattr(lib, _NCCL_TYPE_NAMES[name]),
+                                 config, random_stream, _ptr(dst), size, _stream(src)))
     return QuantizedArray(data=data, count=src.count, shape=src.shape, dtype=name,
                           bits=config.bits, bucket_size=config.bucketSize, rounding=rounding,
                           seed=config.seed, stream=random_stream)
@@ -238,11 +199,12 @@ def dequantize(q, dtype=None, out=None):
         name = q.dtype if dtype is None else dtype
         if name not in _emulator.DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(_emulator.DTYPES)}, got {dtype!r}")
-        out = _empty(src.device, q.shape, name)
+        out = _arrays.empty(src, q.shape, name)
     dst, name = _output(out, dtype, q, src, "out", _emulator.DTYPES)
     lib = _lib.lib()
-    _lib.check(lib.qncclDequantize(src.ptr, q.nbytes, q.count, _config(q.bits, q.bucket_size),
-                                   dst.ptr, getattr(lib, _NCCL_TYPE_NAMES[name]), dst.stream))
+    _lib.check(lib.qncclDequantize(_ptr(src), q.nbytes, q.count, _config(q.bits, q.bucket_size),
+                                   _ptr(dst), getattr(lib, _NCCL_TYPE_NAMES[name]),
+                                   _stream(dst)))
     return out
 
 
@@ -254,7 +216,8 @@ def dequantize_accumulate(q, acc):
     allowed = tuple(dict.fromkeys(("float32", q.dtype)))
     dst, name = _output(acc, None, q, src, "acc", allowed)
     lib = _lib.lib()
-    _lib.check(lib.qncclDequantizeAccumulate(src.ptr, q.nbytes, q.count,
-                                             _config(q.bits, q.bucket_size), dst.ptr,
-                                             getattr(lib, _NCCL_TYPE_NAMES[name]), dst.stream))
+    _lib.check(lib.qncclDequantizeAccumulate(_ptr(src), q.nbytes, q.count,
+                                             _config(q.bits, q.bucket_size), _ptr(dst),
+                                             getattr(lib, _NCCL_TYPE_NAMES[name]),
+                                             _stream(dst)))
     return acc
