@@ -80,6 +80,12 @@ class QuantizedHookState:
     error_feedback  keep per-rank float32 residuals of what the quantizations dropped
     warmup_steps    the first K calls of each bucket index are exact (plain allreduce mean)
     seed            the codec seed of stochastic rounding
+
+    Checkpoints: state_dict() / load_state_dict() carry, keyed by parameter names, the
+    per-parameter settings decided so far, the call counters, the residuals and the byte
+    counts, so that a restored job continues bit for bit; torch.save(state) works too (the
+    process group is left out, as PowerSGDState does; a callable per_layer must be a
+    module-level function), and a state loaded that way needs attach(model).
     """
 
     def __init__(self, model, process_group=None, bits=4, bucket_size=128,
@@ -87,8 +93,6 @@ class QuantizedHookState:
                  warmup_steps=0, seed=0):
         if not isinstance(model, torch.nn.Module):
             raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-        if isinstance(model, torch.nn.parallel.DistributedDataParallel):
-            model = model.module
         self.bits = _int_arg("bits", bits, 1, 8)
         self.bucket_size = _int_arg("bucket_size", bucket_size, 1)
         if rounding not in ROUNDINGS:
@@ -107,8 +111,8 @@ class QuantizedHookState:
             per_layer = {str(k): _setting(k, v) for k, v in per_layer.items()}
         self.per_layer = per_layer
         self.process_group = process_group
-        self._names = {id(p): n for n, p in model.named_parameters()}
-        self._settings = {}  # id(param) -> (bits, bucket_size) or None
+        self.attach(model)
+        self._settings = {}  # parameter name -> (bits, bucket_size) or None, as decided
         self.calls = 0  # quantized SRA calls so far: the `call` of the random streams
         self.bucket_calls = {}  # bucket index -> hook calls so far (warm-up)
         self.residuals = {}  # parameter name -> float32 numpy residual (error feedback)
@@ -119,7 +123,22 @@ class QuantizedHookState:
         self.world_size = None  # set at the first call
 
     # ---- configuration ------------------------------------------------------------------
+    def attach(self, model):
+        """The model whose parameters the buckets hold (its DDP wrapper, or a torch.compile'd
+        module, is accepted too): names are those of the plain module."""
+        while True:  # torch.compile's wrapper (_orig_mod) and DDP's (module), either order
+            if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+                model = model.module
+            elif hasattr(model, "_orig_mod"):
+                model = model._orig_mod
+            else:
+                break
+        self._names = {id(p): n for n, p in model.named_parameters()}
+
     def name_of(self, param):
+        if self._names is None:
+            raise ValueError("this QuantizedHookState was loaded with torch.load and does not "
+                             "know the model's parameters: call state.attach(model) first")
         try:
             return self._names[id(param)]
         except KeyError:
@@ -128,10 +147,10 @@ class QuantizedHookState:
 
     def setting(self, param):
         """(bits, bucket_size) of the parameter's quantization, or None when it is exact."""
-        key = id(param)
-        if key not in self._settings:
-            self._settings[key] = self._decide(self.name_of(param), param)
-        return self._settings[key]
+        name = self.name_of(param)
+        if name not in self._settings:
+            self._settings[name] = self._decide(name, param)
+        return self._settings[name]
 
     def _decide(self, name, param):
         if param.dim() <= 1 or param.numel() < self.min_numel:
@@ -150,20 +169,77 @@ class QuantizedHookState:
 
     def bucket_plan(self, params):
         """(exact parameter indices, [((bits, bucket_size), [indices])]) for a bucket's
-        parameter list: quantized groups in order of first appearance, each one SRA call
-        (consecutive `call` numbers)."""
+        parameter list, each quantized group one SRA call (consecutive `call` numbers). The
+        order is the parameters' names': members by name, groups by their first member's, so
+        that the quantized bytes do not depend on the order DDP put the bucket in (it rebuilds
+        its buckets after the first iteration, so a job restored from a checkpoint starts in
+        another order than the one that never stopped)."""
+        names = [self.name_of(p) for p in params]
         exact, groups = [], {}
-        for i, p in enumerate(params):
-            s = self.setting(p)
+        for i in sorted(range(len(params)), key=names.__getitem__):
+            s = self.setting(params[i])
             if s is None:
                 exact.append(i)
             else:
                 groups.setdefault(s, []).append(i)
-        return exact, list(groups.items())
+        return exact, sorted(groups.items(), key=lambda item: names[item[1][0]])
 
     def reset(self):
         """Clears the error-feedback residuals."""
         self.residuals.clear()
+
+    # ---- checkpoints ----------------------------------------------------------------------
+    _CONFIG = ("bits", "bucket_size", "rounding", "min_numel", "error_feedback", "warmup_steps",
+               "seed")
+    _COUNTERS = ("input_bytes", "quantized_input_bytes", "quantized_bytes_sent", "exact_bytes")
+
+    def state_dict(self):
+        """What a restored job needs to continue bit for bit (torch.save-able): the
+        configuration, the settings decided per parameter name, the call counters, the
+        error-feedback residuals (float32 tensors) and the byte counts."""
+        per_layer = self.per_layer
+        return {"config": {k: getattr(self, k) for k in self._CONFIG},
+                "per_layer": "callable" if callable(per_layer) else
+                (None if per_layer is None else {k: v for k, v in per_layer.items()}),
+                "settings": dict(self._settings),
+                "calls": self.calls, "bucket_calls": dict(self.bucket_calls),
+                "residuals": {n: torch.from_numpy(r.copy()) for n, r in self.residuals.items()},
+                "counters": {k: getattr(self, k) for k in self._COUNTERS},
+                "world_size": self.world_size}
+
+    def load_state_dict(self, state_dict):
+        """Restores state_dict()'s counters, residuals and per-parameter settings into this
+        state, made with the same arguments for the same model (a different configuration,
+        or a parameter the model lacks, raises ValueError naming it)."""
+        config = state_dict["config"]
+        for key in self._CONFIG:
+            if config[key] != getattr(self, key):
+                raise ValueError(f"the checkpoint's hook state has {key}={config[key]!r}, this "
+                                 f"one {getattr(self, key)!r}: make it with the checkpoint's "
+                                 "arguments")
+        names = set(self._names.values()) if self._names is not None else None
+        for name in list(state_dict["settings"]) + list(state_dict["residuals"]):
+            if names is not None and name not in names:
+                raise ValueError(f"the checkpoint's hook state has parameter {name!r}, which "
+                                 "the model does not")
+        self._settings = {n: (None if s is None else tuple(s))
+                          for n, s in state_dict["settings"].items()}
+        self.calls = int(state_dict["calls"])
+        self.bucket_calls = {int(k): int(v) for k, v in state_dict["bucket_calls"].items()}
+        self.residuals = {n: r.detach().cpu().numpy().astype(_F32, copy=True)
+                          for n, r in state_dict["residuals"].items()}
+        for key in self._COUNTERS:
+            setattr(self, key, state_dict["counters"][key])
+        self.world_size = state_dict["world_size"]
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["process_group"] = None  # not picklable: the default group after loading
+        state["_names"] = None  # ids of this process's tensors: attach(model) after loading
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
 
     def report(self):
         """Byte counts so far. input_per_sent: gradient bytes of the quantized path per byte

@@ -214,3 +214,75 @@ def test_a_group_without_nccl_has_no_communicator_to_set():
                          timeout=120)
     assert out.returncode == 0, out.stderr
     assert "ERROR" in out.stdout and "has no NCCL backend" in out.stdout, out.stdout
+
+
+# ---- checkpoints -------------------------------------------------------------------------
+
+def test_a_restored_job_continues_bit_for_bit(tmp_path):
+    """torch_programs/ddp_checkpoint.py on 2 gloo processes: a torch.compile'd model inside
+    DDP, gradient accumulation (no_sync), the 4-bit hook with error feedback, warm-up and
+    per-layer bits; restored after 3 of 6 steps through state_dict()/load_state_dict() or
+    torch.save(state) + attach, it ends with the parameters of the job that never stopped,
+    bit for bit; restored without the hook state, it does not."""
+    run_python(2, REPO / "tests" / "torch_programs" / "ddp_checkpoint.py", tmp_path,
+               timeout=240, env={"MASTER_PORT": str(free_port())})
+    for r in range(2):
+        runs = torch.load(tmp_path / f"rank{r}.pt")
+        assert runs["residuals"] == ["fc1.weight", "fc2.weight"]
+        reference = runs["never stopped"]
+        for how in ("state_dict", "torch.save"):
+            assert all(torch.equal(a, b) for a, b in zip(reference, runs[how])), (r, how)
+        assert not all(torch.equal(a, b) for a, b in zip(reference, runs["hook state lost"]))
+
+
+def small_state(**kwargs):
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 64))
+    return model, qtorch.QuantizedHookState(model, **kwargs)
+
+
+def test_state_dict_holds_what_a_restored_job_needs():
+    model, state = small_state(bits=3, error_feedback=True, seed=9, per_layer=lambda n, p: None)
+    state.calls, state.bucket_calls = 7, {0: 4, 1: 2}
+    state.residuals["0.weight"] = np.arange(4096, dtype=np.float32)
+    state.setting(model[0].weight)
+    saved = state.state_dict()
+    assert saved["per_layer"] == "callable" and saved["settings"] == {"0.weight": None}
+    assert isinstance(saved["residuals"]["0.weight"], torch.Tensor)
+    model2, restored = small_state(bits=3, error_feedback=True, seed=9,
+                                   per_layer=lambda n, p: (8, 32))
+    restored.load_state_dict(pickle.loads(pickle.dumps(saved)))
+    assert restored.calls == 7 and restored.bucket_calls == {0: 4, 1: 2}
+    assert np.array_equal(restored.residuals["0.weight"], state.residuals["0.weight"])
+    # the checkpoint's decision wins over a per_layer that would now decide otherwise
+    assert restored.setting(model2[0].weight) is None
+    assert restored.setting(model2[1].weight) == (8, 32)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"bits": 4}, "bits=3, this one 4"),
+    ({"seed": 1}, "seed=9, this one 1"),
+    ({"error_feedback": False}, "error_feedback=True"),
+])
+def test_a_checkpoint_of_another_configuration_is_refused(change, message):
+    _, state = small_state(bits=3, error_feedback=True, seed=9)
+    _, other = small_state(**{"bits": 3, "error_feedback": True, "seed": 9, **change})
+    with pytest.raises(ValueError, match=message):
+        other.load_state_dict(state.state_dict())
+
+
+def test_a_checkpoint_of_another_model_is_refused():
+    _, state = small_state()
+    state.residuals["2.weight"] = np.zeros(4, np.float32)
+    _, other = small_state()
+    with pytest.raises(ValueError, match="parameter '2.weight', which the model does not"):
+        other.load_state_dict(state.state_dict())
+
+
+def test_a_pickled_state_needs_its_model():
+    model, state = small_state()
+    loaded = pickle.loads(pickle.dumps(state))
+    assert loaded.process_group is None
+    with pytest.raises(ValueError, match="call state.attach"):
+        loaded.setting(model[0].weight)
+    loaded.attach(torch.compile(model, backend="eager"))  # names of the wrapped module
+    assert loaded.setting(model[0].weight) == (4, 128)
