@@ -26,6 +26,7 @@ except ImportError as exc:  # torch stays optional for the rest of qnccl
                       "pip install torch (CPU wheels: --index-url "
                       "https://download.pytorch.org/whl/cpu)") from exc
 
+import concurrent.futures
 import operator
 
 import numpy as np
@@ -121,6 +122,7 @@ class QuantizedHookState:
         self.quantized_bytes_sent = 0  # wire bytes this rank sent to other ranks (both phases)
         self.exact_bytes = 0  # bytes given to plain all_reduce (exact parts, warm-up)
         self.world_size = None  # set at the first call
+        self._executor = None  # the worker thread that reduces host buckets (sra_hook)
 
     # ---- configuration ------------------------------------------------------------------
     def attach(self, model):
@@ -236,6 +238,7 @@ class QuantizedHookState:
         state = dict(self.__dict__)
         state["process_group"] = None  # not picklable: the default group after loading
         state["_names"] = None  # ids of this process's tensors: attach(model) after loading
+        state["_executor"] = None  # a thread: a new one after loading
         return state
 
     def __setstate__(self, state):
@@ -257,6 +260,13 @@ class QuantizedHookState:
 
     def _group(self):
         return self.process_group if self.process_group is not None else dist.group.WORLD
+
+    def _worker(self):
+        """One thread: buckets are reduced one after another, in the order they come."""
+        if self._executor is None:
+            self._executor = concurrent.futures.ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix="qnccl-hook")
+        return self._executor
 
 
 def _quantized(data, count, bits, bucket_size):
@@ -360,7 +370,29 @@ def _exact_mean(group, tensor):
 
 def sra_hook(state: QuantizedHookState, bucket):
     """DDP communication hook: the bucket's gradients averaged over the process group (exact
-    for small and 1-D parameters and during warm-up, SRA-quantized for the rest)."""
+    for small and 1-D parameters and during warm-up, SRA-quantized for the rest).
+
+    Host buckets are reduced on the state's worker thread and the hook returns at once with a
+    future that completes when the bucket is done, so that the backward pass goes on
+    computing the next buckets meanwhile (the codec releases the GIL). One worker reduces the
+    buckets in the order DDP hands them over, the same on every rank, so the collectives of
+    different buckets never interleave differently across ranks. CUDA buckets are reduced
+    before the hook returns."""
+    if bucket.buffer().is_cuda:
+        return _done(_reduce_bucket(state, bucket))
+    future = torch.futures.Future()
+
+    def work():
+        try:
+            future.set_result(_reduce_bucket(state, bucket))
+        except BaseException as error:  # the future carries it to DDP's wait
+            future.set_exception(error)
+    state._worker().submit(work)
+    return future
+
+
+def _reduce_bucket(state, bucket):
+    """The bucket's averaged gradients, in its buffer (sra_hook's work)."""
     group = state._group()
     buffer = bucket.buffer()
     index = bucket.index()
@@ -370,7 +402,7 @@ def sra_hook(state: QuantizedHookState, bucket):
     state.bucket_calls[index] = seen + 1
     if seen < state.warmup_steps or dist.get_world_size(group) == 1:
         state.exact_bytes += buffer.numel() * buffer.element_size()
-        return _done(_exact_mean(group, buffer))
+        return _exact_mean(group, buffer)
 
     params, grads = bucket.parameters(), bucket.gradients()
     exact, groups = state.bucket_plan(params)
@@ -407,7 +439,7 @@ def sra_hook(state: QuantizedHookState, bucket):
             if residual is not None:
                 state.residuals[name] = residual[offset:offset + m].copy()
             offset += m
-    return _done(buffer)
+    return buffer
 
 
 def communicator(group=None):

@@ -46,8 +46,14 @@ def run(config, rank, size):
     if config["hook"] == "qnccl":
         state = qnccl.torch.QuantizedHookState(model, **config["args"])
         calls = []
+        pending = []  # the previous bucket's future
 
         def hook(st, bucket):
+            # sra_hook reduces buckets on its worker thread: wait for the previous one, so
+            # that the call number recorded here is this bucket's and the reference
+            # all_reduce below does not interleave with the worker's collectives
+            while pending:
+                pending.pop().wait()
             params, grads = bucket.parameters(), bucket.gradients()
             exact, groups = st.bucket_plan(params)
             exact_ref = None
@@ -59,7 +65,9 @@ def run(config, rank, size):
                                                        for p, g in zip(params, grads)},
                           "exact": [names[id(params[i])] for i in exact], "exact_ref": exact_ref,
                           "groups": [(s, [names[id(params[i])] for i in m]) for s, m in groups]})
-            return qnccl.torch.sra_hook(st, bucket)
+            future = qnccl.torch.sra_hook(st, bucket)
+            pending.append(future)
+            return future
 
         ddp.register_comm_hook(state, hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
