@@ -13,7 +13,8 @@ steps of the slowest rank's step) and the final training loss.
     .venv/bin/python perf/torch_ddp_bench.py --rate 10gbit --steps 20
 
 Writes OUT/ddp_hooks.json and OUT/ddp_hooks.md (OUT: --out, default build/bench). Exit status:
-0 done, 1 a job failed, 2 bad options, 3 torch is not installed.
+0 done, 1 a job failed (its row says why; the others still run), 2 bad options, 3 torch is
+not installed.
 """
 from __future__ import annotations
 
@@ -72,7 +73,14 @@ def rank_job(args):
     if args.hook == "fp16":
         ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
     elif args.hook == "bf16":
-        ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
+        try:  # PyTorch allows it on NCCL (CUDA 11+, NCCL 2.10+) and XCCL only
+            ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
+        except (TypeError, RuntimeError) as error:
+            if rank == 0:
+                Path(args.json).write_text(json.dumps({"hook": args.hook,
+                                                       "unavailable": str(error)}))
+            dist.destroy_process_group()
+            return 0
     elif args.hook == "powersgd":
         state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=2,
                                             start_powerSGD_iter=2)
@@ -143,6 +151,11 @@ def table(runs, args):
              "|---|---|---|---|---|---|"]
     base_loss = runs["none"]["loss"][-1]
     for hook, run in runs.items():
+        if "unavailable" in run or "failed" in run:
+            why = (f"not on this backend: {run['unavailable']}" if "unavailable" in run
+                   else f"failed: {run['failed']}")
+            lines.append(f"| {NAMES[hook]} | {why} | | | | |")
+            continue
         t = statistics.median(run["step_s"])
         loss = run["loss"][-1]
         lines.append(f"| {NAMES[hook]} | {t:.3f} | {base / t:.2f}x | "
@@ -195,9 +208,14 @@ def main(argv=None):
             runs[hook] = run_job(hook, args, args.out)
         except (RuntimeError, subprocess.TimeoutExpired) as error:
             print(f"torch_ddp_bench: {error}", file=sys.stderr)
-            return 1
-        print(f"      {statistics.median(runs[hook]['step_s']):.3f} s/step, final loss "
-              f"{runs[hook]['loss'][-1]:.5f}", flush=True)
+            if hook == "none":
+                return 1  # the baseline of every row
+            runs[hook] = {"hook": hook, "failed": str(error).splitlines()[0]}
+            continue
+        run = runs[hook]
+        print(f"      unavailable: {run['unavailable']}" if "unavailable" in run else
+              f"      {statistics.median(run['step_s']):.3f} s/step, final loss "
+              f"{run['loss'][-1]:.5f}", flush=True)
     text = table(runs, args)
     print("\n" + text)
     (args.out / "ddp_hooks.md").write_text(text + "\n")
@@ -205,7 +223,7 @@ def main(argv=None):
         {"rate": args.rate, "ranks": args.ranks, "steps": args.steps, "warmup": args.warmup,
          "runs": runs, "table": text}, indent=1))
     print(f"wrote {args.out / 'ddp_hooks.md'}, {args.out / 'ddp_hooks.json'}")
-    return 0
+    return 1 if any("failed" in run for run in runs.values()) else 0
 
 
 if __name__ == "__main__":
