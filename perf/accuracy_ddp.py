@@ -15,9 +15,7 @@ compare a hash of their parameters. Rank 0 writes the JSON that perf/accuracy_be
 import argparse
 import hashlib
 import json
-import os
 import sys
-from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "perf"))
 import accuracy_model as am  # noqa: E402
+import gloo_ranks  # noqa: E402
 import qnccl.torch  # noqa: E402
 from accuracy_bench import BATCH, EVALS, LR, SGD_LR  # noqa: E402
 
@@ -87,14 +86,7 @@ def main():
     p.add_argument("--bucket-size", type=int, default=128)
     p.add_argument("--optimizer", choices=("adam", "sgd"), default="adam")
     args = p.parse_args()
-    rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
-    size = int(os.environ["OMPI_COMM_WORLD_SIZE"])
-    torch.set_num_threads(1)
-    store = dist.TCPStore(os.environ.get("MASTER_ADDR", "127.0.0.1"),
-                          int(os.environ["MASTER_PORT"]), size, rank == 0,
-                          timeout=timedelta(seconds=120))
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=size,
-                            timeout=timedelta(seconds=300))
+    rank, size = gloo_ranks.init()
     teacher = am.Teacher(am.Shape())
     data = (am.make_data(teacher, args.steps * BATCH, stream=1),
             am.make_data(teacher, args.test, stream=2))

@@ -54,20 +54,13 @@ def model():
 
 def rank_job(args):
     """One rank of one job: DDP under args.hook; rank 0 writes the JSON."""
-    from datetime import timedelta
-
     import torch
     import torch.distributed as dist
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
     import qnccl.torch
-    rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
-    size = int(os.environ["OMPI_COMM_WORLD_SIZE"])
-    store = dist.TCPStore("127.0.0.1", int(os.environ["MASTER_PORT"]), size, rank == 0,
-                          timeout=timedelta(seconds=120))
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=size,
-                            timeout=timedelta(seconds=300))
-    torch.set_num_threads(1)
+    import gloo_ranks
+    rank, size = gloo_ranks.init()
     net = model()
     ddp = torch.nn.parallel.DistributedDataParallel(net, bucket_cap_mb=args.bucket_cap_mb)
     if args.hook == "fp16":

@@ -12,12 +12,13 @@ Writes, per rank, the final parameters of every run to OUTDIR/rank<r>.pt.
 import io
 import os
 import sys
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "perf"))
+import gloo_ranks  # noqa: E402
 import qnccl.torch  # noqa: E402
 
 K = 3  # the checkpoint is taken after K of 2K steps
@@ -81,13 +82,7 @@ def saved(obj):
 
 def main():
     outdir = sys.argv[1]
-    rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
-    size = int(os.environ["OMPI_COMM_WORLD_SIZE"])
-    store = dist.TCPStore("127.0.0.1", int(os.environ["MASTER_PORT"]), size, rank == 0,
-                          timeout=timedelta(seconds=60))
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=size,
-                            timeout=timedelta(seconds=60))
-    torch.set_num_threads(1)
+    rank, size = gloo_ranks.init(timeout_s=60)
 
     parts = make()
     train(parts, range(K), rank)

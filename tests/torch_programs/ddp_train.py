@@ -12,13 +12,13 @@ import json
 import os
 import pickle
 import sys
-from datetime import timedelta
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "perf"))
+import gloo_ranks  # noqa: E402
 import qnccl.torch  # noqa: E402
 
 STEPS = 6
@@ -96,13 +96,7 @@ def run(config, rank, size):
 
 def main():
     outdir, configs = sys.argv[1], json.loads(sys.argv[2])
-    rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
-    size = int(os.environ["OMPI_COMM_WORLD_SIZE"])
-    store = dist.TCPStore("127.0.0.1", int(os.environ["MASTER_PORT"]), size, rank == 0,
-                          timeout=timedelta(seconds=60))
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=size,
-                            timeout=timedelta(seconds=60))
-    torch.set_num_threads(1)
+    rank, size = gloo_ranks.init(timeout_s=60)
     records = [run(c, rank, size) for c in configs]
     with open(os.path.join(outdir, f"rank{rank}.pkl"), "wb") as f:
         pickle.dump(records, f)
