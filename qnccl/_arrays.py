@@ -136,11 +136,18 @@ def empty(like, shape, name):
 
 
 def to_numpy(array):
-    """A host numpy copy (or view) of an array this module handles."""
+    """A host numpy copy (or view) of an array this module handles (torch's bfloat16 as
+    uint16 bits)."""
     if _is_torch(array):
+        import torch
         t = array.detach().cpu()
-        return t.view(getattr(sys.modules["torch"], "int16")).numpy().view(np.uint16) \
-            if str(t.dtype) == "torch.bfloat16" else t.numpy()
+        return t.view(torch.int16).numpy().view(np.uint16) if t.dtype == torch.bfloat16 \
+            else t.numpy()
     if isinstance(array, np.ndarray):
         return array
     return array.get()  # CuPy
+
+
+def nbytes(array):
+    """Bytes of an array this module handles."""
+    return int(array.numel() * array.element_size()) if _is_torch(array) else int(array.nbytes)

@@ -114,18 +114,10 @@ RUN_OPTIONS = (
         metavar="LIST",
         help="the interposed collectives that are quantized: none, or a comma list of "
              "allreduce, reducescatter, allgather, alltoall, sendrecv (default allreduce)")),
-    ("--allreduce-bits", "QNCCL_ALLREDUCE_BITS", dict(
-        type=int_in(1, 8), metavar="N", help="allreduce's own bits, 1..8 (default --bits)")),
-    ("--reducescatter-bits", "QNCCL_REDUCESCATTER_BITS", dict(
+    *((f"--{name}-bits", f"QNCCL_{name.upper()}_BITS", dict(
         type=int_in(1, 8), metavar="N",
-        help="reduce-scatter's own bits, 1..8 (default --bits)")),
-    ("--allgather-bits", "QNCCL_ALLGATHER_BITS", dict(
-        type=int_in(1, 8), metavar="N", help="allgather's own bits, 1..8 (default --bits)")),
-    ("--alltoall-bits", "QNCCL_ALLTOALL_BITS", dict(
-        type=int_in(1, 8), metavar="N", help="all-to-all's own bits, 1..8 (default --bits)")),
-    ("--sendrecv-bits", "QNCCL_SENDRECV_BITS", dict(
-        type=int_in(1, 8), metavar="N",
-        help="the bits of quantized ncclSend/ncclRecv, 1..8 (default --bits)")),
+        help=f"the bits of quantized {name} calls, 1..8 (default --bits)"))
+      for name in COLLECTIVES),
     ("--min-bytes", "QNCCL_MIN_BYTES", dict(
         type=_byte_size, metavar="N",
         help="smaller allreduces pass through exact; K, M, G suffixes allowed (default 64K)")),

@@ -50,8 +50,7 @@ class QuantizedArray:
 
     @property
     def nbytes(self):
-        return int(self.data.nbytes) if hasattr(self.data, "nbytes") else \
-            int(self.data.numel() * self.data.element_size())
+        return _arrays.nbytes(self.data)
 
     @property
     def ratio(self):

@@ -151,6 +151,19 @@ ncclResult_t pass_through(const NcclApi& nccl, qncclCollective_t kind, const voi
   }
 }
 
+/* The interposer's and the engine's state of `comm` (made on first use). */
+ncclResult_t states_of(ncclComm_t comm, std::shared_ptr<ShimComm>* shim,
+                       std::shared_ptr<CommState>* state) {
+  QNCCL_CHECK(shim_comm(comm, nullptr, shim));
+  return comm_state(comm, &(*shim)->config, state);
+}
+
+/* A quantized call outside any group, run now; a failure is reported. */
+ncclResult_t run_now(const CollectiveCall& call) {
+  const ncclResult_t res = run_collectives({call});
+  return res == ncclSuccess || res == ncclInProgress ? res : fail(res);
+}
+
 /* The checks of a quantized call of `kind`. */
 ncclResult_t check_call(qncclCollective_t kind, const void* send, void* recv, size_t count,
                         ncclDataType_t type, ncclRedOp_t op, const qncclAllReduceConfig_t& config,
@@ -175,9 +188,7 @@ ncclResult_t collective(qncclCollective_t kind, const void* send, void* recv, si
   if (comm == nullptr) return pass_through(*nccl, kind, send, recv, count, type, op, comm, stream);
   std::shared_ptr<ShimComm> shim;
   std::shared_ptr<CommState> st;
-  if (shim_comm(comm, nullptr, &shim) != ncclSuccess ||
-      comm_state(comm, &shim->config, &st) != ncclSuccess)
-    return fail(ncclInvalidArgument);
+  if (states_of(comm, &shim, &st) != ncclSuccess) return fail(ncclInvalidArgument);
   const Decision d = decide(*shim, kind, count, type, op);
   if (d.compress &&
       check_call(kind, send, recv, count, type, d.reduction, d.config, comm) != ncclSuccess)
@@ -206,8 +217,7 @@ ncclResult_t collective(qncclCollective_t kind, const void* send, void* recv, si
     deferred.push_back(call);
     return ncclSuccess;
   }
-  const ncclResult_t res = run_collectives({call});
-  return res == ncclSuccess || res == ncclInProgress ? res : fail(res);
+  return run_now(call);
 }
 
 /* An interposed ncclSend (`send`) or ncclRecv. Eligible ones are decided
@@ -224,9 +234,7 @@ ncclResult_t point_to_point(bool send, void* buffer, size_t count, ncclDataType_
   if (comm == nullptr) return real();
   std::shared_ptr<ShimComm> shim;
   std::shared_ptr<CommState> st;
-  if (shim_comm(comm, nullptr, &shim) != ncclSuccess ||
-      comm_state(comm, &shim->config, &st) != ncclSuccess)
-    return fail(ncclInvalidArgument);
+  if (states_of(comm, &shim, &st) != ncclSuccess) return fail(ncclInvalidArgument);
   int rank = -1, nranks = 0;
   nccl->commUserRank(comm, &rank);
   nccl->commCount(comm, &nranks);
@@ -255,8 +263,7 @@ ncclResult_t point_to_point(bool send, void* buffer, size_t count, ncclDataType_
   if (group_depth == 0) {
     const CollectiveCall call = {qncclCollSendRecv, nullptr, nullptr, 0,    type,
                                  ncclSum,           d.config, comm,   stream, {op}};
-    const ncclResult_t res = run_collectives({call});
-    return res == ncclSuccess || res == ncclInProgress ? res : fail(res);
+    return run_now(call);
   }
   for (CollectiveCall& call : deferred_p2p) {
     if (call.comm != comm) continue;
