@@ -6,6 +6,7 @@ feedback's residuals.
     with qnccl.comm.quantization(comm, "alltoall", 2): ...           # for the calls inside
     qnccl.comm.reset_error_feedback()        # every communicator of this process
     qnccl.comm.stats(comm)                   # {"calls_compressed": ..., "residual_bytes": ...}
+    qnccl.comm.allreduce(comm, send, recv, count, "float32", "avg", bits=4)  # qncclAllReduce
 
 `comm` is an ncclComm_t: a cffi pointer, or its address as an int. In a job started with
 `LD_PRELOAD=libqnccl.so` (or `qnccl run`) these reach the preloaded library, which is the
@@ -22,13 +23,16 @@ import numpy as np
 
 from . import _lib
 
-__all__ = ["COLLECTIVES", "get_quantization", "quantization", "reset_error_feedback",
+__all__ = ["ALGOS", "COLLECTIVES", "allreduce", "get_quantization", "quantization", "reset_error_feedback",
            "residual", "set_quantization", "stats"]
 
 # The interposed collectives a policy names (QNCCL_COLLECTIVES), in the order of
 # qncclCollective_t's flags.
 COLLECTIVES = ("allreduce", "reducescatter", "allgather", "alltoall", "sendrecv")
 
+# qncclAlgo_t's names (qnccl.h), in the enum's order.
+ALGOS = ("auto", "ring", "tree", "sra", "hier")
+_OPS = {"sum": "ncclSum", "avg": "ncclAvg"}
 _NCCL_TYPES = {"float32": "ncclFloat32", "float16": "ncclFloat16", "bfloat16": "ncclBfloat16"}
 _STATS = (("callsCompressed", "calls_compressed"), ("callsPassedThrough", "calls_passed_through"),
           ("bytesIn", "bytes_in"), ("bytesOnWire", "bytes_on_wire"),
@@ -43,6 +47,11 @@ def _comm(comm):
     if isinstance(comm, ffi.CData) and ffi.typeof(comm) is ffi.typeof("ncclComm_t"):
         return comm
     raise TypeError(f"comm must be an ncclComm_t (cffi) or its address (int), got {comm!r}")
+
+
+def _comm_address(comm):
+    """`comm`'s address, an int."""
+    return int(_lib.ffi().cast("uintptr_t", _comm(comm)))
 
 
 def _address(buffer):
@@ -89,6 +98,40 @@ def residual(comm, buffer, count=None, dtype=None):
     _lib.check(lib.qncclCommGetResidual(_comm(comm), ffi.cast("void*", _address(buffer)), count,
                                         getattr(lib, _NCCL_TYPES[dtype]), ffi.from_buffer("float[]", out)))
     return out
+
+
+def allreduce(comm, sendbuff, recvbuff, count, dtype, op="sum", *, bits=4, bucket_size=128,
+              rounding="stochastic", seed=0, algo="auto", error_feedback=False,
+              segment_values=0, lanes=0, stream=0):
+    """qncclAllReduce: the sum ("sum") or average ("avg") of `count` values of `dtype`
+    ("float32", "float16", "bfloat16") over the ranks of `comm`, every transfer quantized with
+    `bits` bits, `bucket_size` values per bucket, `rounding` and `seed`, by `algo` (one of
+    ALGOS). The buffers are numpy arrays or addresses (ints, e.g. a torch tensor's
+    data_ptr()); device buffers are computed on the CUDA stream `stream` (an address, e.g.
+    torch.cuda.current_stream().cuda_stream) and the call returns once the work is enqueued.
+    With error_feedback the residual of (comm, sendbuff, count, dtype) is read and rewritten
+    (residual() reads it). Raises QncclError with the library's message on bad arguments."""
+    from .codec import _c_value, _config  # the codec's argument checks, in one place
+    if dtype not in _NCCL_TYPES:
+        raise ValueError(f"dtype must be one of {', '.join(_NCCL_TYPES)}, got {dtype!r}")
+    if op not in _OPS:
+        raise ValueError(f"op must be 'sum' or 'avg', got {op!r}")
+    if algo not in ALGOS:
+        raise ValueError(f"algo must be one of {', '.join(ALGOS)}, got {algo!r}")
+    if not isinstance(error_feedback, bool):
+        raise ValueError(f"error_feedback must be True or False, got {error_feedback!r}")
+    ffi, lib = _lib.ffi(), _lib.lib()
+    config = ffi.new("qncclAllReduceConfig_t*")
+    config.codec = _config(bits, bucket_size, rounding, seed)[0]
+    config.algo = ALGOS.index(algo)
+    config.interAlgo = 0
+    config.errorFeedback = int(error_feedback)
+    config.segmentValues = _c_value("size_t", "segment_values", segment_values)
+    config.lanes = _c_value("int", "lanes", lanes)
+    _lib.check(lib.qncclAllReduce(ffi.cast("void*", _address(sendbuff)),
+                                  ffi.cast("void*", _address(recvbuff)), count,
+                                  getattr(lib, _NCCL_TYPES[dtype]), getattr(lib, _OPS[op]),
+                                  config, _comm(comm), ffi.cast("cudaStream_t", stream)))
 
 
 def _flags(collectives):

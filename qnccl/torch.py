@@ -8,8 +8,16 @@
 Each gradient bucket is split per parameter: 1-D parameters and parameters with fewer than
 `min_numel` elements are averaged exactly (one plain all_reduce per bucket); the others are
 grouped by their (bits, bucket_size) and each group is averaged with the SRA algorithm of
-docs/allreduce.md, the quantized bytes travelling as uint8 tensors through
-torch.distributed.all_to_all_single (gloo on CPU, NCCL on GPU). See docs/torch-hook.md.
+docs/allreduce.md, by one of two implementations of it:
+
+- CUDA buckets: libqnccl's engine (qncclAllReduce) on the process group's own NCCL
+  communicator, enqueued on PyTorch's current stream; the bucket never leaves the device and
+  the hook returns as soon as the work is enqueued, like fp16_compress_hook.
+- CPU buckets (gloo): the codec on this rank's pieces, the quantized bytes travelling as
+  point-to-point messages of torch.distributed, on a worker thread behind a future; or, with
+  QuantizedHookState(comm=...), the engine on that NCCL communicator (the host backend's).
+
+Both give the same bytes as qnccl.emulate. See docs/torch-hook.md.
 
 Under `qnccl run` (libqnccl.so preloaded), a process group's own policy for the NCCL calls
 PyTorch makes on it, e.g. to quantize the gradients' group and nothing else:
@@ -31,6 +39,7 @@ import operator
 
 import numpy as np
 
+from . import _lib
 from . import codec as _codec
 from . import comm as _comm
 from .emulate.allreduce import chunks as _chunks, segments as _segments, stream_id as _stream_id
@@ -81,17 +90,26 @@ class QuantizedHookState:
     error_feedback  keep per-rank float32 residuals of what the quantizations dropped
     warmup_steps    the first K calls of each bucket index are exact (plain allreduce mean)
     seed            the codec seed of stochastic rounding
+    comm            None, or an NCCL communicator (cffi ncclComm_t or its address) of the
+                    process group's ranks in the same order, e.g. one of QNCCL's host backend:
+                    CPU buckets then go through libqnccl's engine on it, as CUDA buckets go
+                    through the engine on the group's own NCCL communicator
 
     Checkpoints: state_dict() / load_state_dict() carry, keyed by parameter names, the
     per-parameter settings decided so far, the call counters, the residuals and the byte
     counts, so that a restored job continues bit for bit; torch.save(state) works too (the
     process group is left out, as PowerSGDState does; a callable per_layer must be a
-    module-level function), and a state loaded that way needs attach(model).
+    module-level function), and a state loaded that way needs attach(model). Where the engine
+    runs, it keeps the residuals (per communicator and input buffer, read back by
+    state_dict()) and counts the calls of the random streams itself, from 0 on a new
+    communicator: a job restored there continues with the same residuals and settings, and
+    its stochastic rounding draws new random numbers rather than the ones the job that never
+    stopped would have drawn.
     """
 
     def __init__(self, model, process_group=None, bits=4, bucket_size=128,
                  rounding="stochastic", min_numel=1024, per_layer=None, error_feedback=False,
-                 warmup_steps=0, seed=0):
+                 warmup_steps=0, seed=0, comm=None):
         if not isinstance(model, torch.nn.Module):
             raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         self.bits = _int_arg("bits", bits, 1, 8)
@@ -112,17 +130,21 @@ class QuantizedHookState:
             per_layer = {str(k): _setting(k, v) for k, v in per_layer.items()}
         self.per_layer = per_layer
         self.process_group = process_group
+        self.comm = None if comm is None else _comm._comm_address(comm)
         self.attach(model)
         self._settings = {}  # parameter name -> (bits, bucket_size) or None, as decided
         self.calls = 0  # quantized SRA calls so far: the `call` of the random streams
         self.bucket_calls = {}  # bucket index -> hook calls so far (warm-up)
-        self.residuals = {}  # parameter name -> float32 numpy residual (error feedback)
+        self.residuals = {}  # parameter name -> float32 numpy residual (error feedback); where
+        # the engine runs, the ones it does not hold yet (restored, or left by rebuilt buckets)
         self.input_bytes = 0  # gradient bytes handed to the hook
         self.quantized_input_bytes = 0  # of those, the bytes that took the quantized path
         self.quantized_bytes_sent = 0  # wire bytes this rank sent to other ranks (both phases)
         self.exact_bytes = 0  # bytes given to plain all_reduce (exact parts, warm-up)
         self.world_size = None  # set at the first call
         self._executor = None  # the worker thread that reduces host buckets (sra_hook)
+        self._engine_comm = None  # the communicator the engine ran on
+        self._inputs = {}  # engine: (names, setting, device) -> float32 input buffer
 
     # ---- configuration ------------------------------------------------------------------
     def attach(self, model):
@@ -136,6 +158,7 @@ class QuantizedHookState:
             else:
                 break
         self._names = {id(p): n for n, p in model.named_parameters()}
+        self._sizes = {n: p.numel() for n, p in model.named_parameters()}
 
     def name_of(self, param):
         if self._names is None:
@@ -187,8 +210,61 @@ class QuantizedHookState:
         return exact, sorted(groups.items(), key=lambda item: names[item[1][0]])
 
     def reset(self):
-        """Clears the error-feedback residuals."""
+        """Clears the error-feedback residuals (the engine's too)."""
         self.residuals.clear()
+        if self._engine_comm is not None and self.error_feedback:
+            _comm.reset_error_feedback(self._engine_comm)
+
+    # ---- the engine's input buffers -------------------------------------------------------
+    def _engine(self, buffer):
+        """The NCCL communicator whose engine reduces `buffer`'s quantized groups, or None
+        (the SRA over torch.distributed)."""
+        comm = communicator(self._group()) if buffer.is_cuda else self.comm
+        if comm is not None and self._engine_comm is not None and comm != self._engine_comm:
+            self._move_residuals()  # a new communicator: what the old one held moves along
+        if comm is not None:
+            self._engine_comm = comm
+        return comm
+
+    def _input(self, names, setting, device, count):
+        """The float32 buffer a quantized group is reduced in, the same one at every call:
+        the engine keeps error feedback's residual per buffer address. When DDP rebuilds its
+        buckets (after the first iteration) the groups change; the residuals then move to
+        `residuals` by parameter name, from where the new buffers' first calls take them."""
+        key = (tuple(names), setting, str(device))
+        if key not in self._inputs:
+            if self._inputs and self.error_feedback:
+                self._move_residuals()
+            self._inputs[key] = torch.empty(count, dtype=torch.float32, device=device)
+        return self._inputs[key]
+
+    def _move_residuals(self):
+        """The engine's residuals into `residuals` by name; the engine's are freed."""
+        if self.error_feedback and self._engine_comm is not None:
+            self.residuals.update(self._engine_residuals())
+            _comm.reset_error_feedback(self._engine_comm)
+        self._inputs.clear()
+
+    def _engine_residuals(self):
+        """The residuals the engine holds for this state's input buffers, by name."""
+        out = {}
+        for (names, setting, _), z in self._inputs.items():
+            try:
+                values = _comm.residual(self._engine_comm, z.data_ptr(), z.numel(), "float32")
+            except _lib.QncclError:
+                continue  # made, never reduced with error feedback
+            offset = 0
+            for name in names:
+                m = self._sizes[name]
+                out[name] = values[offset:offset + m].copy()
+                offset += m
+        return out
+
+    def _all_residuals(self):
+        residuals = dict(self.residuals)
+        if self.error_feedback and self._engine_comm is not None:
+            residuals.update(self._engine_residuals())
+        return residuals
 
     # ---- checkpoints ----------------------------------------------------------------------
     _CONFIG = ("bits", "bucket_size", "rounding", "min_numel", "error_feedback", "warmup_steps",
@@ -205,7 +281,8 @@ class QuantizedHookState:
                 (None if per_layer is None else {k: v for k, v in per_layer.items()}),
                 "settings": dict(self._settings),
                 "calls": self.calls, "bucket_calls": dict(self.bucket_calls),
-                "residuals": {n: torch.from_numpy(r.copy()) for n, r in self.residuals.items()},
+                "residuals": {n: torch.from_numpy(r.copy())
+                              for n, r in self._all_residuals().items()},
                 "counters": {k: getattr(self, k) for k in self._COUNTERS},
                 "world_size": self.world_size}
 
@@ -230,6 +307,9 @@ class QuantizedHookState:
         self.bucket_calls = {int(k): int(v) for k, v in state_dict["bucket_calls"].items()}
         self.residuals = {n: r.detach().cpu().numpy().astype(_F32, copy=True)
                           for n, r in state_dict["residuals"].items()}
+        if self._engine_comm is not None and self.error_feedback:
+            _comm.reset_error_feedback(self._engine_comm)  # the restored ones replace them
+        self._inputs.clear()
         for key in self._COUNTERS:
             setattr(self, key, state_dict["counters"][key])
         self.world_size = state_dict["world_size"]
@@ -239,6 +319,9 @@ class QuantizedHookState:
         state["process_group"] = None  # not picklable: the default group after loading
         state["_names"] = None  # ids of this process's tensors: attach(model) after loading
         state["_executor"] = None  # a thread: a new one after loading
+        state["residuals"] = self._all_residuals()  # the engine's, by name
+        state["comm"] = state["_engine_comm"] = None  # this process's communicators
+        state["_inputs"] = {}
         return state
 
     def __setstate__(self, state):
@@ -275,11 +358,20 @@ def _quantized(data, count, bits, bucket_size):
                                  seed=0, stream=0)
 
 
-def _sra(state, group, z, bits, bucket_size, residual, device):
+_TAG = 0x514E  # the tag of the hook's point-to-point messages ("QN"), plus the phase
+
+
+def _sra(state, group, z, bits, bucket_size, residual):
     """The SRA average of the float32 vector z over the group (docs/allreduce.md), returns the
     float32 result; fills `residual` (when not None) with what this rank's quantizations
-    dropped: z - D(Q(z)) on the chunks it sent, N * (acc/N - D(q_r)) on its own chunk."""
+    dropped: z - D(Q(z)) on the chunks it sent, N * (acc/N - D(q_r)) on its own chunk.
+
+    The pieces travel as point-to-point messages, each sent as soon as it is encoded and
+    decoded in the fixed order of the algorithm once it has arrived, so that the codec of one
+    piece overlaps the transfer of another; the bytes are those of one all-to-all per phase."""
     n, r = dist.get_world_size(group), dist.get_rank(group)
+    peers = [dist.get_global_rank(group, k) for k in range(n)]
+    others = [(r + i) % n for i in range(1, n)]  # sends go to r+1, r+2, ...: no hot spot
     call = state.calls
     state.calls += 1
     out = np.empty_like(z)
@@ -292,33 +384,31 @@ def _sra(state, group, z, bits, bucket_size, residual, device):
             return _codec.quantize(values, bits, bucket_size, state.rounding, state.seed,
                                    _stream_id(call, g, r, step))
 
+        def receive(sources, size_of, phase):
+            return {j: _post(np.empty(size_of(j), np.uint8), peers[j], group, phase, recv=True)
+                    for j in sources if size_of(j)}
+
         # scatter-reduce: chunk k quantized for its owner k
-        sends, in_split = [], []
-        for k, (lo, hi) in enumerate(bounds):
-            if k == r or hi == lo:
-                in_split.append(0)
+        lo, hi = bounds[r]
+        inbox = receive(others, lambda j: sizes[r], 0)
+        sent = []
+        for k in others:
+            klo, khi = bounds[k]
+            if khi == klo:
                 continue
-            values = z[start + lo:start + hi]
+            values = z[start + klo:start + khi]
             qk = q(values, k)
             if residual is not None:
-                residual[start + lo:start + hi] = values - _codec.dequantize(qk)
-            sends.append(qk.data)
-            in_split.append(sizes[k])
-        out_split = [0 if j == r else sizes[r] for j in range(n)]
-        received = _exchange(group, sends, in_split, out_split, device)
-        state.quantized_bytes_sent += sum(in_split)
-
-        lo, hi = bounds[r]
+                residual[start + klo:start + khi] = values - _codec.dequantize(qk)
+            sent.append(_post(qk.data, peers[k], group, 0))
+            state.quantized_bytes_sent += sizes[k]
         mine = None
         if hi > lo:
             acc = z[start + lo:start + hi].copy()
-            offset = 0
-            for j in range(n):
+            for j in range(n):  # the sum in increasing rank order, as every algorithm adds
                 if j != r:
                     _codec.dequantize_accumulate(
-                        _quantized(received[offset:offset + sizes[r]], hi - lo, bits,
-                                   bucket_size), acc)
-                    offset += sizes[r]
+                        _quantized(_arrived(inbox[j]), hi - lo, bits, bucket_size), acc)
             with np.errstate(invalid="ignore", over="ignore"):
                 acc /= _F32(n)
             mine = q(acc, n)
@@ -329,57 +419,54 @@ def _sra(state, group, z, bits, bucket_size, residual, device):
                     residual[start + lo:start + hi] = (acc - result) * _F32(n)
 
         # allgather: the owner's bytes to every other rank
-        in_split = [0 if (k == r or hi == lo) else sizes[r] for k in range(n)]
-        sends = [mine.data] * (n - 1) if hi > lo else []
-        out_split = [0 if k == r else sizes[k] for k in range(n)]
-        received = _exchange(group, sends, in_split, out_split, device)
-        state.quantized_bytes_sent += sum(in_split)
-        offset = 0
-        for k, (klo, khi) in enumerate(bounds):
-            if k == r or khi == klo:
-                continue
-            out[start + klo:start + khi] = _codec.dequantize(
-                _quantized(received[offset:offset + sizes[k]], khi - klo, bits, bucket_size))
-            offset += sizes[k]
+        inbox = receive(others, sizes.__getitem__, 1)
+        if mine is not None:
+            for k in others:
+                sent.append(_post(mine.data, peers[k], group, 1))
+                state.quantized_bytes_sent += sizes[r]
+        for k in others:
+            if k in inbox:
+                klo, khi = bounds[k]
+                out[start + klo:start + khi] = _codec.dequantize(
+                    _quantized(_arrived(inbox[k]), khi - klo, bits, bucket_size))
+        for work, _ in sent:
+            work.wait()
     if residual is not None:  # docs/allreduce.md: a non-finite bucket leaves no residual, so
         residual[~np.isfinite(residual)] = 0  # a step AMP skips cannot poison the next ones
     return out
 
 
-def _exchange(group, sends, in_split, out_split, device):
-    """all_to_all_single of uint8 bytes with uneven splits; returns the received numpy bytes."""
-    send = torch.from_numpy(np.concatenate(sends) if sends else np.empty(0, np.uint8))
-    send = send.to(device)
-    recv = torch.empty(sum(out_split), dtype=torch.uint8, device=device)
-    dist.all_to_all_single(recv, send, out_split, in_split, group=group)
-    return recv.cpu().numpy()
+def _post(data, peer, group, phase, recv=False):
+    """An isend (or irecv into) of the uint8 numpy array `data`: (work, data)."""
+    op = dist.irecv if recv else dist.isend
+    return op(torch.from_numpy(data), peer, group=group, tag=_TAG + phase), data
 
 
-
-def _done(tensor):
-    fut = torch.futures.Future()
-    fut.set_result(tensor)
-    return fut
-
-
-def _exact_mean(group, tensor):
-    dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group)
-    tensor.div_(dist.get_world_size(group))
-    return tensor
+def _arrived(posted):
+    work, data = posted
+    work.wait()
+    return data
 
 
 def sra_hook(state: QuantizedHookState, bucket):
     """DDP communication hook: the bucket's gradients averaged over the process group (exact
     for small and 1-D parameters and during warm-up, SRA-quantized for the rest).
 
+    CUDA buckets: everything is enqueued on PyTorch's current stream (the exact part through
+    the process group, the quantized groups through libqnccl's engine on the group's NCCL
+    communicator) and the hook returns a future bound to the device, completed on that
+    stream, as the futures of ProcessGroupNCCL's collectives are: the host never waits.
+
     Host buckets are reduced on the state's worker thread and the hook returns at once with a
     future that completes when the bucket is done, so that the backward pass goes on
     computing the next buckets meanwhile (the codec releases the GIL). One worker reduces the
     buckets in the order DDP hands them over, the same on every rank, so the collectives of
-    different buckets never interleave differently across ranks. CUDA buckets are reduced
-    before the hook returns."""
+    different buckets never interleave differently across ranks."""
     if bucket.buffer().is_cuda:
-        return _done(_reduce_bucket(state, bucket))
+        buffer = _reduce_bucket(state, bucket)
+        future = torch.futures.Future(devices=[buffer.device])
+        future.set_result(buffer)  # records an event on the current stream
+        return future
     future = torch.futures.Future()
 
     def work():
@@ -392,54 +479,120 @@ def sra_hook(state: QuantizedHookState, bucket):
 
 
 def _reduce_bucket(state, bucket):
-    """The bucket's averaged gradients, in its buffer (sra_hook's work)."""
+    """The bucket's averaged gradients, in its buffer (sra_hook's work).
+
+    The order of the work is the same on every rank: the exact part's all_reduce is issued
+    first, then the quantized groups in bucket_plan's order. On the host the all_reduce runs
+    on the process group's threads while the groups are quantized; on a device the current
+    stream waits for it before the engine's kernels, so that the communicator's operations
+    (the process group's and the engine's, on two streams) run one after another."""
     group = state._group()
+    n = dist.get_world_size(group)
     buffer = bucket.buffer()
     index = bucket.index()
-    state.world_size = dist.get_world_size(group)
+    state.world_size = n
     state.input_bytes += buffer.numel() * buffer.element_size()
     seen = state.bucket_calls.get(index, 0)
     state.bucket_calls[index] = seen + 1
-    if seen < state.warmup_steps or dist.get_world_size(group) == 1:
+    if seen < state.warmup_steps or n == 1:
         state.exact_bytes += buffer.numel() * buffer.element_size()
-        return _exact_mean(group, buffer)
+        dist.all_reduce(buffer, group=group)
+        return buffer.div_(n)
 
     params, grads = bucket.parameters(), bucket.gradients()
     exact, groups = state.bucket_plan(params)
+    pending = None
     if exact:
         flat = torch.cat([grads[i].reshape(-1) for i in exact])
         state.exact_bytes += flat.numel() * flat.element_size()
-        _exact_mean(group, flat)
-        offset = 0
-        for i in exact:
-            m = grads[i].numel()
-            grads[i].copy_(flat[offset:offset + m].view_as(grads[i]))
-            offset += m
-    for (bits, bucket_size), members in groups:
+        pending = dist.all_reduce(flat, group=group, async_op=True)
+        if buffer.is_cuda:
+            pending.wait()  # the current stream waits for the process group's stream
+    engine = state._engine(buffer)
+    for setting, members in groups:
         names = [state.name_of(params[i]) for i in members]
-        z = torch.cat([grads[i].reshape(-1) for i in members]).to("cpu", torch.float32)
-        z = z.numpy().copy()
         state.quantized_input_bytes += sum(grads[i].numel() * grads[i].element_size()
                                            for i in members)
-        residual = None
-        if state.error_feedback:
-            offset = 0
-            for i, name in zip(members, names):
-                m = grads[i].numel()
-                old = state.residuals.get(name)
-                if old is not None and old.size == m:
-                    z[offset:offset + m] += old
-                offset += m
-            residual = np.zeros_like(z)
-        out = _sra(state, group, z, bits, bucket_size, residual, buffer.device)
-        offset = 0
-        for i, name in zip(members, names):
-            m = grads[i].numel()
-            grads[i].copy_(torch.from_numpy(out[offset:offset + m]).view_as(grads[i]))
-            if residual is not None:
-                state.residuals[name] = residual[offset:offset + m].copy()
-            offset += m
+        if engine is None:
+            _torch_group(state, group, [grads[i] for i in members], names, setting)
+        else:
+            _engine_group(state, engine, [grads[i] for i in members], names, setting)
+    if pending is not None:
+        pending.wait()
+        flat.div_(n)
+        _scatter(flat, [grads[i] for i in exact])
     return buffer
+
+
+def _scatter(flat, grads):
+    """Copies the concatenation `flat` back into the gradients it was made of."""
+    offset = 0
+    for grad in grads:
+        m = grad.numel()
+        grad.copy_(flat[offset:offset + m].view_as(grad))
+        offset += m
+
+
+def _take_residuals(state, z, grads, names):
+    """Adds to the float32 vector z (a numpy array or a tensor) the residuals `residuals`
+    holds for these parameters, and drops them from there."""
+    offset = 0
+    for grad, name in zip(grads, names):
+        m = grad.numel()
+        old = state.residuals.pop(name, None)
+        if old is not None and old.size == m:
+            z[offset:offset + m] += old if isinstance(z, np.ndarray) else \
+                torch.from_numpy(old).to(z.device)
+        offset += m
+
+
+def _torch_group(state, group, grads, names, setting):
+    """A quantized group averaged by _sra over torch.distributed (host tensors)."""
+    z = torch.cat([g.reshape(-1) for g in grads]).to("cpu", torch.float32).numpy()
+    residual = None
+    if state.error_feedback:
+        _take_residuals(state, z, grads, names)
+        residual = np.zeros_like(z)
+    out = _sra(state, group, z, *setting, residual)
+    _scatter(torch.from_numpy(out), grads)
+    if residual is not None:
+        offset = 0
+        for grad, name in zip(grads, names):
+            state.residuals[name] = residual[offset:offset + grad.numel()].copy()
+            offset += grad.numel()
+
+
+def _engine_group(state, comm, grads, names, setting):
+    """A quantized group averaged by libqnccl's engine on `comm` (qncclAllReduce, SRA), in
+    place in the group's input buffer, on the current stream of the gradients' device."""
+    bits, bucket_size = setting
+    device = grads[0].device
+    z = state._input(names, setting, device, sum(g.numel() for g in grads))
+    _gather(z, grads)
+    if state.error_feedback:
+        _take_residuals(state, z, grads, names)
+    before = _comm.stats(comm)["bytes_on_wire"]
+    _comm.allreduce(comm, z.data_ptr(), z.data_ptr(), z.numel(), "float32", "avg", bits=bits,
+                    bucket_size=bucket_size, rounding=state.rounding, seed=state.seed,
+                    algo="sra", error_feedback=state.error_feedback, stream=_stream(z))
+    state.calls += 1
+    state.quantized_bytes_sent += _comm.stats(comm)["bytes_on_wire"] - before
+    _scatter(z, grads)
+
+
+def _gather(z, grads):
+    """Copies the gradients into z, one after another (converted to z's float32)."""
+    offset = 0
+    for grad in grads:
+        m = grad.numel()
+        z[offset:offset + m].copy_(grad.reshape(-1))
+        offset += m
+
+
+def _stream(tensor):
+    """The CUDA stream the engine computes `tensor` on: PyTorch's current stream of its
+    device (0 for host memory, which the engine computes before returning)."""
+    return torch.cuda.current_stream(tensor.device).cuda_stream if tensor.is_cuda else 0
 
 
 def communicator(group=None):

@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import pytest
 
-from mpi import REPO, run_python
+from mpi import HOST_NCCL, REPO, run_python
 
 torch = pytest.importorskip("torch")
 import qnccl.torch as qtorch  # noqa: E402
@@ -33,6 +33,10 @@ CONFIGS = [
     {"hook": "qnccl", "args": {"bits": 3, "bucket_size": 32, "rounding": "nearest"}},
     {"hook": "default"},
 ]
+# The same hooks with the engine (libqnccl's qncclAllReduce on a host-backend communicator)
+# in place of the SRA over torch.distributed: config ENGINE[c] is CONFIGS[c]'s twin.
+ENGINE = {0: len(CONFIGS), 2: len(CONFIGS) + 1, 3: len(CONFIGS) + 2}
+CONFIGS += [dict(CONFIGS[c], engine=True) for c in ENGINE]
 
 
 def free_port():
@@ -45,7 +49,8 @@ def free_port():
 def records(tmp_path_factory):
     out = tmp_path_factory.mktemp("ddp")
     run_python(N, REPO / "tests" / "torch_programs" / "ddp_train.py", out, json.dumps(CONFIGS),
-               timeout=150, env={"MASTER_PORT": str(free_port())})
+               timeout=150, env={"MASTER_PORT": str(free_port()),
+                                 "QNCCL_NCCL_LIB": str(HOST_NCCL)})
     ranks = []
     for r in range(N):
         with open(out / f"rank{r}.pkl", "rb") as f:
@@ -151,6 +156,27 @@ def test_error_feedback_identity(records, c):
         err = np.abs(got - (exact - final))
         assert err.max() <= 64 * len(steps) * 2.0**-24 * scale, (name, err.max(), scale)
         assert np.abs(final).max() > 1000 * err.max()  # the residuals are not trivially zero
+
+
+@pytest.mark.parametrize("c", sorted(ENGINE))
+def test_the_engine_gives_the_same_bytes(records, c):
+    """The path CUDA buckets take (the engine, on an NCCL communicator, in a buffer kept per
+    group) against the host path: the same gradients, parameters, residuals, call numbers
+    and wire bytes, step by step, on every rank: one SRA, two implementations."""
+    for t, (want, got) in enumerate(zip(steps_of(records, c), steps_of(records, ENGINE[c]))):
+        for r in range(N):
+            assert got[r]["hash"] == want[r]["hash"], (c, t, r)
+            for name, grad in want[r]["grads"].items():
+                assert np.array_equal(got[r]["grads"][name].view(np.uint32),
+                                      grad.view(np.uint32)), (c, t, r, name)
+            assert got[r]["residuals"].keys() == want[r]["residuals"].keys(), (c, t, r)
+            for name, res in want[r]["residuals"].items():
+                assert np.array_equal(got[r]["residuals"][name].view(np.uint32),
+                                      res.view(np.uint32)), (c, t, r, name)
+            assert [k["call"] for k in got[r]["calls"]] == [k["call"] for k in want[r]["calls"]]
+            for key in ("calls", "input_bytes", "quantized_input_bytes", "exact_bytes",
+                        "quantized_bytes_sent"):
+                assert got[r]["report"][key] == want[r]["report"][key], (c, t, r, key)
 
 
 def test_per_layer_bits_and_loss(records):

@@ -3,7 +3,9 @@
 writes, per rank, everything tests/test_torch_hook.py checks: per step the local gradients the
 hook received, the averaged gradients DDP produced, a hash of the parameters after the step,
 the loss, the error-feedback residuals, the SRA call numbers and the exact part reduced with
-a plain all_reduce for comparison.
+a plain all_reduce for comparison. A configuration with "engine": true gives the hook an NCCL
+communicator of QNCCL's host backend (QNCCL_NCCL_LIB), so that its quantized groups go through
+libqnccl's engine, as CUDA buckets do on a GPU.
 
     MASTER_PORT=P mpirun -np 4 python tests/torch_programs/ddp_train.py OUTDIR CONFIGS_JSON
 """
@@ -19,6 +21,7 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "perf"))
 import gloo_ranks  # noqa: E402
+import qnccl._lib  # noqa: E402
 import qnccl.torch  # noqa: E402
 
 STEPS = 6
@@ -36,6 +39,22 @@ class Net(torch.nn.Module):
         return self.head(torch.relu(self.fc2(torch.relu(self.ln(self.fc1(x))))))
 
 
+def host_communicator(rank, size):
+    """An NCCL communicator over the job's ranks, made by the NCCL library libqnccl talks to
+    (QNCCL_NCCL_LIB: the host backend); its unique id travels through the gloo group."""
+    ffi = qnccl._lib.ffi()
+    lib = ffi.dlopen(os.environ["QNCCL_NCCL_LIB"])
+    uid = ffi.new("ncclUniqueId*")
+    # every rank: the host backend's first call starts MPI, which all ranks must do together
+    qnccl._lib.check(lib.ncclGetUniqueId(uid))
+    blob = [bytes(ffi.buffer(uid))]
+    dist.broadcast_object_list(blob, src=0)
+    ffi.memmove(uid, blob[0], len(blob[0]))
+    comm = ffi.new("ncclComm_t*")
+    qnccl._lib.check(lib.ncclCommInitRank(comm, size, uid[0], rank))
+    return comm[0]
+
+
 def run(config, rank, size):
     torch.manual_seed(1234)
     model = Net()
@@ -44,7 +63,8 @@ def run(config, rank, size):
     record = {"config": config, "steps": []}
     state = None
     if config["hook"] == "qnccl":
-        state = qnccl.torch.QuantizedHookState(model, **config["args"])
+        comm = host_communicator(rank, size) if config.get("engine") else None
+        state = qnccl.torch.QuantizedHookState(model, comm=comm, **config["args"])
         calls = []
         pending = []  # the previous bucket's future
 
@@ -88,7 +108,7 @@ def run(config, rank, size):
         entry = {"loss": float(loss.detach()), "grads": grads, "hash": digest.hexdigest()}
         if state is not None:
             entry["calls"] = calls
-            entry["residuals"] = {k: v.copy() for k, v in state.residuals.items()}
+            entry["residuals"] = {k: v.numpy() for k, v in state.state_dict()["residuals"].items()}
             entry["report"] = state.report()
         record["steps"].append(entry)
     return record
