@@ -23,8 +23,8 @@ import numpy as np
 
 from . import _lib
 
-__all__ = ["ALGOS", "COLLECTIVES", "allreduce", "get_quantization", "quantization", "reset_error_feedback",
-           "residual", "set_quantization", "stats"]
+__all__ = ["ALGOS", "COLLECTIVES", "allreduce", "call_counts", "get_quantization", "quantization", "reset_error_feedback",
+           "residual", "set_call_counts", "set_quantization", "stats"]
 
 # The interposed collectives a policy names (QNCCL_COLLECTIVES), in the order of
 # qncclCollective_t's flags.
@@ -132,6 +132,27 @@ def allreduce(comm, sendbuff, recvbuff, count, dtype, op="sum", *, bits=4, bucke
                                   ffi.cast("void*", _address(recvbuff)), count,
                                   getattr(lib, _NCCL_TYPES[dtype]), getattr(lib, _OPS[op]),
                                   config, _comm(comm), ffi.cast("cudaStream_t", stream)))
+
+
+def call_counts(comm):
+    """qncclCommGetCallCounts: (calls, p2p_calls), the `call` numbers of the random streams
+    the next quantized collective and point-to-point calls on `comm` take."""
+    ffi = _lib.ffi()
+    calls, p2p = ffi.new("uint64_t*"), ffi.new("uint64_t*")
+    _lib.check(_lib.lib().qncclCommGetCallCounts(_comm(comm), calls, p2p))
+    return int(calls[0]), int(p2p[0])
+
+
+def set_call_counts(comm, calls, p2p_calls=None):
+    """qncclCommSetCallCounts: the next quantized calls on `comm` take these numbers (None:
+    p2p_calls as it is), e.g. call_counts() of a checkpointed job on its new communicator,
+    so that stochastic rounding continues bit for bit. Every rank sets its own."""
+    from .codec import _c_value
+    if p2p_calls is None:
+        p2p_calls = call_counts(comm)[1]
+    _lib.check(_lib.lib().qncclCommSetCallCounts(
+        _comm(comm), _c_value("uint64_t", "calls", calls),
+        _c_value("uint64_t", "p2p_calls", p2p_calls)))
 
 
 def _flags(collectives):

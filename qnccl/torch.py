@@ -99,12 +99,11 @@ class QuantizedHookState:
     per-parameter settings decided so far, the call counters, the residuals and the byte
     counts, so that a restored job continues bit for bit; torch.save(state) works too (the
     process group is left out, as PowerSGDState does; a callable per_layer must be a
-    module-level function), and a state loaded that way needs attach(model). Where the engine
-    runs, it keeps the residuals (per communicator and input buffer, read back by
-    state_dict()) and counts the calls of the random streams itself, from 0 on a new
-    communicator: a job restored there continues with the same residuals and settings, and
-    its stochastic rounding draws new random numbers rather than the ones the job that never
-    stopped would have drawn.
+    module-level function), and a state loaded that way needs attach(model) (and its comm,
+    if it had one). Where the engine runs, it keeps the residuals (per communicator and
+    input buffer) and counts the calls of the random streams itself; the checkpoint carries
+    both (state_dict() reads them back), and the restored state gives them to the engine of
+    its new communicator at its first call there.
     """
 
     def __init__(self, model, process_group=None, bits=4, bucket_size=128,
@@ -144,12 +143,16 @@ class QuantizedHookState:
         self.world_size = None  # set at the first call
         self._executor = None  # the worker thread that reduces host buckets (sra_hook)
         self._engine_comm = None  # the communicator the engine ran on
+        self._engine_calls = None  # restored: the engine's call count to continue from
         self._inputs = {}  # engine: (names, setting, device) -> float32 input buffer
 
     # ---- configuration ------------------------------------------------------------------
-    def attach(self, model):
+    def attach(self, model, comm=None):
         """The model whose parameters the buckets hold (its DDP wrapper, or a torch.compile'd
-        module, is accepted too): names are those of the plain module."""
+        module, is accepted too): names are those of the plain module; and, unless None, the
+        NCCL communicator host buckets are reduced on (as QuantizedHookState's comm)."""
+        if comm is not None:
+            self.comm = _comm._comm_address(comm)
         while True:  # torch.compile's wrapper (_orig_mod) and DDP's (module), either order
             if isinstance(model, torch.nn.parallel.DistributedDataParallel):
                 model = model.module
@@ -220,10 +223,14 @@ class QuantizedHookState:
         """The NCCL communicator whose engine reduces `buffer`'s quantized groups, or None
         (the SRA over torch.distributed)."""
         comm = communicator(self._group()) if buffer.is_cuda else self.comm
-        if comm is not None and self._engine_comm is not None and comm != self._engine_comm:
-            self._move_residuals()  # a new communicator: what the old one held moves along
-        if comm is not None:
-            self._engine_comm = comm
+        if comm is None or comm == self._engine_comm:
+            return comm
+        if self._engine_comm is not None:  # a new communicator: the residuals move along
+            self._move_residuals()
+        if self._engine_calls is not None:  # restored: the random streams continue
+            _comm.set_call_counts(comm, self._engine_calls)
+            self._engine_calls = None
+        self._engine_comm = comm
         return comm
 
     def _input(self, names, setting, device, count):
@@ -233,8 +240,8 @@ class QuantizedHookState:
         `residuals` by parameter name, from where the new buffers' first calls take them."""
         key = (tuple(names), setting, str(device))
         if key not in self._inputs:
-            if self._inputs and self.error_feedback:
-                self._move_residuals()
+            if self.error_feedback and any(set(names) & set(k[0]) for k in self._inputs):
+                self._move_residuals()  # these parameters had another buffer
             self._inputs[key] = torch.empty(count, dtype=torch.float32, device=device)
         return self._inputs[key]
 
@@ -260,6 +267,12 @@ class QuantizedHookState:
                 offset += m
         return out
 
+    def _engine_call_count(self):
+        """The engine's call count to save: its communicator's, or the one restored."""
+        if self._engine_comm is not None:
+            return _comm.call_counts(self._engine_comm)[0]
+        return self._engine_calls
+
     def _all_residuals(self):
         residuals = dict(self.residuals)
         if self.error_feedback and self._engine_comm is not None:
@@ -281,6 +294,7 @@ class QuantizedHookState:
                 (None if per_layer is None else {k: v for k, v in per_layer.items()}),
                 "settings": dict(self._settings),
                 "calls": self.calls, "bucket_calls": dict(self.bucket_calls),
+                "engine_calls": self._engine_call_count(),
                 "residuals": {n: torch.from_numpy(r.copy())
                               for n, r in self._all_residuals().items()},
                 "counters": {k: getattr(self, k) for k in self._COUNTERS},
@@ -304,12 +318,14 @@ class QuantizedHookState:
         self._settings = {n: (None if s is None else tuple(s))
                           for n, s in state_dict["settings"].items()}
         self.calls = int(state_dict["calls"])
+        self._engine_calls = state_dict.get("engine_calls")
         self.bucket_calls = {int(k): int(v) for k, v in state_dict["bucket_calls"].items()}
         self.residuals = {n: r.detach().cpu().numpy().astype(_F32, copy=True)
                           for n, r in state_dict["residuals"].items()}
         if self._engine_comm is not None and self.error_feedback:
             _comm.reset_error_feedback(self._engine_comm)  # the restored ones replace them
         self._inputs.clear()
+        self._engine_comm = None  # the next call gives the engine the restored call count
         for key in self._COUNTERS:
             setattr(self, key, state_dict["counters"][key])
         self.world_size = state_dict["world_size"]
@@ -320,6 +336,7 @@ class QuantizedHookState:
         state["_names"] = None  # ids of this process's tensors: attach(model) after loading
         state["_executor"] = None  # a thread: a new one after loading
         state["residuals"] = self._all_residuals()  # the engine's, by name
+        state["_engine_calls"] = self._engine_call_count()
         state["comm"] = state["_engine_comm"] = None  # this process's communicators
         state["_inputs"] = {}
         return state

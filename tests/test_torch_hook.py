@@ -244,14 +244,18 @@ def test_a_group_without_nccl_has_no_communicator_to_set():
 
 # ---- checkpoints -------------------------------------------------------------------------
 
-def test_a_restored_job_continues_bit_for_bit(tmp_path):
+@pytest.mark.parametrize("path", ["torch", "engine"])
+def test_a_restored_job_continues_bit_for_bit(tmp_path, path):
     """torch_programs/ddp_checkpoint.py on 2 gloo processes: a torch.compile'd model inside
     DDP, gradient accumulation (no_sync), the 4-bit hook with error feedback, warm-up and
     per-layer bits; restored after 3 of 6 steps through state_dict()/load_state_dict() or
     torch.save(state) + attach, it ends with the parameters of the job that never stopped,
-    bit for bit; restored without the hook state, it does not."""
+    bit for bit; restored without the hook state, it does not. `engine`: the hook on the
+    engine (the CUDA buckets' path), a new communicator per run, whose residuals and
+    random-stream call count go through the checkpoint."""
     run_python(2, REPO / "tests" / "torch_programs" / "ddp_checkpoint.py", tmp_path,
-               timeout=240, env={"MASTER_PORT": str(free_port())})
+               *(["--engine"] if path == "engine" else []), timeout=240,
+               env={"MASTER_PORT": str(free_port()), "QNCCL_NCCL_LIB": str(HOST_NCCL)})
     for r in range(2):
         runs = torch.load(tmp_path / f"rank{r}.pt")
         assert runs["residuals"] == ["fc1.weight", "fc2.weight"]

@@ -165,6 +165,18 @@ QNCCL_EXPORT ncclResult_t qncclCommGetResidual(ncclComm_t comm, const void* send
   return get_residual("qncclCommGetResidual", comm, sendbuff, count, datatype, residual);
 }
 
+// ---- random streams ------------------------------------------------------------------
+
+QNCCL_EXPORT ncclResult_t qncclCommGetCallCounts(ncclComm_t comm, uint64_t* calls,
+                                                 uint64_t* p2pCalls) {
+  return get_call_counts("qncclCommGetCallCounts", comm, calls, p2pCalls);
+}
+
+QNCCL_EXPORT ncclResult_t qncclCommSetCallCounts(ncclComm_t comm, uint64_t calls,
+                                                 uint64_t p2pCalls) {
+  return set_call_counts("qncclCommSetCallCounts", comm, calls, p2pCalls);
+}
+
 // ---- quantized ops -------------------------------------------------------------------
 
 QNCCL_EXPORT ncclResult_t qncclCommSetQuantization(ncclComm_t comm, unsigned collectives,

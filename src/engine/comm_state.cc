@@ -62,3 +62,39 @@ CommState::~CommState() {
 }
 
 }  // namespace qnccl
+
+namespace qnccl {
+
+ncclResult_t get_call_counts(const char* fn, ncclComm_t comm, uint64_t* calls,
+                             uint64_t* p2p_calls) {
+  if (comm == nullptr) return set_error(ncclInvalidArgument, "%s: comm is NULL", fn);
+  if (calls == nullptr || p2p_calls == nullptr)
+    return set_error(ncclInvalidArgument, "%s: %s is NULL; pass a uint64_t*", fn,
+                     calls == nullptr ? "calls" : "p2pCalls");
+  std::shared_ptr<CommState> state;
+  QNCCL_CHECK(comm_state(comm, nullptr, &state));
+  *calls = state->calls;
+  *p2p_calls = state->p2p_calls;
+#ifdef QNCCL_WITH_CUDA
+  // The device counters are the truth where they exist: each replay of a
+  // captured call takes a number there, and none on the host.
+  if (state->device.calls != nullptr)
+    QNCCL_CHECK(read_device_calls(state->device, calls, p2p_calls));
+#endif
+  return ncclSuccess;
+}
+
+ncclResult_t set_call_counts(const char* fn, ncclComm_t comm, uint64_t calls, uint64_t p2p_calls) {
+  if (comm == nullptr) return set_error(ncclInvalidArgument, "%s: comm is NULL", fn);
+  std::shared_ptr<CommState> state;
+  QNCCL_CHECK(comm_state(comm, nullptr, &state));
+#ifdef QNCCL_WITH_CUDA
+  if (state->device.calls != nullptr)
+    QNCCL_CHECK(write_device_calls(state->device, calls, p2p_calls));
+#endif
+  state->calls = calls;
+  state->p2p_calls = p2p_calls;
+  return ncclSuccess;
+}
+
+}  // namespace qnccl

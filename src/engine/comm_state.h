@@ -46,6 +46,7 @@ struct DeviceWorkspace {
   /* Device memory: [0] the next call number, [1] the current one; [2] and
    * [3] the same for point-to-point calls (CommState::p2p_calls). */
   uint64_t* calls = nullptr;
+  static constexpr size_t kCallCounters = 4;
   bool async_alloc = false;      // the device has stream-ordered allocation (cudaMallocAsync)
   bool warned_capture = false;   // the pass-through during capture was reported
 };
@@ -161,6 +162,13 @@ void reset_all_error_feedback();
 ncclResult_t reset_error_feedback(const char* fn, ncclComm_t comm);
 ncclResult_t get_residual(const char* fn, ncclComm_t comm, const void* sendbuff, size_t count,
                           ncclDataType_t datatype, float* residual);
+
+/* qncclCommGetCallCounts and qncclCommSetCallCounts: the numbers the next
+ * quantized collective and point-to-point calls of `comm` take; `fn` names
+ * the caller in messages. */
+ncclResult_t get_call_counts(const char* fn, ncclComm_t comm, uint64_t* calls,
+                             uint64_t* p2p_calls);
+ncclResult_t set_call_counts(const char* fn, ncclComm_t comm, uint64_t calls, uint64_t p2p_calls);
 
 /* The statistics of `state`, its residuals' figures filled in. */
 qncclStats_t comm_stats(const CommState& state);

@@ -132,9 +132,16 @@ void release_device_memory(DeviceWorkspace& ws, void* memory);
  * `count` float32 zeros, allocated and cleared on `stream`. */
 ncclResult_t alloc_device_residual(DeviceWorkspace& ws, size_t count, cudaStream_t stream,
                                    float** values);
-/* Copies a residual to or from host memory once the communicator's calls
- * queued so far are done (its own event: not the whole device's work). */
-ncclResult_t copy_device_residual(DeviceWorkspace& ws, void* dst, const void* src, size_t bytes);
+/* Copies to or from host memory (a residual, the call counters) once the
+ * communicator's calls queued so far are done (its own event: not the whole
+ * device's work). */
+ncclResult_t copy_after_calls(DeviceWorkspace& ws, void* dst, const void* src, size_t bytes);
+
+/* The device call counters' next numbers (collective and point-to-point),
+ * read after the calls queued so far; and set, ordered after them and before
+ * the next call (qncclCommSetCallCounts). */
+ncclResult_t read_device_calls(DeviceWorkspace& ws, uint64_t* next_call, uint64_t* next_p2p_call);
+ncclResult_t write_device_calls(DeviceWorkspace& ws, uint64_t next_call, uint64_t next_p2p_call);
 #endif
 
 }  // namespace qnccl

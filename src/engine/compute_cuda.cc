@@ -189,7 +189,7 @@ ncclResult_t open_workspace(DeviceWorkspace& ws, int device, uint64_t next_call,
   void* calls = nullptr;
   err = cudaStreamCreateWithFlags(&own, cudaStreamNonBlocking);
   if (err == cudaSuccess) err = cudaEventCreateWithFlags(&done, cudaEventDisableTiming);
-  if (err == cudaSuccess) err = allocate(made, 2 * sizeof(uint64_t), stream, &calls);
+  if (err == cudaSuccess) err = allocate(made, DeviceWorkspace::kCallCounters * sizeof(uint64_t), stream, &calls);
   ncclResult_t res = err == cudaSuccess ? ncclSuccess
                                         : cuda_failed("making the workspace's stream, event and "
                                                       "call counter", err);
@@ -349,7 +349,7 @@ void release_device_memory(DeviceWorkspace& ws, void* memory) {
   });
 }
 
-ncclResult_t copy_device_residual(DeviceWorkspace& ws, void* dst, const void* src, size_t bytes) {
+ncclResult_t copy_after_calls(DeviceWorkspace& ws, void* dst, const void* src, size_t bytes) {
   int previous = -1;
   QNCCL_CHECK(set_current_device(ws.device, &previous));
   const cudaStream_t own = static_cast<cudaStream_t>(ws.stream);
@@ -357,7 +357,36 @@ ncclResult_t copy_device_residual(DeviceWorkspace& ws, void* dst, const void* sr
   if (err == cudaSuccess) err = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, own);
   if (err == cudaSuccess) err = cudaStreamSynchronize(own);
   restore_current_device(previous);
-  return err == cudaSuccess ? ncclSuccess : cuda_failed("copying an error-feedback residual", err);
+  return err == cudaSuccess ? ncclSuccess : cuda_failed("copying from or to the device", err);
+}
+
+ncclResult_t read_device_calls(DeviceWorkspace& ws, uint64_t* next_call, uint64_t* next_p2p_call) {
+  uint64_t counters[DeviceWorkspace::kCallCounters];
+  QNCCL_CHECK(copy_after_calls(ws, counters, ws.calls, sizeof counters));
+  *next_call = counters[0];
+  *next_p2p_call = counters[2];
+  return ncclSuccess;
+}
+
+ncclResult_t write_device_calls(DeviceWorkspace& ws, uint64_t next_call, uint64_t next_p2p_call) {
+  int previous = -1;
+  QNCCL_CHECK(set_current_device(ws.device, &previous));
+  const cudaStream_t own = static_cast<cudaStream_t>(ws.stream);
+  const cudaEvent_t done = static_cast<cudaEvent_t>(ws.done);
+  ncclResult_t res = ncclSuccess;
+  const cudaError_t err = cudaStreamWaitEvent(own, done, 0);
+  if (err != cudaSuccess) res = cuda_failed("ordering after the communicator's previous call", err);
+  if (res == ncclSuccess)
+    res = step("setting the call counter", launch("qnccl_set_calls", 1, own, ws.calls, next_call));
+  if (res == ncclSuccess)
+    res = step("setting the call counter",
+               launch("qnccl_set_calls", 1, own, ws.calls + 2, next_p2p_call));
+  if (res == ncclSuccess) {
+    const cudaError_t recorded = cudaEventRecord(done, own);  // the next call waits for it
+    if (recorded != cudaSuccess) res = cuda_failed("recording the counter's new value", recorded);
+  }
+  restore_current_device(previous);
+  return res;
 }
 
 void release_device_workspace(DeviceWorkspace& ws) {

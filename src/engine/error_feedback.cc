@@ -116,7 +116,7 @@ ncclResult_t get_residual(const char* fn, ncclComm_t comm, const void* sendbuff,
     return ncclSuccess;
   }
 #ifdef QNCCL_WITH_CUDA
-  return copy_device_residual(state->device, residual, r.values(), r.bytes());
+  return copy_after_calls(state->device, residual, r.values(), r.bytes());
 #else
   return ncclInternalError;  // no device residuals without CUDA
 #endif

@@ -350,6 +350,21 @@ ncclResult_t qncclResetErrorFeedback(void);
 ncclResult_t qncclCommGetResidual(ncclComm_t comm, const void* sendbuff, size_t count,
                                   ncclDataType_t datatype, float* residual);
 
+/* ---- Random streams (docs/allreduce.md, "Random streams") ---------------- */
+
+/* The `call` numbers the next quantized collective call and the next
+ * quantized point-to-point call (a group's sends and receives) on `comm`
+ * take: how many this rank has made, unless set. For device calls they are
+ * read from the device's counters once the calls queued so far are done. */
+ncclResult_t qncclCommGetCallCounts(ncclComm_t comm, uint64_t* calls, uint64_t* p2pCalls);
+
+/* Sets them, effective from the next call (on the device, ordered after the
+ * calls queued so far): a job restored from a checkpoint on a new
+ * communicator continues the random streams of stochastic rounding where the
+ * saved job stopped, bit for bit, when every rank sets what
+ * qncclCommGetCallCounts gave it at the checkpoint. */
+ncclResult_t qncclCommSetCallCounts(ncclComm_t comm, uint64_t calls, uint64_t p2pCalls);
+
 /* 1 when this library was built with the CUDA kernels, else 0. */
 ncclResult_t qncclCudaCompiled(int* compiled);
 

@@ -5,9 +5,11 @@ micro-batch) and the 4-bit hook with error feedback, warm-up and per-layer bits,
 without stopping; then again from the checkpoint taken after K steps, restoring the model,
 the optimizer and the hook state (a) through state_dict()/load_state_dict() and (b) through
 torch.save(state)/torch.load + attach(model); and (c) restoring all but the hook state.
-Writes, per rank, the final parameters of every run to OUTDIR/rank<r>.pt.
+Writes, per rank, the final parameters of every run to OUTDIR/rank<r>.pt. With --engine, the
+hook reduces through libqnccl's engine on an NCCL communicator of the host backend
+(QNCCL_NCCL_LIB), a new one for every run, as a restored job gets a new one.
 
-    MASTER_PORT=P mpirun -np N python tests/torch_programs/ddp_checkpoint.py OUTDIR
+    MASTER_PORT=P mpirun -np N python tests/torch_programs/ddp_checkpoint.py OUTDIR [--engine]
 """
 import io
 import os
@@ -18,8 +20,10 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "perf"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gloo_ranks  # noqa: E402
 import qnccl.torch  # noqa: E402
+from ddp_train import host_communicator  # noqa: E402
 
 K = 3  # the checkpoint is taken after K of 2K steps
 
@@ -40,9 +44,9 @@ def per_layer(name, param):  # module level: torch.save can pickle the state tha
     return (3, 64) if name.startswith("fc1") else (4, 128)
 
 
-def make(restored=None):
+def make(comm, restored=None):
     """A fresh model, DDP, compiled model, hook state (`restored`, attached to the model, or
-    a new one) and optimizer."""
+    a new one; on `comm`) and optimizer."""
     torch.manual_seed(1234)
     model = Net()
     compiled = torch.compile(model, backend="eager")
@@ -50,10 +54,11 @@ def make(restored=None):
     if restored is None:  # made from DDP(torch.compile(model)): names are the model's own
         state = qnccl.torch.QuantizedHookState(ddp, bits=4, bucket_size=128,
                                                min_numel=1024, per_layer=per_layer,
-                                               error_feedback=True, warmup_steps=1, seed=5)
+                                               error_feedback=True, warmup_steps=1, seed=5,
+                                               comm=comm)
     else:
         state = restored
-        state.attach(ddp)
+        state.attach(ddp, comm=comm)
     ddp.register_comm_hook(state, qnccl.torch.sra_hook)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     return model, ddp, compiled, state, optimizer
@@ -83,8 +88,12 @@ def saved(obj):
 def main():
     outdir = sys.argv[1]
     rank, size = gloo_ranks.init(timeout_s=60)
+    engine = "--engine" in sys.argv[2:]
 
-    parts = make()
+    def communicator():
+        return host_communicator(rank, size) if engine else None
+
+    parts = make(communicator())
     train(parts, range(K), rank)
     model, _, _, state, optimizer = parts
     checkpoint = saved({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
@@ -92,7 +101,7 @@ def main():
     whole_state = saved(state)  # torch.save of the state object itself
     train(parts, range(K, 2 * K), rank)
     results = {"never stopped": [p.detach().clone() for p in model.parameters()],
-               "residuals": sorted(state.residuals)}
+               "residuals": sorted(state.state_dict()["residuals"])}
 
     for how in ("state_dict", "torch.save", "hook state lost"):
         checkpoint.seek(0)
@@ -101,7 +110,7 @@ def main():
         if how == "torch.save":
             whole_state.seek(0)
             restored = torch.load(whole_state, weights_only=False)
-        parts = make(restored)
+        parts = make(communicator(), restored)
         model, _, _, state, optimizer = parts
         model.load_state_dict(loaded["model"])
         optimizer.load_state_dict(loaded["optimizer"])
