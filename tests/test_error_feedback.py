@@ -52,6 +52,13 @@ def test_ring_at_two_bits_warns_from_8_ranks(nprocs, warnings):
     assert len(lines) == warnings, out[-4000:]
 
 
+@pytest.mark.parametrize("nprocs", [1, 3])
+def test_call_counts_continue_the_random_streams(nprocs):
+    """qncclCommGetCallCounts / SetCallCounts: the next calls take the numbers set, on the
+    communicator and on a new one (what a job restored from a checkpoint does)."""
+    run_check(nprocs, "call_counts")
+
+
 # ---- single-process checks of the C API --------------------------------------------------
 
 def config(capi, algo, error_feedback):

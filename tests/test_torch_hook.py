@@ -5,6 +5,7 @@ hook configurations and records, per rank and step, the gradients the hook recei
 averaged gradients, a parameter hash and the residuals; the checks here are in numpy against
 qnccl.emulate (the independent numpy reference of the SRA algorithm)."""
 import json
+import os
 import pickle
 import socket
 import subprocess
@@ -16,6 +17,7 @@ import pytest
 from mpi import HOST_NCCL, REPO, run_python
 
 torch = pytest.importorskip("torch")
+import torch.distributed as dist  # noqa: E402
 import qnccl.torch as qtorch  # noqa: E402
 from qnccl.emulate.allreduce import allreduce as emulate_allreduce  # noqa: E402
 
@@ -316,3 +318,24 @@ def test_a_pickled_state_needs_its_model():
         loaded.setting(model[0].weight)
     loaded.attach(torch.compile(model, backend="eager"))  # names of the wrapped module
     assert loaded.setting(model[0].weight) == (4, 128)
+
+
+# ---- the CUDA path ---------------------------------------------------------------------------
+
+def test_the_engine_runs_on_the_tensors_stream():
+    """Host tensors are computed by the engine before it returns (stream 0); CUDA tensors on
+    PyTorch's current stream of their device (tests/torch_programs/hook_cuda.py on a GPU)."""
+    assert qtorch._stream(torch.zeros(3)) == 0
+
+
+@pytest.mark.gpu
+def test_cuda_buckets_give_the_host_paths_bytes():
+    """On a GPU: the hook's CUDA path (the engine on the NCCL group's communicator, on a side
+    stream) gives the host path's bytes and residuals call after call, and DDP trains with
+    its device future."""
+    if not torch.cuda.is_available() or not dist.is_nccl_available():
+        pytest.skip("needs a CUDA device and PyTorch with NCCL")
+    out = subprocess.run([sys.executable, str(REPO / "tests" / "torch_programs" / "hook_cuda.py")],
+                         cwd=REPO, capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port())))
+    assert out.returncode == 0 and out.stdout.strip().endswith("OK"), out.stdout + out.stderr

@@ -27,6 +27,10 @@ ring_warning error feedback on ring at 2 bits, then at 3 bits, then SRA at 2 bit
              test counts the library's warnings).
 hier         the hierarchical algorithm on the job's node layout (perf/netlab --nodes), as
              `emulator`: inter ring/tree/SRA x types, the intra stage exact or quantized.
+call_counts  qncclCommGetCallCounts counts a communicator's quantized calls; after
+             qncclCommSetCallCounts the next calls are the emulator's calls of those numbers,
+             on the same communicator and on a new one (a restored checkpoint's); NULL
+             arguments fail with messages.
 
 Prints one line per failure, then a summary; exits non-zero on any failure.
 """
@@ -328,7 +332,44 @@ def ring_warning(comm, failures):
     return len(cases)
 
 
-PROGRAMS = {"emulator": emulator, "bookkeeping": bookkeeping, "interposer": interposer,
+def call_counts(comm, failures):
+    cases = [FeedbackCase(algo, "float32", 1000, calls=2) for algo in ("sra", "ring")]
+
+    def expect(handle, want, when):
+        got = qnccl.comm.call_counts(handle)
+        if got != want:
+            failures.add("qncclCommGetCallCounts", f"{when}: {got}, expected {want}")
+
+    expect(comm, (0, 0), "a new communicator")
+    call = 0
+    for case in cases:  # counted from 0
+        call, _ = check_against_emulator(comm, case, call, failures, make_feedback_config(case))
+        qnccl.comm.reset_error_feedback(comm)  # the next case's buffers may reuse the address
+    expect(comm, (4, 0), "after 4 calls")
+    qnccl.comm.set_call_counts(comm, 1000, 3)
+    expect(comm, (1000, 3), "after setting them")
+    call = 1000
+    for case in cases:  # continued from the number set
+        call, _ = check_against_emulator(comm, case, call, failures, make_feedback_config(case))
+        qnccl.comm.reset_error_feedback(comm)
+    expect(comm, (1004, 3), "4 calls later")
+    other = init_comm()  # a restored job's new communicator continues the saved streams
+    qnccl.comm.set_call_counts(other, 1004)
+    expect(other, (1004, 0), "a second communicator set to the first one's count")
+    check_against_emulator(other, cases[0], 1004, failures, make_feedback_config(cases[0]))
+    check_nccl(lib.ncclCommDestroy(other), "ncclCommDestroy")
+    calls = ffi.new("uint64_t*")
+    expect_failure(failures, "qncclCommGetCallCounts",
+                   lib.qncclCommGetCallCounts(ffi.NULL, calls, calls), "comm is NULL")
+    expect_failure(failures, "qncclCommGetCallCounts",
+                   lib.qncclCommGetCallCounts(comm, calls, ffi.NULL),
+                   r"p2pCalls is NULL; pass a uint64_t\*")
+    expect_failure(failures, "qncclCommSetCallCounts",
+                   lib.qncclCommSetCallCounts(ffi.NULL, 1, 1), "comm is NULL")
+    return 3 * len(cases)
+
+
+PROGRAMS = {"call_counts": call_counts, "emulator": emulator, "bookkeeping": bookkeeping, "interposer": interposer,
             "ring_warning": ring_warning, "hier": hier}
 
 
