@@ -11,6 +11,8 @@
 # A stamp in .venv keyed on this script and pyproject.toml makes a rerun instant.
 # Knobs: PYTHON3 (interpreter for the venv, default python3), QNCCL_CACHE (download
 # cache, default ~/.cache/qnccl), QNCCL_SETUP_FORCE=1 (ignore the stamp).
+# `scripts/setup.sh --cuda-pins` prints the CUDA toolkit wheels' pins and exits (the
+# runtime image's build stage installs just those).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -34,15 +36,22 @@ PY_PKGS=(
   matplotlib==3.11.2
   ml-dtypes==0.6.0  # bfloat16 numpy arrays: qnccl.codec accepts them (tests/test_codec.py)
   torch==2.13.0     # the gloo baseline of make bench, the DDP hook and its tests
-  # One CUDA 12 toolkit for the kernels (Makefile, "CUDA"): the runtime (headers and static
-  # library), NVRTC (compiles the kernels), CCCL (standard headers for NVRTC), and the nvcc
-  # wheel for the crt/ headers the runtime's include (its ptxas is not used).
+  nvidia-cuda-cuobjdump==13.5.37  # reads the kernels' images (tests/test_cuda_build.py)
+)
+# One CUDA 12 toolkit for the kernels (Makefile, "CUDA"): the runtime (headers and static
+# library), NVRTC (compiles the kernels), CCCL (standard headers for NVRTC), and the nvcc
+# wheel for the crt/ headers the runtime's include (its ptxas is not used).
+CUDA_PKGS=(
   nvidia-cuda-runtime-cu12==12.9.79
   nvidia-cuda-nvrtc-cu12==12.9.86
   nvidia-cuda-cccl-cu12==12.9.27
   nvidia-cuda-nvcc-cu12==12.9.86
-  nvidia-cuda-cuobjdump==13.5.37  # reads the kernels' images (tests/test_cuda_build.py)
 )
+if [ "${1:-}" = --cuda-pins ]; then
+  printf '%s\n' "${CUDA_PKGS[@]}"
+  exit 0
+fi
+PY_PKGS+=("${CUDA_PKGS[@]}")
 NCCL_VERSION=2.32.3  # the release src/include/nccl_abi.h follows
 NCCL_WHEEL=nvidia-nccl-cu13==$NCCL_VERSION
 
