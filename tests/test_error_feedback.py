@@ -122,3 +122,35 @@ def test_resets_and_lookups_check_their_arguments(capi):
     with pytest.raises(ValueError, match=re.escape("dtype must be one of float32, float16, "
                                                    "bfloat16, got 'int32'")):
         qnccl.comm.residual(1, np.zeros(3, np.int32))
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    ({}, "QncclError", "qncclAllReduce: comm is NULL"),
+    ({"dtype": "int8"}, "ValueError", "dtype must be one of float32, float16, bfloat16"),
+    ({"op": "max"}, "ValueError", "op must be 'sum' or 'avg'"),
+    ({"algo": "butterfly"}, "ValueError", "algo must be one of auto, ring, tree, sra, hier"),
+    ({"error_feedback": 1}, "ValueError", "error_feedback must be True or False"),
+    ({"bits": 9}, "QncclError", r"bits = 9 is out of range; allowed: 1\.\.8"),
+    ({"lanes": -1}, "QncclError", r"lanes = -1; allowed: 0 \(auto"),
+])
+def test_python_allreduce_names_what_is_wrong(kwargs, error, message):
+    """qnccl.comm.allreduce: Python-side checks raise ValueError naming the argument and the
+    values allowed; the library's own checks come back as QncclError with its message."""
+    import qnccl.comm
+    x = np.zeros(8, np.float32)
+    args = {"comm": 0, "dtype": "float32", "op": "avg", **kwargs}
+    with pytest.raises(Exception, match=message) as caught:
+        qnccl.comm.allreduce(args.pop("comm"), x, x, 8, args.pop("dtype"), args.pop("op"),
+                             **args)
+    assert type(caught.value).__name__ == error
+
+
+def test_call_counts_of_no_communicator_fail():
+    import qnccl.comm
+    from qnccl import QncclError
+    with pytest.raises(QncclError, match="qncclCommGetCallCounts: comm is NULL"):
+        qnccl.comm.call_counts(0)
+    with pytest.raises(QncclError, match="qncclCommSetCallCounts: comm is NULL"):
+        qnccl.comm.set_call_counts(0, 5, 0)
+    with pytest.raises(ValueError, match="calls = -1 does not fit the C type uint64_t"):
+        qnccl.comm.set_call_counts(0, -1, 0)
