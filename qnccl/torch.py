@@ -34,8 +34,10 @@ except ImportError as exc:  # torch stays optional for the rest of qnccl
                       "pip install torch (CPU wheels: --index-url "
                       "https://download.pytorch.org/whl/cpu)") from exc
 
-import concurrent.futures
+import collections
 import operator
+import queue
+import threading
 
 import numpy as np
 
@@ -141,7 +143,7 @@ class QuantizedHookState:
         self.quantized_bytes_sent = 0  # wire bytes this rank sent to other ranks (both phases)
         self.exact_bytes = 0  # bytes given to plain all_reduce (exact parts, warm-up)
         self.world_size = None  # set at the first call
-        self._executor = None  # the worker thread that reduces host buckets (sra_hook)
+        self._thread = None  # the worker that reduces host buckets (sra_hook)
         self._engine_comm = None  # the communicator the engine ran on
         self._engine_calls = None  # restored: the engine's call count to continue from
         self._inputs = {}  # engine: (names, setting, device) -> float32 input buffer
@@ -334,7 +336,7 @@ class QuantizedHookState:
         state = dict(self.__dict__)
         state["process_group"] = None  # not picklable: the default group after loading
         state["_names"] = None  # ids of this process's tensors: attach(model) after loading
-        state["_executor"] = None  # a thread: a new one after loading
+        state["_thread"] = None  # a thread: a new one after loading
         state["residuals"] = self._all_residuals()  # the engine's, by name
         state["_engine_calls"] = self._engine_call_count()
         state["comm"] = state["_engine_comm"] = None  # this process's communicators
@@ -362,11 +364,45 @@ class QuantizedHookState:
         return self.process_group if self.process_group is not None else dist.group.WORLD
 
     def _worker(self):
-        """One thread: buckets are reduced one after another, in the order they come."""
-        if self._executor is None:
-            self._executor = concurrent.futures.ThreadPoolExecutor(
-                max_workers=1, thread_name_prefix="qnccl-hook")
-        return self._executor
+        if self._thread is None:
+            self._thread = _Worker()
+        return self._thread
+
+
+class _Worker:
+    """The thread that reduces a state's host buckets. A bucket's work is a generator that
+    yields where it is about to wait for messages. A bucket DDP hands over is started at once
+    (its all_reduce issued, its first pieces encoded and sent); otherwise the thread advances
+    the oldest bucket to its next wait. So the codec of one bucket overlaps the transfers of
+    the one before, and every rank issues its collectives and sends in bucket order: a rank
+    only ever waits for the oldest unfinished bucket, whose messages every other rank has
+    already sent or will send before it waits for anything newer."""
+
+    def __init__(self):
+        self._queue = queue.SimpleQueue()
+        threading.Thread(target=self._run, name="qnccl-hook", daemon=True).start()
+
+    def submit(self, steps, future):
+        """Runs the generator `steps`; its return value (or exception) completes `future`."""
+        self._queue.put((steps, future))
+
+    def _run(self):
+        active = collections.deque()
+        while True:
+            try:
+                item = self._queue.get(block=not active)
+                active.append(item)
+            except queue.Empty:  # nothing new: the oldest bucket goes on
+                item = active[0]
+            steps, future = item
+            try:
+                next(steps)
+            except StopIteration as done:
+                active.remove(item)
+                future.set_result(done.value)
+            except BaseException as error:  # the future carries it to DDP's wait
+                active.remove(item)
+                future.set_exception(error)
 
 
 def _quantized(data, count, bits, bucket_size):
@@ -375,13 +411,16 @@ def _quantized(data, count, bits, bucket_size):
                                  seed=0, stream=0)
 
 
-_TAG = 0x514E  # the tag of the hook's point-to-point messages ("QN"), plus the phase
+# The tags of the hook's point-to-point messages: "QN" << 16, plus 2 per call and the phase.
+_TAG = 0x514E << 16
+_TAG_CALLS = 1 << 15
 
 
 def _sra(state, group, z, bits, bucket_size, residual):
-    """The SRA average of the float32 vector z over the group (docs/allreduce.md), returns the
-    float32 result; fills `residual` (when not None) with what this rank's quantizations
-    dropped: z - D(Q(z)) on the chunks it sent, N * (acc/N - D(q_r)) on its own chunk.
+    """The SRA average of the float32 vector z over the group (docs/allreduce.md), returned by
+    this generator, which yields before each wait for messages (_Worker); fills `residual`
+    (when not None) with what this rank's quantizations dropped: z - D(Q(z)) on the chunks
+    it sent, N * (acc/N - D(q_r)) on its own chunk.
 
     The pieces travel as point-to-point messages, each sent as soon as it is encoded and
     decoded in the fixed order of the algorithm once it has arrived, so that the codec of one
@@ -391,6 +430,7 @@ def _sra(state, group, z, bits, bucket_size, residual):
     others = [(r + i) % n for i in range(1, n)]  # sends go to r+1, r+2, ...: no hot spot
     call = state.calls
     state.calls += 1
+    tag = _TAG + 2 * (call % _TAG_CALLS)  # + phase: calls in flight together never share one
     out = np.empty_like(z)
     for g, (start, stop) in enumerate(_segments(z.size, 0, bucket_size)):
         bounds = _chunks(stop - start, n, bucket_size)
@@ -402,7 +442,8 @@ def _sra(state, group, z, bits, bucket_size, residual):
                                    _stream_id(call, g, r, step))
 
         def receive(sources, size_of, phase):
-            return {j: _post(np.empty(size_of(j), np.uint8), peers[j], group, phase, recv=True)
+            return {j: _post(np.empty(size_of(j), np.uint8), peers[j], group, tag + phase,
+                             recv=True)
                     for j in sources if size_of(j)}
 
         # scatter-reduce: chunk k quantized for its owner k
@@ -417,8 +458,9 @@ def _sra(state, group, z, bits, bucket_size, residual):
             qk = q(values, k)
             if residual is not None:
                 residual[start + klo:start + khi] = values - _codec.dequantize(qk)
-            sent.append(_post(qk.data, peers[k], group, 0))
+            sent.append(_post(qk.data, peers[k], group, tag))
             state.quantized_bytes_sent += sizes[k]
+        yield
         mine = None
         if hi > lo:
             acc = z[start + lo:start + hi].copy()
@@ -439,8 +481,9 @@ def _sra(state, group, z, bits, bucket_size, residual):
         inbox = receive(others, sizes.__getitem__, 1)
         if mine is not None:
             for k in others:
-                sent.append(_post(mine.data, peers[k], group, 1))
+                sent.append(_post(mine.data, peers[k], group, tag + 1))
                 state.quantized_bytes_sent += sizes[r]
+        yield
         for k in others:
             if k in inbox:
                 klo, khi = bounds[k]
@@ -453,10 +496,10 @@ def _sra(state, group, z, bits, bucket_size, residual):
     return out
 
 
-def _post(data, peer, group, phase, recv=False):
+def _post(data, peer, group, tag, recv=False):
     """An isend (or irecv into) of the uint8 numpy array `data`: (work, data)."""
     op = dist.irecv if recv else dist.isend
-    return op(torch.from_numpy(data), peer, group=group, tag=_TAG + phase), data
+    return op(torch.from_numpy(data), peer, group=group, tag=tag), data
 
 
 def _arrived(posted):
@@ -476,27 +519,31 @@ def sra_hook(state: QuantizedHookState, bucket):
 
     Host buckets are reduced on the state's worker thread and the hook returns at once with a
     future that completes when the bucket is done, so that the backward pass goes on
-    computing the next buckets meanwhile (the codec releases the GIL). One worker reduces the
-    buckets in the order DDP hands them over, the same on every rank, so the collectives of
-    different buckets never interleave differently across ranks."""
+    computing the next buckets meanwhile (the codec releases the GIL); the worker starts each
+    bucket as it comes, so that its codec overlaps the transfers of the one before (_Worker).
+    """
     if bucket.buffer().is_cuda:
-        buffer = _reduce_bucket(state, bucket)
+        buffer = _to_end(_reduce_bucket(state, bucket))
         future = torch.futures.Future(devices=[buffer.device])
         future.set_result(buffer)  # records an event on the current stream
         return future
     future = torch.futures.Future()
-
-    def work():
-        try:
-            future.set_result(_reduce_bucket(state, bucket))
-        except BaseException as error:  # the future carries it to DDP's wait
-            future.set_exception(error)
-    state._worker().submit(work)
+    state._worker().submit(_reduce_bucket(state, bucket), future)
     return future
 
 
+def _to_end(steps):
+    """The return value of the generator `steps`, run without pausing."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
+
+
 def _reduce_bucket(state, bucket):
-    """The bucket's averaged gradients, in its buffer (sra_hook's work).
+    """The bucket's averaged gradients, in its buffer (sra_hook's work): a generator that
+    yields where the host path is about to wait for messages, and returns the buffer.
 
     The order of the work is the same on every rank: the exact part's all_reduce is issued
     first, then the quantized groups in bucket_plan's order. On the host the all_reduce runs
@@ -531,7 +578,7 @@ def _reduce_bucket(state, bucket):
         state.quantized_input_bytes += sum(grads[i].numel() * grads[i].element_size()
                                            for i in members)
         if engine is None:
-            _torch_group(state, group, [grads[i] for i in members], names, setting)
+            yield from _torch_group(state, group, [grads[i] for i in members], names, setting)
         else:
             _engine_group(state, engine, [grads[i] for i in members], names, setting)
     if pending is not None:
@@ -564,13 +611,14 @@ def _take_residuals(state, z, grads, names):
 
 
 def _torch_group(state, group, grads, names, setting):
-    """A quantized group averaged by _sra over torch.distributed (host tensors)."""
+    """A quantized group averaged by _sra over torch.distributed (host tensors); a generator
+    like _sra."""
     z = torch.cat([g.reshape(-1) for g in grads]).to("cpu", torch.float32).numpy()
     residual = None
     if state.error_feedback:
         _take_residuals(state, z, grads, names)
         residual = np.zeros_like(z)
-    out = _sra(state, group, z, *setting, residual)
+    out = yield from _sra(state, group, z, *setting, residual)
     _scatter(torch.from_numpy(out), grads)
     if residual is not None:
         offset = 0

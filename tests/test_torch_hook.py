@@ -39,6 +39,9 @@ CONFIGS = [
 # in place of the SRA over torch.distributed: config ENGINE[c] is CONFIGS[c]'s twin.
 ENGINE = {0: len(CONFIGS), 2: len(CONFIGS) + 1, 3: len(CONFIGS) + 2}
 CONFIGS += [dict(CONFIGS[c], engine=True) for c in ENGINE]
+# sra_hook registered as it is (the buckets overlap on its worker): DIRECT[c] is CONFIGS[c]'s.
+DIRECT = {c: len(CONFIGS) + i for i, c in enumerate((0, 2))}
+CONFIGS += [dict(CONFIGS[c], direct=True) for c in DIRECT]
 
 
 def free_port():
@@ -189,6 +192,15 @@ def test_residuals_follow_parameters_into_new_groups(nprocs):
     out = run_python(nprocs, REPO / "tests" / "torch_programs" / "engine_regroup.py", timeout=120,
                      env={"MASTER_PORT": str(free_port()), "QNCCL_NCCL_LIB": str(HOST_NCCL)})
     assert out.stdout.count(": OK") == nprocs, out.stdout
+
+
+@pytest.mark.parametrize("c", sorted(DIRECT))
+def test_overlapping_buckets_give_the_same_bytes(records, c):
+    """sra_hook unwrapped: its worker starts a bucket while the one before is still in
+    flight (the recording hook waits for each); the parameters are the same, bit for bit."""
+    for t, (want, got) in enumerate(zip(steps_of(records, c), steps_of(records, DIRECT[c]))):
+        for r in range(N):
+            assert got[r]["hash"] == want[r]["hash"], (c, t, r)
 
 
 def test_per_layer_bits_and_loss(records):

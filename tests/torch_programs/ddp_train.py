@@ -5,7 +5,8 @@ hook received, the averaged gradients DDP produced, a hash of the parameters aft
 the loss, the error-feedback residuals, the SRA call numbers and the exact part reduced with
 a plain all_reduce for comparison. A configuration with "engine": true gives the hook an NCCL
 communicator of QNCCL's host backend (QNCCL_NCCL_LIB), so that its quantized groups go through
-libqnccl's engine, as CUDA buckets do on a GPU.
+libqnccl's engine, as CUDA buckets do on a GPU. One with "direct": true registers sra_hook
+itself, so that buckets overlap, and records no calls.
 
     MASTER_PORT=P mpirun -np 4 python tests/torch_programs/ddp_train.py OUTDIR CONFIGS_JSON
 """
@@ -89,7 +90,9 @@ def run(config, rank, size):
             pending.append(future)
             return future
 
-        ddp.register_comm_hook(state, hook)
+        # "direct": sra_hook itself, its worker free to start a bucket while the one before
+        # is in flight (the recording hook above waits for each); nothing is recorded
+        ddp.register_comm_hook(state, qnccl.torch.sra_hook if config.get("direct") else hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
     gen = torch.Generator().manual_seed(100 + rank)
     for step in range(STEPS):

@@ -40,7 +40,7 @@ def main():
             names = [f"{n}.weight" for n in members]
             grads = [torch.randn(shapes[n], generator=gen) for n in members]
             copies = [g.clone() for g in grads]
-            qtorch._torch_group(host, host._group(), grads, names, (3, 32))
+            qtorch._to_end(qtorch._torch_group(host, host._group(), grads, names, (3, 32)))
             qtorch._engine_group(engine, comm, copies, names, (3, 32))
             for name, want, got in zip(names, grads, copies):
                 assert torch.equal(want.view(torch.int32), got.view(torch.int32)), (t, name)

@@ -47,7 +47,7 @@ def main():
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             qtorch._engine_group(device_state, comm, on_device, names, (4, 64))
-        qtorch._torch_group(host_state, gloo, grads, names, (4, 64))
+        qtorch._to_end(qtorch._torch_group(host_state, gloo, grads, names, (4, 64)))
         side.synchronize()
         for n, got, want in zip(names, on_device, grads):
             assert torch.equal(got.cpu().view(torch.int32), want.view(torch.int32)), (t, n)
