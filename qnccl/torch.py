@@ -144,6 +144,7 @@ class QuantizedHookState:
         self.exact_bytes = 0  # bytes given to plain all_reduce (exact parts, warm-up)
         self.world_size = None  # set at the first call
         self._thread = None  # the worker that reduces host buckets (sra_hook)
+        self._exact_calls = 0  # exact means so far (host): their messages' tags
         self._engine_comm = None  # the communicator the engine ran on
         self._engine_calls = None  # restored: the engine's call count to continue from
         self._inputs = {}  # engine: (names, setting, device) -> float32 input buffer
@@ -371,12 +372,13 @@ class QuantizedHookState:
 
 class _Worker:
     """The thread that reduces a state's host buckets. A bucket's work is a generator that
-    yields where it is about to wait for messages. A bucket DDP hands over is started at once
-    (its all_reduce issued, its first pieces encoded and sent); otherwise the thread advances
-    the oldest bucket to its next wait. So the codec of one bucket overlaps the transfers of
-    the one before, and every rank issues its collectives and sends in bucket order: a rank
-    only ever waits for the oldest unfinished bucket, whose messages every other rank has
-    already sent or will send before it waits for anything newer."""
+    yields where it is about to wait (for messages, a collective, the engine's peers), so
+    that its first step only issues work: collectives asynchronously, its first pieces
+    encoded and sent. A bucket DDP hands over gets its first step at once; otherwise the
+    thread advances the oldest bucket to its next wait. So the codec of one bucket overlaps
+    the transfers of the one before, every rank issues its collectives and sends in bucket
+    order, and a rank only ever waits for the oldest unfinished bucket, whose messages every
+    other rank has sent, or sends before it waits for anything newer: no cycle of waits."""
 
     def __init__(self):
         self._queue = queue.SimpleQueue()
@@ -413,6 +415,7 @@ def _quantized(data, count, bits, bucket_size):
 
 # The tags of the hook's point-to-point messages: "QN" << 16, plus 2 per call and the phase.
 _TAG = 0x514E << 16
+_EXACT_TAG = 0x514F << 16  # the exact parts' (_exact_mean)
 _TAG_CALLS = 1 << 15
 
 
@@ -497,9 +500,10 @@ def _sra(state, group, z, bits, bucket_size, residual):
 
 
 def _post(data, peer, group, tag, recv=False):
-    """An isend (or irecv into) of the uint8 numpy array `data`: (work, data)."""
+    """An isend (or irecv into) of `data`, a tensor or a numpy array: (work, data)."""
     op = dist.irecv if recv else dist.isend
-    return op(torch.from_numpy(data), peer, group=group, tag=tag), data
+    tensor = torch.from_numpy(data) if isinstance(data, np.ndarray) else data
+    return op(tensor, peer, group=group, tag=tag), data
 
 
 def _arrived(posted):
@@ -545,11 +549,12 @@ def _reduce_bucket(state, bucket):
     """The bucket's averaged gradients, in its buffer (sra_hook's work): a generator that
     yields where the host path is about to wait for messages, and returns the buffer.
 
-    The order of the work is the same on every rank: the exact part's all_reduce is issued
-    first, then the quantized groups in bucket_plan's order. On the host the all_reduce runs
-    on the process group's threads while the groups are quantized; on a device the current
-    stream waits for it before the engine's kernels, so that the communicator's operations
-    (the process group's and the engine's, on two streams) run one after another."""
+    The order of the work is the same on every rank: the exact part first, then the
+    quantized groups in bucket_plan's order. On the host the exact part's messages travel
+    with the first group's (_exact_mean); on a device it is the process group's all_reduce,
+    and the current stream waits for it before the engine's kernels, so that the
+    communicator's operations (the process group's and the engine's, on two streams) run
+    one after another."""
     group = state._group()
     n = dist.get_world_size(group)
     buffer = bucket.buffer()
@@ -560,32 +565,99 @@ def _reduce_bucket(state, bucket):
     state.bucket_calls[index] = seen + 1
     if seen < state.warmup_steps or n == 1:
         state.exact_bytes += buffer.numel() * buffer.element_size()
-        dist.all_reduce(buffer, group=group)
+        work = dist.all_reduce(buffer, group=group, async_op=True)
+        yield  # a bucket's first step never waits (_Worker)
+        work.wait()
         return buffer.div_(n)
 
     params, grads = bucket.parameters(), bucket.gradients()
     exact, groups = state.bucket_plan(params)
-    pending = None
+    exact_part = None  # the host's exact mean, a generator
     if exact:
         flat = torch.cat([grads[i].reshape(-1) for i in exact])
         state.exact_bytes += flat.numel() * flat.element_size()
-        pending = dist.all_reduce(flat, group=group, async_op=True)
-        if buffer.is_cuda:
-            pending.wait()  # the current stream waits for the process group's stream
+        if buffer.is_cuda:  # the current stream waits for the process group's stream
+            dist.all_reduce(flat, group=group, async_op=True).wait()
+            flat.div_(n)
+        else:
+            exact_part = _exact_mean(state, group, flat)
     engine = state._engine(buffer)
+    if engine is not None:
+        if exact_part is not None:
+            next(exact_part)  # its first messages
+        yield  # the engine waits for its peers: not in a bucket's first step (_Worker)
     for setting, members in groups:
         names = [state.name_of(params[i]) for i in members]
         state.quantized_input_bytes += sum(grads[i].numel() * grads[i].element_size()
                                            for i in members)
         if engine is None:
-            yield from _torch_group(state, group, [grads[i] for i in members], names, setting)
+            steps = _torch_group(state, group, [grads[i] for i in members], names, setting)
+            if exact_part is not None:  # the two parts' messages go in the same rounds
+                steps, exact_part = _together(steps, exact_part), None
+            yield from steps
         else:
             _engine_group(state, engine, [grads[i] for i in members], names, setting)
-    if pending is not None:
-        pending.wait()
-        flat.div_(n)
+    if exact_part is not None:
+        yield from exact_part
+    if exact:
         _scatter(flat, [grads[i] for i in exact])
     return buffer
+
+
+def _together(*steps):
+    """Runs generators in lock step (one step of each per yield) until all have returned."""
+    live = list(steps)
+    while live:
+        for one in list(live):
+            try:
+                next(one)
+            except StopIteration:
+                live.remove(one)
+        if live:
+            yield
+
+
+def _exact_mean(state, group, flat):
+    """The mean over the group of the host tensor `flat`, in place: a generator that yields
+    after sending and before waiting, as _sra does. Rank k owns chunk k of the values: every
+    rank sends it its values of that chunk, the owner adds the N of them in increasing rank
+    order, divides by N and sends the mean to every rank. Two rounds of point-to-point
+    messages, which go with the quantized groups' (a collective's several rounds would each
+    wait behind the bucket's bulk on a slow link); every rank ends with the same bytes."""
+    n, r = dist.get_world_size(group), dist.get_rank(group)
+    peers = [dist.get_global_rank(group, k) for k in range(n)]
+    others = [(r + i) % n for i in range(1, n)]
+    tag = _EXACT_TAG + 2 * (state._exact_calls % _TAG_CALLS)
+    state._exact_calls += 1
+    bounds = _chunks(flat.numel(), n, 1)
+    lo, hi = bounds[r]
+
+    def receive(sources, size_of, phase):
+        return {j: _post(torch.empty(size_of(j), dtype=flat.dtype), peers[j], group,
+                         tag + phase, recv=True)
+                for j in sources if size_of(j)}
+
+    inbox = receive(others, lambda j: hi - lo, 0)
+    sent = [_post(flat[klo:khi], peers[k], group, tag)
+            for k, (klo, khi) in enumerate(bounds) if k != r and khi > klo]
+    yield
+    mean = None
+    if hi > lo:
+        for j in range(n):
+            part = flat[lo:hi] if j == r else _arrived(inbox[j])
+            mean = part.clone() if mean is None else mean.add_(part)
+        mean.div_(n)
+    inbox = receive(others, lambda k: bounds[k][1] - bounds[k][0], 1)
+    if mean is not None:
+        sent += [_post(mean, peers[k], group, tag + 1) for k in others]
+    yield
+    for work, _ in sent:  # flat's chunks went out from flat itself
+        work.wait()
+    if mean is not None:
+        flat[lo:hi] = mean
+    for k, posted in inbox.items():
+        flat[bounds[k][0]:bounds[k][1]] = _arrived(posted)
+    return flat
 
 
 def _scatter(flat, grads):
