@@ -61,18 +61,19 @@ CommState::~CommState() {
 #endif
 }
 
-}  // namespace qnccl
-
-namespace qnccl {
+ncclResult_t checked_comm_state(const char* fn, ncclComm_t comm,
+                               std::shared_ptr<CommState>* state) {
+  if (comm == nullptr) return set_error(ncclInvalidArgument, "%s: comm is NULL", fn);
+  return comm_state(comm, nullptr, state);
+}
 
 ncclResult_t get_call_counts(const char* fn, ncclComm_t comm, uint64_t* calls,
                              uint64_t* p2p_calls) {
-  if (comm == nullptr) return set_error(ncclInvalidArgument, "%s: comm is NULL", fn);
   if (calls == nullptr || p2p_calls == nullptr)
     return set_error(ncclInvalidArgument, "%s: %s is NULL; pass a uint64_t*", fn,
                      calls == nullptr ? "calls" : "p2pCalls");
   std::shared_ptr<CommState> state;
-  QNCCL_CHECK(comm_state(comm, nullptr, &state));
+  QNCCL_CHECK(checked_comm_state(fn, comm, &state));
   *calls = state->calls;
   *p2p_calls = state->p2p_calls;
 #ifdef QNCCL_WITH_CUDA
@@ -85,9 +86,8 @@ ncclResult_t get_call_counts(const char* fn, ncclComm_t comm, uint64_t* calls,
 }
 
 ncclResult_t set_call_counts(const char* fn, ncclComm_t comm, uint64_t calls, uint64_t p2p_calls) {
-  if (comm == nullptr) return set_error(ncclInvalidArgument, "%s: comm is NULL", fn);
   std::shared_ptr<CommState> state;
-  QNCCL_CHECK(comm_state(comm, nullptr, &state));
+  QNCCL_CHECK(checked_comm_state(fn, comm, &state));
 #ifdef QNCCL_WITH_CUDA
   if (state->device.calls != nullptr)
     QNCCL_CHECK(write_device_calls(state->device, calls, p2p_calls));

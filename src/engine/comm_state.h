@@ -133,6 +133,11 @@ struct CommState {
 ncclResult_t comm_state(ncclComm_t comm, const qncclEnvConfig_t* config,
                         std::shared_ptr<CommState>* state);
 
+/* comm_state from the environment for the C API's calls on a communicator:
+ * a NULL `comm` fails with a message that names `fn`. */
+ncclResult_t checked_comm_state(const char* fn, ncclComm_t comm,
+                               std::shared_ptr<CommState>* state);
+
 /* The state of `comm` if it has one (nothing is made). */
 std::shared_ptr<CommState> existing_comm_state(ncclComm_t comm);
 

@@ -79,16 +79,6 @@ ncclResult_t residual_for_call(ncclComm_t comm, CommState& state, const void* se
   return ncclSuccess;
 }
 
-namespace {
-
-ncclResult_t checked_comm_state(const char* fn, ncclComm_t comm,
-                               std::shared_ptr<CommState>* state) {
-  if (comm == nullptr) return set_error(ncclInvalidArgument, "%s: comm is NULL", fn);
-  return comm_state(comm, nullptr, state);
-}
-
-}  // namespace
-
 ncclResult_t reset_error_feedback(const char* fn, ncclComm_t comm) {
   std::shared_ptr<CommState> state;
   QNCCL_CHECK(checked_comm_state(fn, comm, &state));
