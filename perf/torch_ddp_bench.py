@@ -5,11 +5,13 @@ An MLP of about 8M parameters (4 x Linear(1408, 1408)) trains on a synthetic reg
 with DistributedDataParallel on N gloo processes inside perf/netlab (a loopback `tc` limits to
 --rate, MPI launches the ranks, gloo talks TCP): with no hook, with PyTorch's own
 fp16_compress_hook, bf16_compress_hook and PowerSGD (rank 2, error feedback, after 2 plain
-steps), and with qnccl.torch's SRA hook at 8 and 4 bits (bucket 128). Every job starts from the
-same weights and sees the same data; it prints seconds per step (the median over the timed
-steps of the slowest rank's step) and the final training loss.
+steps, its buckets one at a time), and with qnccl.torch's SRA hook at 8 and 4 bits (bucket
+128). Every job starts from the same weights and sees the same data; it prints seconds per
+step (the median over the timed steps of the slowest rank's step) and the final training loss
+(the mean over the last 5 steps).
 
     .venv/bin/python perf/torch_ddp_bench.py                    # 4 ranks, 1 Gbit/s, ~3 min
+    .venv/bin/python perf/torch_ddp_bench.py --steps 30         # the README's table, ~8 min
     .venv/bin/python perf/torch_ddp_bench.py --rate 10gbit --steps 20
 
 Writes OUT/ddp_hooks.json and OUT/ddp_hooks.md (OUT: --out, default build/bench). Exit status:
