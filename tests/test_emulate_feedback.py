@@ -2,8 +2,6 @@
 training-loop communicator qnccl.emulate.training.EmulatedAllReduce. No library needed."""
 import importlib
 import itertools
-import threading
-import types
 
 import numpy as np
 import pytest
@@ -236,61 +234,6 @@ def test_error_feedback_makes_the_mean_converge(rounding):
 
 
 # ---- the DDP hook's SRA ------------------------------------------------------------------
-
-def test_sra_matches_torch_hook(capi):
-    """qnccl.torch's _sra with error feedback, run on N threads with torch.distributed's
-    world size, rank and all-to-all replaced in-process, gives the emulator's bytes and
-    residuals (the hook's avg over a communicator whose call counter is the state's). The
-    hook's codec is libqnccl.so's (capi loads it once, before the threads)."""
-    pytest.importorskip("torch")
-    qt = importlib.import_module("qnccl.torch")
-    n, count, bits, bsz = 5, 3000, 3, 64
-    rng = np.random.default_rng(8)
-    barrier = threading.Barrier(n)
-    posted = {}
-
-    def exchange(group, sends, in_split, out_split, device):
-        data = np.concatenate(sends) if sends else np.empty(0, np.uint8)
-        offsets = np.concatenate([[0], np.cumsum(in_split)])
-        posted[group] = [data[offsets[j]:offsets[j + 1]] for j in range(n)]
-        barrier.wait()
-        got = np.concatenate([posted[j][group] for j in range(n)])
-        assert got.size == sum(out_split)
-        barrier.wait()
-        return got
-
-    fake_dist = types.SimpleNamespace(get_world_size=lambda group: n,
-                                      get_rank=lambda group: group)
-    mp = pytest.MonkeyPatch()
-    mp.setattr(qt, "dist", fake_dist)
-    mp.setattr(qt, "_exchange", exchange)
-    try:
-        states = [types.SimpleNamespace(calls=0, rounding="stochastic", seed=4,
-                                        quantized_bytes_sent=0) for _ in range(n)]
-        hook_e = [np.zeros(count, F32) for _ in range(n)]
-        emu_e = [np.zeros(count, F32) for _ in range(n)]
-        for call in range(3):
-            xs = inputs(rng, n, count)
-            outs, new_e = [None] * n, [np.zeros(count, F32) for _ in range(n)]
-
-            def rank(r):
-                z = xs[r] + hook_e[r]
-                outs[r] = qt._sra(states[r], r, z, bits, bsz, new_e[r], None)
-
-            threads = [threading.Thread(target=rank, args=(r,)) for r in range(n)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-            hook_e = new_e
-            y = allreduce(xs, algo="sra", bits=bits, bucket_size=bsz, rounding="stochastic",
-                          seed=4, op="avg", call=call, residuals=emu_e)[0]
-            for r in range(n):
-                assert outs[r].tobytes() == y.tobytes()
-                assert hook_e[r].tobytes() == emu_e[r].tobytes()
-    finally:
-        mp.undo()
-
 
 # ---- EmulatedAllReduce -------------------------------------------------------------------
 

@@ -144,6 +144,17 @@ def test_quantized_part_matches_emulator(records, c):
                 got = np.concatenate([e["grads"][n] for n in names])
                 assert np.array_equal(got.view(np.uint32), want[0].view(np.uint32)), \
                     (c, t, names)
+                if args.get("error_feedback"):
+                    # the residuals are added above: the emulator's start from zero, and
+                    # what it leaves is what this call's quantizations dropped, as the hook's
+                    dropped = [np.zeros(x.size, np.float32) for x in inputs]
+                    emulate_allreduce(inputs, "sra", bits, bucket_size, args["rounding"],
+                                      args.get("seed", 0), op="avg", call=call["call"] + g,
+                                      residuals=dropped)
+                    for r in range(N):
+                        mine = np.concatenate([step[r]["residuals"][n] for n in names])
+                        assert np.array_equal(mine.view(np.uint32), dropped[r].view(np.uint32)), \
+                            (c, t, r, names)
                 exact = np.mean([x.astype(np.float64) for x in inputs], axis=0)
                 assert np.all(np.abs(got - exact) <= bound), (c, t, names)
                 calls_seen += 1
