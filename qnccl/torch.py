@@ -428,9 +428,7 @@ def _sra(state, group, z, bits, bucket_size, residual):
     The pieces travel as point-to-point messages, each sent as soon as it is encoded and
     decoded in the fixed order of the algorithm once it has arrived, so that the codec of one
     piece overlaps the transfer of another; the bytes are those of one all-to-all per phase."""
-    n, r = dist.get_world_size(group), dist.get_rank(group)
-    peers = [dist.get_global_rank(group, k) for k in range(n)]
-    others = [(r + i) % n for i in range(1, n)]  # sends go to r+1, r+2, ...: no hot spot
+    n, r, peers, others = _ranks(group)
     call = state.calls
     state.calls += 1
     tag = _TAG + 2 * (call % _TAG_CALLS)  # + phase: calls in flight together never share one
@@ -444,14 +442,13 @@ def _sra(state, group, z, bits, bucket_size, residual):
             return _codec.quantize(values, bits, bucket_size, state.rounding, state.seed,
                                    _stream_id(call, g, r, step))
 
-        def receive(sources, size_of, phase):
-            return {j: _post(np.empty(size_of(j), np.uint8), peers[j], group, tag + phase,
-                             recv=True)
-                    for j in sources if size_of(j)}
+        def receive(size_of, phase):
+            return _receive(group, peers, others, size_of, tag + phase,
+                            lambda size: np.empty(size, np.uint8))
 
         # scatter-reduce: chunk k quantized for its owner k
         lo, hi = bounds[r]
-        inbox = receive(others, lambda j: sizes[r], 0)
+        inbox = receive(lambda j: sizes[r], 0)
         sent = []
         for k in others:
             klo, khi = bounds[k]
@@ -481,7 +478,7 @@ def _sra(state, group, z, bits, bucket_size, residual):
                     residual[start + lo:start + hi] = (acc - result) * _F32(n)
 
         # allgather: the owner's bytes to every other rank
-        inbox = receive(others, sizes.__getitem__, 1)
+        inbox = receive(sizes.__getitem__, 1)
         if mine is not None:
             for k in others:
                 sent.append(_post(mine.data, peers[k], group, tag + 1))
@@ -497,6 +494,21 @@ def _sra(state, group, z, bits, bucket_size, residual):
     if residual is not None:  # docs/allreduce.md: a non-finite bucket leaves no residual, so
         residual[~np.isfinite(residual)] = 0  # a step AMP skips cannot poison the next ones
     return out
+
+
+def _ranks(group):
+    """(N, this rank, each group rank's global rank, the other ranks from this one + 1 on: the
+    order sends go in, so that not every rank starts with the same peer)."""
+    n, r = dist.get_world_size(group), dist.get_rank(group)
+    return n, r, [dist.get_global_rank(group, k) for k in range(n)], \
+        [(r + i) % n for i in range(1, n)]
+
+
+def _receive(group, peers, sources, size_of, tag, empty):
+    """irecvs from each group rank j of `sources` that sends something (size_of(j) > 0) into
+    a new buffer empty(size): {j: (work, buffer)}."""
+    return {j: _post(empty(size_of(j)), peers[j], group, tag, recv=True)
+            for j in sources if size_of(j)}
 
 
 def _post(data, peer, group, tag, recv=False):
@@ -624,20 +636,17 @@ def _exact_mean(state, group, flat):
     order, divides by N and sends the mean to every rank. Two rounds of point-to-point
     messages, which go with the quantized groups' (a collective's several rounds would each
     wait behind the bucket's bulk on a slow link); every rank ends with the same bytes."""
-    n, r = dist.get_world_size(group), dist.get_rank(group)
-    peers = [dist.get_global_rank(group, k) for k in range(n)]
-    others = [(r + i) % n for i in range(1, n)]
+    n, r, peers, others = _ranks(group)
     tag = _EXACT_TAG + 2 * (state._exact_calls % _TAG_CALLS)
     state._exact_calls += 1
     bounds = _chunks(flat.numel(), n, 1)
     lo, hi = bounds[r]
 
-    def receive(sources, size_of, phase):
-        return {j: _post(torch.empty(size_of(j), dtype=flat.dtype), peers[j], group,
-                         tag + phase, recv=True)
-                for j in sources if size_of(j)}
+    def receive(size_of, phase):
+        return _receive(group, peers, others, size_of, tag + phase,
+                        lambda size: torch.empty(size, dtype=flat.dtype))
 
-    inbox = receive(others, lambda j: hi - lo, 0)
+    inbox = receive(lambda j: hi - lo, 0)
     sent = [_post(flat[klo:khi], peers[k], group, tag)
             for k, (klo, khi) in enumerate(bounds) if k != r and khi > klo]
     yield
@@ -647,7 +656,7 @@ def _exact_mean(state, group, flat):
             part = flat[lo:hi] if j == r else _arrived(inbox[j])
             mean = part.clone() if mean is None else mean.add_(part)
         mean.div_(n)
-    inbox = receive(others, lambda k: bounds[k][1] - bounds[k][0], 1)
+    inbox = receive(lambda k: bounds[k][1] - bounds[k][0], 1)
     if mean is not None:
         sent += [_post(mean, peers[k], group, tag + 1) for k in others]
     yield
