@@ -197,7 +197,7 @@ bench: setup
 	@$(MAKE) --no-print-directory -j$(JOBS) all
 	$(PYTHON) -m qnccl bench
 
-# Training accuracy under quantized allreduce (docs/accuracy.md; about 17 min).
+# Training accuracy under quantized allreduce (docs/accuracy.md; about 13 min).
 accuracy: setup
 	@$(MAKE) --no-print-directory -j$(JOBS) all
 	$(PYTHON) perf/accuracy_bench.py

@@ -53,6 +53,7 @@ BITS, ALGOS, RANKS = (8, 4, 2), ("ring", "tree", "sra"), (8, 32)
 ALLTOALL_BITS = ((8, 8), (8, 4), (4, 8), (4, 4), (4, 2), (2, 4), (2, 2))
 ALLTOALL_RANKS = 8
 DDP_RANKS = 4
+DDP_CONFIG = {"bits": 4, "algo": "sra", "error_feedback": False}  # the hook job's allreduce
 
 # Open MPI as root, more ranks than cores, no busy waiting, shared memory between the ranks.
 MPI_ENV = {**BENCH_MPI_ENV, **MPI_SHARED_MEMORY_ENV, "PYTHONUNBUFFERED": "1"}
@@ -125,8 +126,10 @@ def build_parser():
                         "8/8,4/2, or none (default: the paper's seven pairs)")
     p.add_argument("--bucket-size", type=int_in(1), default=128,
                    help="values per quantization bucket (default 128)")
-    p.add_argument("--rounding", choices=("stochastic", "nearest"), default="stochastic",
-                   help="the codec's rounding (default stochastic, the library's default)")
+    p.add_argument("--rounding", choices=("auto", "nearest", "stochastic"), default="auto",
+                   help="the codec's rounding; auto (default): nearest where error feedback "
+                        "pays its bias back, stochastic (unbiased) where nothing does "
+                        "(docs/accuracy.md)")
     p.add_argument("--optimizer", choices=("adam", "sgd"), default="adam",
                    help=f"adam (lr {LR}, default) or plain sgd (lr {SGD_LR})")
     p.add_argument("--workers", type=int_in(1), default=min(2, os.cpu_count() or 1),
@@ -157,6 +160,16 @@ def configurations(args):
 def alltoall_configurations(args):
     """Table 2's configurations: the embeddings' all-to-alls quantized, the allreduce exact."""
     return [{"alltoall": list(pair)} for pair in args.alltoall]
+
+
+def rounding_of(c, settings):
+    """The rounding of configuration c: --rounding, or for auto nearest with error feedback
+    (which pays nearest's bias back over the next calls; with Adam stochastic rounding's
+    variance is what costs accuracy) and stochastic without (unbiased: nothing else
+    removes a bias, e.g. in the all-to-alls)."""
+    if settings["rounding"] != "auto":
+        return settings["rounding"]
+    return "nearest" if c.get("error_feedback") else "stochastic"
 
 
 def config_name(c):
@@ -230,12 +243,12 @@ def train(job, settings):
     allreduce = alltoall = None
     if c is not None and "alltoall" in c:
         alltoall = EmbeddingAlltoall(n, *c["alltoall"], bucket_size=settings["bucket_size"],
-                                     rounding=settings["rounding"], seed=job["seed"])
+                                     rounding=rounding_of(c, settings), seed=job["seed"])
     elif c is not None:
         # the training seed also seeds stochastic rounding, as a job's QNCCL_SEED would
         allreduce = EmulatedAllReduce(n, algo=c["algo"], bits=c["bits"],
                                       bucket_size=settings["bucket_size"],
-                                      rounding=settings["rounding"],
+                                      rounding=rounding_of(c, settings),
                                       seed=job["seed"],
                                       error_feedback=c["error_feedback"])
     eval_at = set(np.linspace(0, steps, EVALS + 1).round().astype(int).tolist())
@@ -259,7 +272,9 @@ def train(job, settings):
         am.set_head_grads(model, mean)
         optimizer.step()
     loss, acc = am.evaluate(model, test_set)
-    return {**job, "name": config_name(c), "test_loss": loss, "test_acc": acc, "curve": curve,
+    rounding = None if c is None else rounding_of(c, settings)
+    return {**job, "name": config_name(c), "rounding": rounding, "test_loss": loss,
+            "test_acc": acc, "curve": curve,
             "grad_rel_error": grad_error / steps, "wall_s": time.perf_counter() - start}
 
 
@@ -368,7 +383,9 @@ def run_ddp(args):
         result = Path(tmp) / "ddp.json"
         cmd = [mpirun, "-np", str(DDP_RANKS), sys.executable, str(DDP_PROGRAM),
                "--out", str(result), "--steps", str(args.steps), "--test", str(args.test),
-               "--bucket-size", str(args.bucket_size), "--optimizer", args.optimizer]
+               "--bucket-size", str(args.bucket_size),
+               "--rounding", rounding_of(DDP_CONFIG, vars(args)),
+               "--optimizer", args.optimizer]
         env = dict(os.environ, **MPI_ENV, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
         print(f"{TOOL}: DDP job: {DDP_RANKS} gloo processes, plain allreduce vs the 4-bit SRA "
               f"hook ({args.steps} steps; limit {args.ddp_timeout} s)", flush=True)
@@ -535,7 +552,7 @@ def plot(records, args, path):
         ax.set_ylabel("test log-loss", fontsize=8)
     fig.supxlabel("step")
     fig.suptitle(f"{TOOL}: DLRM-style model, global batch {BATCH}, bucket {args.bucket_size}, "
-                 f"{args.rounding} rounding, {args.optimizer}; test log-loss on the first "
+                 f"rounding {args.rounding}, {args.optimizer}; test log-loss on the first "
                  f"{CURVE_SAMPLES} test samples, mean of seeds (solid: quantized, dotted: "
                  f"full precision)",
                  fontsize=10)

@@ -10,7 +10,7 @@ full-precision alltoall of seeds/000 Table 3) and every MLP weight matrix is qua
 compare a hash of their parameters. Rank 0 writes the JSON that perf/accuracy_bench.py reads.
 
     MASTER_PORT=P mpirun -np 4 python perf/accuracy_ddp.py --out FILE --steps S --test T \
-        [--bucket-size B] [--optimizer adam|sgd]
+        [--bucket-size B] [--rounding nearest|stochastic] [--optimizer adam|sgd]
 """
 import argparse
 import hashlib
@@ -48,8 +48,8 @@ def train(hook, args, data, rank, size):
     ddp = torch.nn.parallel.DistributedDataParallel(model)
     if hook:
         state = qnccl.torch.QuantizedHookState(model, bits=4, bucket_size=args.bucket_size,
-                                               min_numel=0, per_layer={"emb": None},
-                                               seed=SEED)
+                                               rounding=args.rounding, min_numel=0,
+                                               per_layer={"emb": None}, seed=SEED)
         ddp.register_comm_hook(state, qnccl.torch.sra_hook)
     lr = SGD_LR if args.optimizer == "sgd" else LR
     optimizer = (torch.optim.SGD if args.optimizer == "sgd" else torch.optim.Adam)(
@@ -84,6 +84,7 @@ def main():
     p.add_argument("--steps", type=int, required=True)
     p.add_argument("--test", type=int, required=True)
     p.add_argument("--bucket-size", type=int, default=128)
+    p.add_argument("--rounding", choices=("nearest", "stochastic"), default="nearest")
     p.add_argument("--optimizer", choices=("adam", "sgd"), default="adam")
     args = p.parse_args()
     rank, size = gloo_ranks.init()

@@ -111,13 +111,51 @@ def rounding_slack(meta):
     s/2 (resp. s) + 19eM, and 24eM covers the O(e^2) terms. Near zero a
     result may be subnormal, where an operation errs by up to 2^-150
     absolute instead: at most 6 of them, 3 * 2^-149.
+
+    A cubic grid (min < 0 <= max) rounds less: unit = fl(M / d^3) and inv = fl(1/unit)
+    (relative e each), w = fl(|x| * inv) (relative e), so w sits within 3e|x| <= 3eM of
+    |x| / unit; the cell and its fraction are then found exactly or decide only which of
+    the two levels around x is taken. A level is fl(k|k|^2 * unit): k|k|^2 is exact, the
+    product and the unit err by e M each. Within 5eM, inside the same 24eM.
     """
     magnitude = np.abs(np.asarray(meta, np.float64)).max(axis=1)
     return 24 * 2.0**-24 * magnitude + 3 * F32_TINY
 
 
+def grid_cells(values, meta, bits, bucket):
+    """Per value (float64), the two neighbouring levels of its bucket's grid around it,
+    lower <= x <= upper: the levels are the decoded values of codes 0..L (docs/wire-format.md,
+    whichever grid the bucket has), in increasing order."""
+    lo, hi = meta[:, :1], meta[:, 1:]
+    levels = emu.decode_values(np.arange(2**bits, dtype=np.float32)[None, :],
+                               emu.bucket_params(lo, hi, bits)).astype(np.float64)
+    assert np.all(np.diff(levels, axis=1) >= 0), "levels must increase with the code"
+    mine = levels[np.arange(values.size) // bucket]
+    below = np.clip((mine <= values[:, None]).sum(axis=1) - 1, 0, 2**bits - 1)
+    above = np.clip(below + (mine[np.arange(values.size), below] < values), 0, 2**bits - 1)
+    rows = np.arange(values.size)
+    return mine[rows, below], mine[rows, above]
+
+
+def cell_width(values, params, owner):
+    """Per value (float64), the width of the cell of its bucket's grid that holds it, before
+    the decoder's clamp to [min, max]: the uniform grid's step, or on a cubic grid
+    unit * ((f+1)^3 - f^3) with f = floor(cbrt(|x| / unit)) (at most d - 1) on x's side."""
+    p = {k: (np.asarray(v, np.float64)[owner] if np.ndim(v) else v) for k, v in params.items()}
+    width = p["step"] * p["inv_sigma"]
+    if "zero" not in p:
+        return width
+    neg = values < 0
+    unit = np.where(neg, p["unit_neg"], p["unit_pos"])
+    d = np.where(neg, p["span_neg"], p["span_pos"])
+    f = np.minimum(np.floor(np.cbrt(np.abs(values) / unit)), np.maximum(d - 1, 0))
+    return np.where(p["cubic"].astype(bool), unit * ((f + 1) ** 3 - f**3), width)
+
+
 def check_bounds(x, dtype, q):
-    """Metadata, range, codes and error of `q` (quantized from `x`) per the doc."""
+    """Metadata, range, codes and error of `q` (quantized from `x`) per the doc: every value
+    within half (nearest) or all (stochastic) of the distance between the two levels of its
+    bucket's grid around it, and never farther than that from the widest cell allows."""
     values = widen(x, dtype).reshape(-1)
     count, bucket = values.size, q.bucket_size
     starts = np.arange(0, count, bucket)
@@ -130,26 +168,30 @@ def check_bounds(x, dtype, q):
     assert np.all(np.isfinite(y)) and np.all((lo <= y) & (y <= hi))
 
     params = emu.bucket_params(q.meta[:, 0], q.meta[:, 1], q.bits)
-    # s is the step in sigma units: the grid of a half-scale bucket is s / sigma = 2s apart
-    step = params["step"].astype(np.float64) / params["sigma"]
+    step = emu.grid_step(params)  # the widest cell of each bucket's grid
     steps_allowed = 0.5 if q.rounding == "nearest" else 1.0
     # Only a constant bucket has step 0: a range so small that (max - min) / L
     # underflows still gets the 2^-126 floor.
     assert np.array_equal(step == 0, meta[:, 0] == meta[:, 1])
-    limit = (steps_allowed * step + rounding_slack(meta))[owner]
+    cell = cell_width(values, params, owner)
+    assert np.all(cell <= step[owner] * (1 + 2.0**-20))
+    slack = rounding_slack(meta)[owner]
+    limit = steps_allowed * cell + slack
     error = np.abs(values - y)
     outside = error > limit  # stochastic's strict "<" is moot once the slack is added
     if outside.any():
         i = np.flatnonzero(outside)[0]
         pytest.fail(f"{q.rounding}: |x - y| = {error[i]:.9g} > {limit[i]:.9g} at {i}: "
                     f"x={values[i]!r} y={y[i]!r} bucket [{lo[i]!r}, {hi[i]!r}] "
-                    f"step {step[owner[i]]!r}")
+                    f"cell {cell[i]!r}")
 
     codes = q.codes.astype(np.int64)
-    assert np.all(codes[values == lo] == 0)
+    # the minimum sits on code 0 (exactly so on a uniform grid: x - min = 0) and, rounding to
+    # nearest, the maximum on the top code, unless the step was raised to 2^-126
+    regular = (hi - lo >= 2.0**-100)
+    uniform = ~params["cubic"].astype(bool)[owner]
+    assert np.all(codes[(values == lo) & (uniform | regular)] == 0)
     if q.rounding == "nearest":
-        # the maximum sits on the top code unless the step was raised to 2^-126
-        regular = (hi - lo >= 2.0**-100)
         assert np.all(codes[(values == hi) & regular] == 2**q.bits - 1)
 
 
@@ -196,7 +238,7 @@ def test_values_at_the_float32_limits_stay_finite_and_bounded(bits, rounding):
     check_bounds(x, "float32", q)
 
 
-@pytest.mark.parametrize("bits", [1, 3])
+@pytest.mark.parametrize("bits", [1, 3, 4])
 def test_stochastic_rounding_is_unbiased_and_nearest_is_not(rng, bits):
     bucket, buckets, streams = 16, 4, 4000
     lo = rng.uniform(-5, 0, (buckets, 1))
@@ -211,10 +253,9 @@ def test_stochastic_rounding_is_unbiased_and_nearest_is_not(rng, bits):
 
     q = codec.quantize(x, bits, bucket, "nearest")
     owner = np.arange(x.size) // bucket
-    step = emu.bucket_params(q.meta[:, 0], q.meta[:, 1], bits)["step"].astype(np.float64)
-    position = (x - q.meta[owner, 0].astype(np.float64)) / step[owner]
-    fraction = position - np.floor(position)
-    interior = (fraction > 0.1) & (fraction < 0.9)  # nearest is off by >= 0.1 step there
+    lower, upper = grid_cells(x.astype(np.float64), q.meta, bits, bucket)
+    fraction = (x - lower) / np.where(upper > lower, upper - lower, 1.0)
+    interior = (fraction > 0.1) & (fraction < 0.9)  # nearest is off by >= 0.1 cell there
     assert interior.sum() > x.size // 2
 
     mean, std = mean_and_std("stochastic")
@@ -316,8 +357,33 @@ def test_subnormal_ranges_keep_their_bounds():
     x = x.astype(np.float32)
     for rounding in ROUNDINGS:
         check_bounds(x, "float32", codec.quantize(x, 2, 8, rounding, seed=1, stream=1))
-    # a step of a few subnormal units is raised to 2^-126 (or rounds to 0): every code is 0
+    # ranges this tiny keep the uniform grid (a cubic unit would be subnormal), and its step
+    # of a few subnormal units is raised to 2^-126 (or rounds to 0): every code is 0
     assert not codec.quantize(x, 2, 8, "nearest").codes.any()
+
+
+@pytest.mark.parametrize("rounding", ROUNDINGS)
+@pytest.mark.parametrize("bits", range(2, 9))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_zero_decodes_to_exactly_zero(rng, dtype, bits, rounding):
+    """Every bucket holding a negative value and a zero has a cubic grid with zero on it:
+    a zero in it decodes to +0.0, bit for bit, whatever the other values are."""
+    x = (rng.standard_normal(4096) * np.exp(rng.uniform(-8, 8, 4096))).astype(np.float32)
+    x[rng.random(x.size) < 0.4] = 0.0
+    x[::64] = -np.abs(x[::64]) - 1e-3  # every bucket of 64 holds a negative value
+    x[1::64] = 0.0  # and a zero
+    x = from_float32(x, dtype)
+    q = codec.quantize(x, bits, 64, rounding, seed=5, stream=6, dtype=dtype)
+    y = codec.dequantize(q, dtype="float32").reshape(-1)
+    zero = widen(x, dtype).reshape(-1) == 0
+    assert np.count_nonzero(zero) > 1500
+    assert np.all(y[zero].view(np.uint32) == 0)
+
+
+def test_one_bit_has_no_zero_level():
+    """At 1 bit a bucket holding negatives and positives has only its min and max."""
+    x = np.array([-1.0, 0.0, 2.0, 0.0], np.float32)
+    assert sorted(set(codec.dequantize(codec.quantize(x, 1, 4, "nearest")).tolist())) == [-1, 2]
 
 
 # ---- sizes, empty input, padding --------------------------------------------
@@ -591,7 +657,7 @@ def test_quantized_array_describes_its_bytes():
     x = np.arange(32, dtype=np.float32).reshape(4, 8) % 16  # on the 4-bit grid of [0, 15]
     q = codec.quantize(x, bits=4, bucket_size=16, rounding="nearest", seed=3, stream=4)
     assert (q.count, q.shape, q.dtype, q.bits, q.bucket_size) == (32, (4, 8), "float32", 4, 16)
-    assert (q.rounding, q.seed, q.stream, q.wire_version) == ("nearest", 3, 4, 1)
+    assert (q.rounding, q.seed, q.stream, q.wire_version) == ("nearest", 3, 4, 2)
     assert q.nbytes == 2 * 8 + 16 and q.ratio == 128 / 32
     assert q.meta.tolist() == [[0, 15], [0, 15]]
     assert q.codes.tolist() == x.reshape(-1).astype(int).tolist()

@@ -461,3 +461,27 @@ def test_hierarchical_layout_rules():
         allreduce(xs, algo="hier")
     with pytest.raises(ValueError, match="intra_bits"):
         allreduce(xs[:2], algo="hier", nodes=[0, 1], intra_bits=9)
+
+
+@pytest.mark.parametrize("feedback", [False, True])
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+@pytest.mark.parametrize("bits", [2, 4, 8])
+@pytest.mark.parametrize("algo", ["ring", "tree", "sra"])
+def test_coordinates_zero_on_every_rank_stay_exactly_zero(algo, bits, rounding, feedback):
+    """Wire format 2: zero is a level of every bucket holding both signs, so a coordinate whose
+    inputs are all zero is exactly zero in every partial sum, every result and every residual,
+    call after call (ReLU units inactive on the whole batch give such coordinates)."""
+    n, count = 6, 3000
+    rng = np.random.default_rng(bits)
+    dead = rng.random(count) < 0.4
+    residuals = [np.zeros(count, np.float32) for _ in range(n)] if feedback else None
+    for call in range(3):
+        xs = [np.where(dead, 0, rng.standard_normal(count)).astype(np.float32) for _ in range(n)]
+        out = allreduce(xs, algo=algo, bits=bits, bucket_size=64, rounding=rounding,
+                        op="avg", call=call, residuals=residuals)
+        for y in out:
+            assert np.all(y[dead].view(np.uint32) == 0)
+            # not trivially zero: the live coordinates mostly decode to nonzero levels
+            assert np.count_nonzero(y[~dead]) > 0.25 * np.count_nonzero(~dead)
+        if feedback:
+            assert all(np.all(e[dead] == 0) for e in residuals)

@@ -206,17 +206,45 @@ def test_bad_configuration_is_named(bits, bucket, rounding, message):
 
 
 def test_bucket_params_follow_the_doc():
-    lo = f32(0, -3, 5, -F32_MAX, 0, 1e-40, 0)
-    hi = f32(15, 4.5, 5, F32_MAX, 16 * F32_TINY, np.float32(1e-40) + 30 * F32_TINY, F32_TINY)
+    lo = f32(0, -3, 5, -F32_MAX, 0, 1e-40, 0, -8)
+    hi = f32(15, 4.5, 5, F32_MAX, 16 * F32_TINY, np.float32(1e-40) + 30 * F32_TINY, F32_TINY, 0)
     p = emu.bucket_params(lo, hi, 4)
-    assert p["sigma"].tolist() == [1, 1, 1, 0.5, 1, 1, 1]
+    cubic = [False, True, False, True, False, False, False, True]
+    assert p["cubic"].tolist() == cubic
+    uniform = ~p["cubic"]
+    assert p["sigma"][uniform].tolist() == [1, 1, 1, 1, 1]
     # a subnormal step of a non-constant bucket is raised to 2^-126, also one
     # that rounds to 0 (the last); only the constant bucket keeps step 0
-    assert p["step"].tolist() == [1, 0.5, 0, np.float32(F32_MAX) / np.float32(15),
-                                  2.0**-126, 2.0**-126, 2.0**-126]
-    assert p["inv"].tolist() == [1, 2, 0, np.float32(1) / p["step"][3], 2.0**126, 2.0**126, 2.0**126]
-    assert p["a"].tolist() == [0, -3, 5, -F32_MAX / 2, 0, np.float32(1e-40), 0]
-    assert all(v.dtype == np.float32 for v in p.values())
+    assert p["step"][uniform].tolist() == [1, 0, 2.0**-126, 2.0**-126, 2.0**-126]
+    assert p["inv"][uniform].tolist() == [1, 0, 2.0**126, 2.0**126, 2.0**126]
+    assert p["a"][uniform].tolist() == [0, 5, 0, np.float32(1e-40), 0]
+    # cubic: [-3, 4.5]: L*B/(A+B) = 6, w(6) = max(3/6, 4.5/9) = 0.5 < w(7) = 4.5/8, so z = 6;
+    # [-M, M]: 7.5 -> w(7) = w(8) = M/7, a tie: the smaller; [-8, 0]: no code above zero
+    m = np.float32(F32_MAX)
+    assert p["zero"][p["cubic"]].tolist() == [6, 7, 15]
+    assert p["span_pos"][p["cubic"]].tolist() == [9, 8, 0]
+    assert p["unit_neg"][p["cubic"]].tolist() == [np.float32(3) / np.float32(216), m / np.float32(343),
+                                                  np.float32(8) / np.float32(3375)]
+    assert p["unit_pos"][p["cubic"]].tolist() == [np.float32(4.5) / np.float32(729),
+                                                  m / np.float32(512),
+                                                  np.float32(8) / np.float32(3375)]
+    assert p["inv_unit_neg"][1] == np.float32(1) / p["unit_neg"][1]
+    assert all(v.dtype == np.float32 for k, v in p.items() if k != "cubic")
+
+
+def test_cubic_levels_are_cubes_of_the_code_distance_from_zero():
+    """At 4 bits [-3, 4.5] has z = 6: codes 0..6 are -3 (m/6)^3, codes 6..15 4.5 (m/9)^3."""
+    p = emu.bucket_params(np.float32(-3), np.float32(4.5), 4)
+    levels = emu.decode_values(np.arange(16, dtype=np.float32), p).astype(np.float64)
+    m = np.arange(16) - 6
+    expected = np.where(m < 0, -3 * (-m / 6.0) ** 3, 4.5 * (m / 9.0) ** 3)
+    assert np.allclose(levels, expected, rtol=2**-22, atol=0)
+    assert levels[6] == 0 and levels[0] == -3 and levels[15] == 4.5
+    # a value between levels 1 and 2 above zero: w = x / unit+ = 4 lies in [1, 8): frac 3/7
+    x = np.float32(4 * 4.5 / 729)
+    assert emu.decode_values(emu.encode_values(x, p), p) == levels[7]  # 3/7 < 1/2: down
+    u = np.array([0.42, 0.43], np.float32)  # up iff u < 3/7 = 0.4286
+    assert emu.encode_values(np.full(2, x), p, u).tolist() == [8, 7]
 
 
 # ---- quantize / dequantize -------------------------------------------------
@@ -246,7 +274,7 @@ def test_emulator_handles_a_million_values(rng):
     buf = emu.quantize(x, 4, 128, "stochastic", seed=1, stream=2)
     assert buf.size == emu.compressed_size(x.size, 4, 128)
     y = emu.dequantize(buf, x.size, 4, 128)
-    step = emu.bucket_params(*emu.read_meta(buf, x.size, 128).T, 4)["step"]
+    step = emu.grid_step(emu.bucket_params(*emu.read_meta(buf, x.size, 128).T, 4))
     assert np.all(np.abs(y - x) < np.repeat(step, 128) * 1.0001)
 
 

@@ -162,7 +162,8 @@ def test_alltoall_is_the_literal_algorithm_and_keeps_the_own_chunk_exact(
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_sra_reduce_scatter_error_is_one_quantization_per_contribution(rng, dtype):
     """Nearest rounding: |output - exact| <= sum over the N-1 quantized pieces of half
-    their bucket's step, plus the float32 additions' and the store's rounding."""
+    their bucket's widest cell (emu.grid_step: the step of a uniform grid, the top cell of a
+    cubic one), plus the float32 additions' and the store's rounding."""
     n, count, bucket, bits = 6, 1000, 64, 4
     inputs = [make_values(rng, n * count, dtype, bucket, specials=False) for _ in range(n)]
     got = reduce_scatter(inputs, algo="sra", bits=bits, bucket_size=bucket, rounding="nearest",
@@ -178,7 +179,9 @@ def test_sra_reduce_scatter_error_is_one_quantization_per_contribution(rng, dtyp
             piece = x[j, k]
             starts = np.arange(0, count, bucket)
             lo, hi = np.minimum.reduceat(piece, starts), np.maximum.reduceat(piece, starts)
-            step = np.repeat((hi - lo) / (2**bits - 1), bucket)[:count]
+            widest = emu.grid_step(emu.bucket_params(lo.astype(np.float32),
+                                                     hi.astype(np.float32), bits))
+            step = np.repeat(widest, bucket)[:count]
             bound += step / 2 + 12 * 2.0**-24 * np.repeat(np.maximum(abs(lo), abs(hi)),
                                                           bucket)[:count]
         total = np.abs(x[:, k]).sum(axis=0)

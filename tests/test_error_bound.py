@@ -214,9 +214,9 @@ def test_ring_bound_grows_faster_than_sra(capi):
     for i in range(1, len(ranks)):
         assert ring[i] / ring[i - 1] > sra[i] / sra[i - 1] > 1
         assert ring[i] > tree[i] > sra[i]  # tree: subtree sizes add up to ~N log2 N
-    # Leading terms: half a step of 2A/15 per covered rank, (1/15) * coverage sum.
-    assert ring[-1] == pytest.approx(64 * 65 / 2 / 15, rel=1e-3)
-    assert sra[-1] == pytest.approx((2 * 64 - 1) / 15, rel=1e-3)
+    # Leading terms: half the widest cubic cell, 6A/14, per covered rank: (3/14) * coverage sum.
+    assert ring[-1] == pytest.approx(64 * 65 / 2 * 3 / 14, rel=1e-3)
+    assert sra[-1] == pytest.approx((2 * 64 - 1) * 3 / 14, rel=1e-3)
 
 
 def test_bound_is_linear_in_input_magnitude(capi):

@@ -389,7 +389,7 @@ def _qd_block(x, keys, index, cfg):
         if pad:
             u = np.concatenate([u, np.zeros((nr, pad), F32)], axis=1)
         u = u.reshape(x.shape)
-    y = codec.decode_values(codec.encode_values(x, p, u), p, lo, hi)
+    y = codec.decode_values(codec.encode_values(x, p, u), p)
     return y.reshape(nr, -1)[:, :m]
 
 
@@ -399,7 +399,7 @@ def _qbound(v, cfg):
     nr, m = v.shape
     lo, hi, _ = _bucket_meta(v, cfg.bucket_size)
     p = codec.bucket_params(lo, hi, cfg.bits)
-    step = p["step"].astype(np.float64) * p["inv_sigma"]
+    step = codec.grid_step(p)
     magnitude = np.maximum(np.abs(lo), np.abs(hi)).astype(np.float64)
     per_bucket = (step * (0.5 if cfg.rounding == "nearest" else 1.0)
                   + _CODEC_REL_SLACK * magnitude + _CODEC_ABS_SLACK)

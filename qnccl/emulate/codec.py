@@ -20,7 +20,7 @@ import operator
 import numpy as np
 
 F32 = np.float32
-WIRE_VERSION = 1  # the version of docs/wire-format.md implemented here
+WIRE_VERSION = 2  # the version of docs/wire-format.md implemented here
 DTYPES = ("float32", "float16", "bfloat16")
 ROUNDINGS = ("nearest", "stochastic")
 MIN_BITS, MAX_BITS = 1, 8
@@ -267,7 +267,20 @@ def unpack_codes(area, count, bits):
 
 def bucket_params(lo, hi, bits):
     """What encode and decode derive from a bucket's metadata (min, max), as
-    float32 scalars or arrays:
+    float32 scalars or arrays (docs/wire-format.md, Arithmetic).
+
+    Cubic grid, when b >= 2, min < 0 <= max (A = max, B = -min) and neither unit below
+    is under 2^-126 (a range of about 2^-102 or less keeps the uniform grid):
+
+        r     = (B * 0.5) / (A * 0.5 + B * 0.5)
+        i0    = clamp(floor(L * r), 1, L - 1);  i1 = min(i0 + 1, L - 1)
+        w(i)  = max(B / i, A / (L - i))
+        z     = L if A == 0, else i1 if w(i1) < w(i0), else i0
+        d-    = z,  d+ = L - z
+        unit- = B / d-^3;  unit+ = A / d+^3, or unit- when A == 0
+        inv-  = 1 / unit-;  inv+ = 1 / unit+
+
+    Uniform grid, otherwise:
 
         sigma = 0.5 if max(|min|, |max|) >= 2^126 else 1
         a     = sigma * min
@@ -286,19 +299,81 @@ def bucket_params(lo, hi, bits):
         step = d / top
         step = np.where((d > 0) & (step < _TWO_POW_MINUS_126), _TWO_POW_MINUS_126, step)
         inv = np.where(step > 0, F32(1.0) / step, F32(0.0))
-    return {"sigma": sigma, "inv_sigma": np.where(huge, F32(2.0), F32(1.0)), "a": a,
-            "step": step, "inv": inv, "top": top}
+        p = {"sigma": sigma, "inv_sigma": np.where(huge, F32(2.0), F32(1.0)), "a": a,
+             "step": step, "inv": inv, "top": top, "lo": lo, "hi": hi,
+             "cubic": np.zeros(np.shape(lo), bool)}
+        if bits >= 2:
+            p.update(_cubic_params(hi, -lo, top))
+            p["cubic"] = ((lo < 0) & (hi >= 0) & (p["unit_neg"] >= _TWO_POW_MINUS_126)
+                          & (p["unit_pos"] >= _TWO_POW_MINUS_126))
+    return p
 
 
-def encode_values(x, p, u=None):
+def _cubic_params(big, small, top):
+    """The cubic grid's z, d-, d+, unit-, unit+, inv-, inv+ (bucket_params), computed for
+    every bucket (only those with p["cubic"] use them)."""
+    ratio = (F32(0.5) * small) / (F32(0.5) * big + F32(0.5) * small)
+    i0 = np.clip(np.floor(top * ratio), F32(1.0), top - F32(1.0))
+    i1 = np.minimum(i0 + F32(1.0), top - F32(1.0))
+
+    def width(i):
+        return np.maximum(small / i, big / (top - i))
+
+    zero = np.where(big == 0, top, np.where(width(i1) < width(i0), i1, i0)).astype(F32)
+    span_neg, span_pos = zero, top - zero
+    unit_neg = small / (span_neg * span_neg * span_neg)
+    unit_pos = np.where(big == 0, unit_neg, big / (span_pos * span_pos * span_pos))
+    return {"zero": zero, "span_neg": span_neg, "span_pos": span_pos, "unit_neg": unit_neg,
+            "unit_pos": unit_pos, "inv_unit_neg": F32(1.0) / unit_neg,
+            "inv_unit_pos": F32(1.0) / unit_pos}
+
+
+def grid_step(p):
+    """The widest distance between neighbouring levels of each bucket, float64, in the
+    values' units: what the error of one quantization is bounded by (half of it when
+    rounding to nearest). A cubic grid's widest cell is the top one of a side,
+    unit * (d^3 - (d-1)^3)."""
+    uniform = p["step"].astype(np.float64) * p["inv_sigma"]
+    if "zero" not in p:
+        return uniform
+    d_neg, d_pos = p["span_neg"].astype(np.float64), p["span_pos"].astype(np.float64)
+    cubic = np.maximum(p["unit_neg"] * (3 * d_neg * d_neg - 3 * d_neg + 1),
+                       np.where(d_pos > 0, p["unit_pos"] * (3 * d_pos * d_pos - 3 * d_pos + 1),
+                                0.0))
+    return np.where(p["cubic"], cubic, uniform)
+
+
+def _cubic_cell(x, p, bits):
+    """Per value of a cubic grid: its side (neg), f, d, w - f^3 and (f+1)^3 - f^3."""
+    neg = x < 0
+    d = np.where(neg, p["span_neg"], p["span_pos"])
+    w = np.where(neg, -x, x) * np.where(neg, p["inv_unit_neg"], p["inv_unit_pos"])
+    f = np.zeros(np.shape(w), F32)
+    for b in range(bits - 1, -1, -1):
+        g = f + F32(1 << b)
+        f = np.where((g <= d) & (g * g * g <= w), g, f)
+    g = f + F32(1.0)
+    f3 = f * f * f
+    return neg, f, d, w - f3, g * g * g - f3
+
+
+def encode_values(x, p, u=None, bits=None):
     """The codes (float32, 0..L) of the float32 values x, p holding their buckets'
     bucket_params broadcast to x's shape; u: their rng_uniform (stochastic rounding),
     None for nearest. A non-finite bucket's codes are the caller's to zero.
 
+    Uniform grid:
         t = (sigma * x - a) * inv, 0 when not > 0
         q = rint(t) (nearest) or floor(t) + (u < t - floor(t)) (stochastic), clamped to [0, L]
+    Cubic grid (x < 0 on the side below zero, else the side above):
+        w = |x| * inv;  f = the integer in [0, d] with f^3 <= w < (f+1)^3 (or d)
+        into = w - f^3;  width = (f+1)^3 - f^3
+        m = f + (into + into > width) (nearest) or f + (u * width < into) (stochastic),
+            at most d
+        q = z - m below zero, z + m above
     """
-    with np.errstate(invalid="ignore"):
+    bits = int(np.log2(float(p["top"]) + 1)) if bits is None else bits
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         t = (p["sigma"] * x - p["a"]) * p["inv"]
         t = np.where(t > 0, t, F32(0.0))
         if u is None:
@@ -307,15 +382,29 @@ def encode_values(x, p, u=None):
             f = np.floor(t)
             q = f + np.where(u < t - f, F32(1.0), F32(0.0))
         q = np.where(q < 0, F32(0.0), q)
-        return np.where(q > p["top"], p["top"], q)
+        q = np.where(q > p["top"], p["top"], q)
+        if bits < 2 or not np.any(p["cubic"]):
+            return q
+        neg, f, d, into, width = _cubic_cell(x, p, bits)
+        up = into + into > width if u is None else u * width < into
+        m = f + np.where(up, F32(1.0), F32(0.0))
+        m = np.where(m > d, d, m)
+        return np.where(p["cubic"], np.where(neg, p["zero"] - m, p["zero"] + m), q)
 
 
-def decode_values(q, p, lo, hi):
-    """The float32 values of codes q, p, lo (min) and hi (max) of their buckets broadcast to
-    q's shape: (a + q * step) * (1 / sigma) clamped to [min, max]; NaN in a non-finite bucket
-    (min is NaN)."""
+def decode_values(q, p):
+    """The float32 values of codes q, p holding their buckets' bucket_params broadcast to
+    q's shape, clamped to [min, max]; NaN in a non-finite bucket (min is NaN):
+    uniform grid (a + q * step) * (1 / sigma); cubic grid, k = q - z:
+    (k |k|^2) * (unit- if k < 0 else unit+)."""
+    lo, hi = p["lo"], p["hi"]
     with np.errstate(invalid="ignore", over="ignore"):
         y = (p["a"] + q.astype(F32) * p["step"]) * p["inv_sigma"]
+        if "zero" in p and np.any(p["cubic"]):
+            k = q.astype(F32) - p["zero"]
+            m = np.abs(k)
+            cubic = (k * m * m) * np.where(k < 0, p["unit_neg"], p["unit_pos"])
+            y = np.where(p["cubic"], cubic, y)
         y = np.where(y < lo, lo, y)
         y = np.where(y > hi, hi, y)
         return np.where(lo != lo, _NAN32, y)
@@ -377,7 +466,7 @@ def quantize(array, bits, bucket_size, rounding, seed=0, stream=0, dtype=None):
 def decode(buf, count, bits, bucket_size):
     """The float32 values of a quantized chunk:
 
-        y = (a + q * step) * (1 / sigma),  clamped to [min, max];
+        y = (a + k * (s- if k < 0 else s+)) * (1 / sigma), k = q - z, clamped to [min, max];
         every value of a non-finite bucket (min is NaN) is the canonical NaN.
     """
     check_config(bits, bucket_size)
@@ -386,7 +475,7 @@ def decode(buf, count, bits, bucket_size):
     codes = unpack_codes(buf[len(meta) * META_BYTES:], count, bits)
     lo, hi = meta[:, 0], meta[:, 1]
     k = _bucket_of_each_value(count, bucket_size)
-    return decode_values(codes, per_value(bucket_params(lo, hi, bits), k), lo[k], hi[k])
+    return decode_values(codes, per_value(bucket_params(lo, hi, bits), k))
 
 
 def dequantize(buf, count, bits, bucket_size, dtype="float32"):

@@ -118,19 +118,25 @@ BucketMeta bucket_meta(const typename D::T* x, size_t n) {
   return stats_meta(total);
 }
 
-template <class D>
+/* The encode loops take the bucket's params by value: a local copy that the
+ * uint8_t stores cannot alias, so the cubic grid's per-side selects stay in
+ * registers and the loops vectorize. */
+template <class D, int BITS>
 inline __attribute__((always_inline)) void encode_nearest_run(const typename D::T* __restrict x,
-                                                               size_t n, const BucketParams& p,
+                                                               size_t n, const BucketParams p,
                                                                uint8_t* __restrict codes) {
-  for (size_t j = 0; j < n; j++) codes[j] = (uint8_t)encode_nearest(p, D::load(x[j]));
+  if (p.cubic)
+    for (size_t j = 0; j < n; j++) codes[j] = (uint8_t)encode_nearest_cubic<BITS>(p, D::load(x[j]));
+  else
+    for (size_t j = 0; j < n; j++) codes[j] = (uint8_t)encode_nearest_uniform(p, D::load(x[j]));
 }
 
 /* Values [first, first + n) of the random stream. The high half of the
  * index is fixed within each loop: a run that crosses a multiple of 2^32
  * takes two. */
-template <class D>
+template <class D, int BITS>
 inline __attribute__((always_inline)) void encode_stochastic_run(
-    const typename D::T* __restrict x, size_t n, const BucketParams& p, RngKey key,
+    const typename D::T* __restrict x, size_t n, const BucketParams p, RngKey key,
     uint64_t first, uint8_t* __restrict codes) {
   for (size_t done = 0; done < n;) {
     const uint64_t at = first + done;
@@ -141,8 +147,12 @@ inline __attribute__((always_inline)) void encode_stochastic_run(
     // The Weyl value steps by addition: a vector induction, no multiply.
     const uint32_t stride = rng_stride(key);
     uint32_t w = rng_weyl(key, lo, hi);
-    for (uint32_t j = 0; j < (uint32_t)run; j++, w += stride)
-      out[j] = (uint8_t)encode_stochastic(p, D::load(xs[j]), rng_uniform_weyl(w));
+    if (p.cubic)
+      for (uint32_t j = 0; j < (uint32_t)run; j++, w += stride)
+        out[j] = (uint8_t)encode_stochastic_cubic<BITS>(p, D::load(xs[j]), rng_uniform_weyl(w));
+    else
+      for (uint32_t j = 0; j < (uint32_t)run; j++, w += stride)
+        out[j] = (uint8_t)encode_stochastic_uniform(p, D::load(xs[j]), rng_uniform_weyl(w));
     done += run;
   }
 }
@@ -263,9 +273,9 @@ void encode_buffer(const typename D::T* src, size_t count, const CodecParams& p,
       if (bp.nonfinite)
         memset(out, 0, end - i);
       else if (p.rounding == qncclRoundStochastic)
-        encode_stochastic_run<D>(src + i, end - i, bp, key, p.first + i, out);
+        encode_stochastic_run<D, BITS>(src + i, end - i, bp, key, p.first + i, out);
       else
-        encode_nearest_run<D>(src + i, end - i, bp, out);
+        encode_nearest_run<D, BITS>(src + i, end - i, bp, out);
       i = end;
     }
     memset(stage + (t1 - t0), 0, kGroup);  // zero codes pad the last group
@@ -278,16 +288,19 @@ void encode_buffer(const typename D::T* src, size_t count, const CodecParams& p,
 }
 
 template <class D, bool ACCUMULATE>
-void decode_run(const uint8_t* codes, size_t n, const BucketParams& p, typename D::T* out) {
+void decode_run(const uint8_t* codes, size_t n, const BucketParams p, typename D::T* out) {
   if (p.nonfinite) {
     const typename D::T nan = D::store(bits_float(kCanonicalNanF32));
     for (size_t j = 0; j < n; j++) out[j] = nan;
     return;
   }
-  for (size_t j = 0; j < n; j++) {
-    float y = decode(p, codes[j]);
+  auto store = [&](size_t j, float y) {
     out[j] = D::store(ACCUMULATE ? accumulate(D::load(out[j]), y) : y);
-  }
+  };
+  if (p.cubic)
+    for (size_t j = 0; j < n; j++) store(j, decode_cubic(p, codes[j]));
+  else
+    for (size_t j = 0; j < n; j++) store(j, decode_uniform(p, codes[j]));
 }
 
 /* Reads one compressed buffer tile after tile: the bucket it is in and the

@@ -216,13 +216,13 @@ __device__ __forceinline__ void stats_many_kernel(const StatsManyArgs<Type>& a) 
 /* ---- Encode -------------------------------------------------------------- */
 
 /* The code of value i (x) of a bucket with params bp: zero in a non-finite bucket. */
-template <bool STOCHASTIC>
+template <int BITS, bool STOCHASTIC>
 QNCCL_HD uint32_t encode_value(const BucketParams& bp, float x, RngKey key, uint64_t i) {
   if (bp.nonfinite) return 0;
   if constexpr (STOCHASTIC)
-    return encode_stochastic(bp, x, rng_uniform(key, i));
+    return encode_stochastic<BITS>(bp, x, rng_uniform(key, i));
   else
-    return encode_nearest(bp, x);
+    return encode_nearest<BITS>(bp, x);
 }
 
 /* Codes of values [8g, 8g + 8) (x, those below count), packed: BITS bytes in
@@ -250,7 +250,7 @@ QNCCL_HD uint64_t encode_group(const EncodeArgs<Type>& a, RngKey key, size_t g,
       next += a.bucket;
       bp = bucket_params(load_meta(a.meta, k, a.wire_aligned), BITS);
     }
-    codes |= (uint64_t)encode_value<STOCHASTIC>(bp, x[j], key, a.first + first + j) << (8 * j);
+    codes |= (uint64_t)encode_value<BITS, STOCHASTIC>(bp, x[j], key, a.first + first + j) << (8 * j);
   }
   return pack8<BITS>(codes);
 }

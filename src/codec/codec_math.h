@@ -95,30 +95,81 @@ QNCCL_HD BucketMeta stats_meta(const BucketStats& s) {
 }
 
 /* Everything encode and decode need of a bucket, derived from its metadata
- * alone so both ends derive the same values.
- *   step  s = sigma * (max - min) / (2^bits - 1), raised to 2^-126 when
- *           it is below that and max > min (1/s stays finite, and a tiny
- *           nonzero range is never mistaken for a constant bucket);
+ * alone so both ends derive the same values (docs/wire-format.md, Arithmetic).
+ *
+ * Cubic grid, when bits >= 2 and min < 0 <= max (the usual gradient bucket;
+ * not for ranges so tiny that a unit below would be subnormal):
+ * zero is code z, exactly; the d- = z codes below it are -B (m / d-)^3 for
+ * m = 1..d-, the d+ = L - z codes above it A (m / d+)^3 (B = -min, A = max).
+ * Levels crowd around zero, where most of a gradient's coordinates are, so a
+ * small coordinate keeps its size relative to its neighbours instead of
+ * drowning in a step set by the bucket's largest value; a value whose inputs
+ * are all zero decodes to exactly zero.
+ * Uniform grid, otherwise: L steps of s from min to max,
+ *   s     = sigma * (max - min) / L, raised to 2^-126 when it is below that
+ *           and max > min (1/s stays finite, and a tiny nonzero range is never
+ *           mistaken for a constant bucket);
  *   sigma = 1/2 when |min| or |max| >= 2^126, else 1: works in half-scale
  *           so that x - min and max - min cannot overflow.
- *   encode q = clamp(round((sigma*x - sigma*min) / s), 0, 2^bits - 1)
- *   decode y = clamp((sigma*min + q*s) / sigma, min, max)              */
+ *   encode q = clamp(round((sigma*x - sigma*min) / s), 0, L)
+ *   decode y = clamp((sigma*min + q*s) / sigma, min, max)                   */
 struct BucketParams {
   float lo, hi;         // bucket min and max: decoded values are clamped to them
+  float top;            // L = 2^bits - 1
+  bool nonfinite;
+  bool cubic;
+  // uniform grid
   float a;              // sigma * min
   float step;           // s
   float inv_step;       // 1 / s, or 0 for a constant bucket
   float sigma, inv_sigma;
-  float top;            // 2^bits - 1
-  bool nonfinite;
+  // cubic grid: per side (below zero, above zero) its code count d and unit M / d^3
+  float zero;           // z
+  float span_neg, span_pos;
+  float unit_neg, unit_pos;
+  float inv_unit_neg, inv_unit_pos;
 };
 
+QNCCL_HD float max_f(float x, float y) { return x > y ? x : y; }
+
+/* The cubic grid's z: with A = max >= 0 and B = -min > 0, the z in 1..L-1
+ * that minimises max(B / z, A / (L - z)) (the two sides' mean spacing),
+ * chosen between the two integers around L * B / (A + B), the smaller on a
+ * tie; L when A == 0 (no code above zero). */
+QNCCL_HD float zero_code(float big, float small, float top) {
+  if (big == 0.0f) return top;
+  const float ratio = div_rn(0.5f * small, 0.5f * big + 0.5f * small);  // halves: no overflow
+  float i0 = (float)(int32_t)(top * ratio);  // floor: the product is >= 0
+  i0 = i0 < 1.0f ? 1.0f : (i0 > top - 1.0f ? top - 1.0f : i0);
+  const float i1 = i0 + 1.0f > top - 1.0f ? top - 1.0f : i0 + 1.0f;
+  const float w0 = max_f(div_rn(small, i0), div_rn(big, top - i0));
+  const float w1 = max_f(div_rn(small, i1), div_rn(big, top - i1));
+  return w1 < w0 ? i1 : i0;
+}
+
 QNCCL_HD BucketParams bucket_params(BucketMeta m, int bits) {
-  BucketParams p;
+  BucketParams p = {};
   p.nonfinite = !(m.min == m.min);
   p.lo = m.min;
   p.hi = m.max;
   p.top = levels(bits);
+  if (bits >= 2 && m.min < 0.0f && m.max >= 0.0f) {  // false for NaN
+    const float big = m.max, small = -m.min;
+    p.zero = zero_code(big, small, p.top);
+    p.span_neg = p.zero;
+    p.span_pos = p.top - p.zero;
+    p.unit_neg = div_rn(small, p.span_neg * p.span_neg * p.span_neg);
+    // with A == 0 the side above zero holds only zero itself: any unit will do
+    p.unit_pos = big == 0.0f ? p.unit_neg : div_rn(big, p.span_pos * p.span_pos * p.span_pos);
+    // A subnormal unit would make the cubes coarser than the uniform grid's 2^-126
+    // floor: such tiny buckets (below about 2^-102) keep the uniform grid.
+    p.cubic = p.unit_neg >= 0x1p-126f && p.unit_pos >= 0x1p-126f;
+    if (p.cubic) {
+      p.inv_unit_neg = div_rn(1.0f, p.unit_neg);
+      p.inv_unit_pos = div_rn(1.0f, p.unit_pos);
+      return p;
+    }
+  }
   float amin = m.min < 0.0f ? -m.min : m.min;
   float amax = m.max < 0.0f ? -m.max : m.max;
   bool huge = (amin > amax ? amin : amax) >= 0x1p126f;
@@ -133,7 +184,7 @@ QNCCL_HD BucketParams bucket_params(BucketMeta m, int bits) {
   return p;
 }
 
-/* Position of x on the bucket's grid, in steps from min; never negative
+/* Position of x on a uniform grid, in steps from min; never negative
  * (rounding can put the minimum a hair below 0, where it codes 0 anyway). */
 QNCCL_HD float grid_position(const BucketParams& p, float x) {
   float t = (p.sigma * x - p.a) * p.inv_step;
@@ -143,13 +194,45 @@ QNCCL_HD float grid_position(const BucketParams& p, float x) {
 /* min(max(q, 0), top) of the doc: q >= 0 already, as grid_position is. */
 QNCCL_HD float clamp_code(float q, float top) { return q > top ? top : q; }
 
-/* Codes are at most 255: converted through int32, which SIMD converts natively. */
-QNCCL_HD uint32_t encode_nearest(const BucketParams& p, float x) {
+/* The code of x on a cubic grid: on x's side (d codes, unit), the cell
+ * [f^3, (f+1)^3) of w = |x| / unit that holds it (f <= d) and how far into
+ * the cell it lies decide between the levels f and f + 1: nearest goes up
+ * when 2 (w - f^3) > (f+1)^3 - f^3, stochastic when u ((f+1)^3 - f^3) <
+ * w - f^3 (probability (w - f^3) / ((f+1)^3 - f^3): unbiased), with no
+ * division. Cubes of integers up to 255 are exact in float32, so f is found
+ * exactly by a binary search of BITS probes, on every target. Written
+ * without branches, so that host loops vectorize. */
+template <int BITS, bool STOCHASTIC>
+QNCCL_HD uint32_t encode_cubic(const BucketParams& p, float x, float u) {
+  const bool neg = x < 0.0f;
+  const float d = neg ? p.span_neg : p.span_pos;
+  const float w = (neg ? -x : x) * (neg ? p.inv_unit_neg : p.inv_unit_pos);
+  float f = 0.0f;
+  QNCCL_UNROLL
+  for (int b = BITS - 1; b >= 0; --b) {
+    const float g = f + (float)(1 << b);
+    f = (g <= d) & (g * g * g <= w) ? g : f;
+  }
+  const float g = f + 1.0f, f3 = f * f * f;
+  const float into = w - f3, width = g * g * g - f3;  // width is exact
+  const bool up = STOCHASTIC ? u * width < into : into + into > width;
+  float m = f + (up ? 1.0f : 0.0f);
+  m = m > d ? d : m;
+  return (uint32_t)(int32_t)(neg ? p.zero - m : p.zero + m);
+}
+
+/* Each grid's rounding on its own (the host's encode loops run one per
+ * bucket, so that each vectorizes), then both behind one call for the CUDA
+ * kernels. Codes are at most 255: converted through int32, which SIMD
+ * converts natively. */
+
+/* Uniform: round to nearest, ties to even. */
+QNCCL_HD uint32_t encode_nearest_uniform(const BucketParams& p, float x) {
   return (uint32_t)(int32_t)clamp_code(round_even(grid_position(p, x)), p.top);
 }
 
-/* Rounds up with probability equal to the fractional position: unbiased. */
-QNCCL_HD uint32_t encode_stochastic(const BucketParams& p, float x, float u) {
+/* Uniform: rounds up with probability equal to the fractional position: unbiased. */
+QNCCL_HD uint32_t encode_stochastic_uniform(const BucketParams& p, float x, float u) {
   const float t = grid_position(p, x);
   const int32_t f = (int32_t)t;  // floor: t >= 0, and truncation is exact
   const int32_t q = f + (u < t - (float)f ? 1 : 0);
@@ -157,10 +240,46 @@ QNCCL_HD uint32_t encode_stochastic(const BucketParams& p, float x, float u) {
   return (uint32_t)(q > top ? top : q);
 }
 
-QNCCL_HD float decode(const BucketParams& p, uint32_t q) {
-  float y = (p.a + (float)q * p.step) * p.inv_sigma;
+/* Cubic: the nearer of the two levels around x, the one nearer zero on a tie. */
+template <int BITS>
+QNCCL_HD uint32_t encode_nearest_cubic(const BucketParams& p, float x) {
+  return encode_cubic<BITS, false>(p, x, 0.0f);
+}
+
+/* Cubic: away from the level nearer zero with probability equal to the
+ * fractional position between the two levels around x: unbiased. */
+template <int BITS>
+QNCCL_HD uint32_t encode_stochastic_cubic(const BucketParams& p, float x, float u) {
+  return encode_cubic<BITS, true>(p, x, u);
+}
+
+template <int BITS>
+QNCCL_HD uint32_t encode_nearest(const BucketParams& p, float x) {
+  return p.cubic ? encode_nearest_cubic<BITS>(p, x) : encode_nearest_uniform(p, x);
+}
+
+template <int BITS>
+QNCCL_HD uint32_t encode_stochastic(const BucketParams& p, float x, float u) {
+  return p.cubic ? encode_stochastic_cubic<BITS>(p, x, u) : encode_stochastic_uniform(p, x, u);
+}
+
+QNCCL_HD float clamp_value(const BucketParams& p, float y) {
   y = y < p.lo ? p.lo : y;
   return y > p.hi ? p.hi : y;
+}
+
+QNCCL_HD float decode_uniform(const BucketParams& p, uint32_t q) {
+  return clamp_value(p, (p.a + (float)q * p.step) * p.inv_sigma);
+}
+
+QNCCL_HD float decode_cubic(const BucketParams& p, uint32_t q) {
+  const float k = (float)q - p.zero;  // exact: small integers, and so is k |k|^2
+  const float m = k < 0.0f ? -k : k;
+  return clamp_value(p, (k * m * m) * (k < 0.0f ? p.unit_neg : p.unit_pos));
+}
+
+QNCCL_HD float decode(const BucketParams& p, uint32_t q) {
+  return p.cubic ? decode_cubic(p, q) : decode_uniform(p, q);
 }
 
 /* x, or the canonical NaN for any NaN: stored results then do not depend on

@@ -5,8 +5,11 @@
 
 #ifdef __CUDACC__
 #define QNCCL_HD __host__ __device__ __forceinline__
+#define QNCCL_UNROLL _Pragma("unroll")
 #else
 #define QNCCL_HD inline __attribute__((always_inline))
+#define QNCCL_UNROLL _Pragma("GCC unroll 8")  // a loop of constant trip count, unrolled so
+                                              // that the loop around it vectorizes
 #endif
 
 #include <stdint.h>

@@ -69,11 +69,15 @@ Coverage coverage_of(qncclAlgo_t algo, int nranks) {
 }
 
 /* One quantization of values bounded by M errs by at most
- * alpha * M + kCodecTiny: rho * step + slack, with step <= 2M/L (1+u)^2. */
+ * alpha * M + kCodecTiny: rho * (the widest cell of the grid) + slack. A
+ * uniform grid's cell is its step, <= 2M/L (1+u)^2; a cubic grid's (bits >= 2,
+ * docs/wire-format.md) is a side's top cell, <= 3 (max - min) / (L - 1) <=
+ * 6M/(L-1), with (1+u)^3 for the roundings of the unit and of z's choice. */
 double quantization_alpha(const qncclCodecConfig_t& codec) {
   const double levels = (double)((1u << codec.bits) - 1u);
   const double rho = codec.rounding == qncclRoundNearest ? 0.5 : 1.0;
-  return rho * 2 / levels * (1 + kUnit) * (1 + kUnit) + kCodecSlack;
+  const double cell = codec.bits >= 2 ? 6 / (levels - 1) : 2 / levels;
+  return rho * cell * (1 + kUnit) * (1 + kUnit) * (1 + kUnit) + kCodecSlack;
 }
 
 /* Rounding of the decoded float32 result into the output type, for results

@@ -32,7 +32,7 @@ extern "C" {
 
 /* Version of the compressed wire format (docs/wire-format.md). Peers must
  * agree on it; it changes whenever a byte of the format would. */
-#define QNCCL_WIRE_VERSION 1
+#define QNCCL_WIRE_VERSION 2
 
 #define QNCCL_MIN_BITS 1
 #define QNCCL_MAX_BITS 8
