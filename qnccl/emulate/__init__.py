@@ -10,6 +10,8 @@ qnccl.emulate.collectives is docs/collectives.md on N virtual ranks: quantized
 reduce-scatter, allgather, all-to-all and point-to-point sends.
 qnccl.emulate.training.EmulatedAllReduce is a communicator of N virtual ranks in a
 training loop: call counter, warm-up calls and error feedback's residuals per buffer.
+qnccl.emulate.adaptive.AdaptiveBits picks per-layer widths under the byte budget of
+uniform ones (L-GreCo's knapsack); EmulatedAllReduce and the DDP hook both take one.
 """
 from .allreduce import allreduce, auto_algo, stream_id
 from .collectives import P2P_CALL, allgather, alltoall, reduce_scatter, sendrecv

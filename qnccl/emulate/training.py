@@ -38,13 +38,20 @@ class EmulatedAllReduce:
     error_feedback  keep residuals per buffer key and feed them into the next call
     warmup_calls    the first K calls are exact (float32 sum in rank order, avg then / N):
                     they take no call number and leave residuals untouched
+    adaptive        None, or a qnccl.emulate.adaptive.AdaptiveBits (its bits and bucket_size
+                    this communicator's) over the layers a buffer holds, in order: a quantized
+                    call then makes one call per width, on its layers' values in layer order
+                    (each its own call number, as the DDP hook's groups), with residuals per
+                    layer, and gives the policy virtual rank 0's layers (the deciding rank's
+                    own gradients) and a step
 
     Attributes: calls (quantized calls made: the next call's `call`), exact_calls,
     residuals (key -> N x n float32 array), residual_bytes.
     """
 
     def __init__(self, nranks, algo="sra", bits=4, bucket_size=128, rounding="stochastic",
-                 seed=0, op="avg", error_feedback=False, warmup_calls=0, segment_values=0):
+                 seed=0, op="avg", error_feedback=False, warmup_calls=0, segment_values=0,
+                 adaptive=None):
         codec.check_config(bits, bucket_size, rounding)
         if operator.index(nranks) < 1:
             raise ValueError(f"nranks must be >= 1, got {nranks}")
@@ -60,6 +67,11 @@ class EmulatedAllReduce:
         self.rounding, self.seed, self.op = rounding, operator.index(seed), op
         self.error_feedback, self.warmup_calls = error_feedback, warmup_calls
         self.segment_values = operator.index(segment_values)
+        if adaptive is not None and (getattr(adaptive, "bits", None), getattr(
+                adaptive, "bucket_size", None)) != (bits, bucket_size):
+            raise ValueError("adaptive must be an AdaptiveBits with this communicator's bits "
+                             f"({bits}) and bucket_size ({bucket_size}), got {adaptive!r}")
+        self.adaptive = adaptive
         self.calls = 0  # quantized calls so far
         self.exact_calls = 0  # warm-up calls so far
         self.residuals = {}
@@ -96,17 +108,54 @@ class EmulatedAllReduce:
         return [y.copy() for _ in range(self.nranks)] if return_all else y
 
     def _quantized(self, x, key):
-        count = x.shape[1]
-        algo = auto_algo(count, "float32", self.nranks) if self.algo == "auto" else self.algo
-        cfg = _Config(self.nranks, self.bits, self.bucket_size, self.rounding, self.seed,
-                      self.calls, self.op == "avg", False)
+        if self.adaptive is not None:
+            return self._layered(x, key)
         e = None
         if self.error_feedback:
             e = self.residuals.get(key)
             if e is None:
                 e = self.residuals[key] = np.zeros(x.shape, F32)
             elif e.shape != x.shape:
-                raise ValueError(f"buffer {key!r} held {e.shape[1]} values, now {count}: "
+                raise ValueError(f"buffer {key!r} held {e.shape[1]} values, now {x.shape[1]}: "
                                  "use another key, or reset()")
+        return self._call(x, self.bits, e)
+
+    def _call(self, x, bits, e):
+        """One quantized call (the next call number) on N x n inputs, residuals e or None."""
+        count = x.shape[1]
+        algo = auto_algo(count, "float32", self.nranks) if self.algo == "auto" else self.algo
+        cfg = _Config(self.nranks, bits, self.bucket_size, self.rounding, self.seed,
+                      self.calls, self.op == "avg", False)
         self.calls += 1
         return run(x, algo, cfg, self.segment_values, e)[0]
+
+    def _layered(self, x, key):
+        """The adaptive call: one call per width (in the order of each width's first layer);
+        the policy observes rank 0's layers and steps."""
+        policy = self.adaptive
+        counts = list(policy.layers.values())
+        if x.shape[1] != sum(counts):
+            raise ValueError(f"the adaptive bits' layers hold {sum(counts)} values, buffer "
+                             f"{key!r} {x.shape[1]}")
+        ends = np.cumsum(counts)
+        spans = dict(zip(policy.layers, zip(ends - counts, ends)))
+        groups = {}
+        for name, bits in policy.assignment.items():
+            groups.setdefault(bits, []).append(name)
+        y = np.empty(x.shape[1], F32)
+        for bits, names in groups.items():
+            index = np.concatenate([np.arange(*spans[n]) for n in names])
+            e = None
+            if self.error_feedback:
+                e = np.concatenate([self.residuals.setdefault(
+                    (key, n), np.zeros((self.nranks, policy.layers[n]), F32)) for n in names],
+                    axis=1)
+            y[index] = self._call(np.ascontiguousarray(x[:, index]), bits, e)
+            if e is not None:
+                for n, part in zip(names, np.split(e, np.cumsum(
+                        [policy.layers[n] for n in names])[:-1], axis=1)):
+                    self.residuals[(key, n)] = part
+        for name, (lo, hi) in spans.items():
+            policy.observe(name, x[0, lo:hi])
+        policy.step()
+        return y
