@@ -44,6 +44,7 @@ import numpy as np
 from . import _lib
 from . import codec as _codec
 from . import comm as _comm
+from .emulate.adaptive import AdaptiveBits as _AdaptiveBits
 from .emulate.allreduce import chunks as _chunks, segments as _segments, stream_id as _stream_id
 
 __all__ = ["QuantizedHookState", "communicator", "set_quantization", "sra_hook"]
@@ -89,6 +90,12 @@ class QuantizedHookState:
                     (longest prefix on module boundaries wins; None: exact), or a callable
                     (name, parameter) -> (bits, bucket_size) or None, consulted for the
                     parameters that are not exact by the rule above
+    adaptive        None, True or a dict of qnccl.emulate.adaptive.AdaptiveBits options (every:
+                    steps between decisions, default 100; choices: widths, default 2, 3, 4, 5,
+                    6, 8; resolution): per-layer widths of the quantized parameters at no more
+                    wire bytes than `bits` everywhere, re-decided every `every` steps by rank 0
+                    of the group from its own gradients and broadcast to every rank at the end
+                    of the step (excludes per_layer)
     error_feedback  keep per-rank float32 residuals of what the quantizations dropped
     warmup_steps    the first K calls of each bucket index are exact (plain allreduce mean)
     seed            the codec seed of stochastic rounding
@@ -110,7 +117,7 @@ class QuantizedHookState:
 
     def __init__(self, model, process_group=None, bits=4, bucket_size=128,
                  rounding="stochastic", min_numel=1024, per_layer=None, error_feedback=False,
-                 warmup_steps=0, seed=0, comm=None):
+                 warmup_steps=0, seed=0, comm=None, adaptive=None):
         if not isinstance(model, torch.nn.Module):
             raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         self.bits = _int_arg("bits", bits, 1, 8)
@@ -133,6 +140,7 @@ class QuantizedHookState:
         self.process_group = process_group
         self.comm = None if comm is None else _comm._comm_address(comm)
         self.attach(model)
+        self.adaptive, self._policy = self._adaptive_policy(adaptive, _plain(model))
         self._settings = {}  # parameter name -> (bits, bucket_size) or None, as decided
         self.calls = 0  # quantized SRA calls so far: the `call` of the random streams
         self.bucket_calls = {}  # bucket index -> hook calls so far (warm-up)
@@ -156,15 +164,33 @@ class QuantizedHookState:
         NCCL communicator host buckets are reduced on (as QuantizedHookState's comm)."""
         if comm is not None:
             self.comm = _comm._comm_address(comm)
-        while True:  # torch.compile's wrapper (_orig_mod) and DDP's (module), either order
-            if isinstance(model, torch.nn.parallel.DistributedDataParallel):
-                model = model.module
-            elif hasattr(model, "_orig_mod"):
-                model = model._orig_mod
-            else:
-                break
+        model = _plain(model)
         self._names = {id(p): n for n, p in model.named_parameters()}
         self._sizes = {n: p.numel() for n, p in model.named_parameters()}
+
+    def _adaptive_policy(self, adaptive, model):
+        """(the adaptive option as given, checked, or None; its AdaptiveBits or None)."""
+        if adaptive is None or adaptive is False:
+            return None, None
+        if self.per_layer is not None:
+            raise ValueError("per_layer and adaptive exclude each other: give the widths, or "
+                             "let adaptive choose them")
+        options = {} if adaptive is True else adaptive
+        if not isinstance(options, dict) or set(options) - {"every", "choices", "resolution"}:
+            raise ValueError("adaptive must be None, True or a dict with keys every, choices, "
+                             f"resolution, got {adaptive!r}")
+        options = {"every": 100, **options}
+        layers = {n: p.numel() for n, p in model.named_parameters()
+                  if p.dim() > 1 and p.numel() >= self.min_numel}
+        if not layers:
+            raise ValueError(f"adaptive: the model has no parameter of 2 or more dimensions "
+                             f"and at least min_numel={self.min_numel} elements to quantize")
+        try:
+            policy = _AdaptiveBits(layers, bits=self.bits, bucket_size=self.bucket_size,
+                                   **options)
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"adaptive: {error}") from None
+        return dict(options), policy
 
     def name_of(self, param):
         if self._names is None:
@@ -186,6 +212,8 @@ class QuantizedHookState:
     def _decide(self, name, param):
         if param.dim() <= 1 or param.numel() < self.min_numel:
             return None
+        if self._policy is not None:
+            return (self._policy.assignment[name], self.bucket_size)
         if callable(self.per_layer):
             return _setting(name, self.per_layer(name, param))
         if self.per_layer:
@@ -284,7 +312,7 @@ class QuantizedHookState:
 
     # ---- checkpoints ----------------------------------------------------------------------
     _CONFIG = ("bits", "bucket_size", "rounding", "min_numel", "error_feedback", "warmup_steps",
-               "seed")
+               "seed", "adaptive")
     _COUNTERS = ("input_bytes", "quantized_input_bytes", "quantized_bytes_sent", "exact_bytes")
 
     def state_dict(self):
@@ -301,16 +329,17 @@ class QuantizedHookState:
                 "residuals": {n: torch.from_numpy(r.copy())
                               for n, r in self._all_residuals().items()},
                 "counters": {k: getattr(self, k) for k in self._COUNTERS},
-                "world_size": self.world_size}
+                "world_size": self.world_size,
+                "adaptive": None if self._policy is None else self._policy.state_dict()}
 
     def load_state_dict(self, state_dict):
         """Restores state_dict()'s counters, residuals and per-parameter settings into this
         state, made with the same arguments for the same model (a different configuration,
         or a parameter the model lacks, raises ValueError naming it)."""
         config = state_dict["config"]
-        for key in self._CONFIG:
-            if config[key] != getattr(self, key):
-                raise ValueError(f"the checkpoint's hook state has {key}={config[key]!r}, this "
+        for key in self._CONFIG:  # (a checkpoint older than adaptive bits has none)
+            if config.get(key) != getattr(self, key):
+                raise ValueError(f"the checkpoint's hook state has {key}={config.get(key)!r}, this "
                                  f"one {getattr(self, key)!r}: make it with the checkpoint's "
                                  "arguments")
         names = set(self._names.values()) if self._names is not None else None
@@ -332,6 +361,8 @@ class QuantizedHookState:
         for key in self._COUNTERS:
             setattr(self, key, state_dict["counters"][key])
         self.world_size = state_dict["world_size"]
+        if self._policy is not None:
+            self._policy.load_state_dict(state_dict["adaptive"])
 
     def __getstate__(self):
         state = dict(self.__dict__)
@@ -368,6 +399,17 @@ class QuantizedHookState:
         if self._thread is None:
             self._thread = _Worker()
         return self._thread
+
+
+def _plain(model):
+    """The module under torch.compile's wrapper (_orig_mod) and DDP's (module), either order."""
+    while True:
+        if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+            model = model.module
+        elif hasattr(model, "_orig_mod"):
+            model = model._orig_mod
+        else:
+            return model
 
 
 class _Worker:
@@ -580,10 +622,17 @@ def _reduce_bucket(state, bucket):
         work = dist.all_reduce(buffer, group=group, async_op=True)
         yield  # a bucket's first step never waits (_Worker)
         work.wait()
-        return buffer.div_(n)
+        buffer.div_(n)
+        if state._policy is not None and bucket.is_last():
+            yield from _end_of_step(state, group, buffer.device)
+        return buffer
 
     params, grads = bucket.parameters(), bucket.gradients()
     exact, groups = state.bucket_plan(params)
+    if state._policy is not None and dist.get_rank(group) == 0:  # the deciding rank's own
+        for _, members in groups:
+            for i in members:
+                state._policy.observe(state.name_of(params[i]), grads[i].reshape(-1).float())
     exact_part = None  # the host's exact mean, a generator
     if exact:
         flat = torch.cat([grads[i].reshape(-1) for i in exact])
@@ -613,7 +662,27 @@ def _reduce_bucket(state, bucket):
         yield from exact_part
     if exact:
         _scatter(flat, [grads[i] for i in exact])
+    if state._policy is not None and bucket.is_last():
+        yield from _end_of_step(state, group, buffer.device)
     return buffer
+
+
+def _end_of_step(state, group, device):
+    """After the step's last bucket, with adaptive bits: at each decision point rank 0 of
+    the group has decided from what it observed (AdaptiveBits.step), and broadcasts its
+    widths; every rank takes them for the next steps. A generator like _reduce_bucket."""
+    policy = state._policy
+    if not policy.step():
+        return
+    widths = torch.tensor([policy.assignment[n] for n in policy.layers], dtype=torch.int64,
+                          device=device)
+    work = dist.broadcast(widths, src=dist.get_global_rank(group, 0), group=group,
+                          async_op=True)
+    yield
+    work.wait()
+    policy.assignment = dict(zip(policy.layers, widths.tolist()))
+    for name in policy.layers:  # decided again from the new assignment
+        state._settings.pop(name, None)
 
 
 def _together(*steps):

@@ -34,10 +34,17 @@ CONFIGS = [
                                "error_feedback": True, "seed": 3}},
     {"hook": "qnccl", "args": {"bits": 3, "bucket_size": 32, "rounding": "nearest"}},
     {"hook": "default"},
+    {"hook": "qnccl", "args": {"bits": 4, "bucket_size": 64, "rounding": "nearest",
+                               "error_feedback": True, "adaptive": {"every": 2}},
+     "scale": {"fc2.weight": 0.01}},
 ]
+# per-layer widths, decided at the end of steps 2, 4, 6; fc2's small weights make fc1's
+# gradient small (it flows back through them), so fc1 needs fewer bits than fc2
+ADAPTIVE = 5
+QUANTIZING = [0, 1, 2, 3, ADAPTIVE]  # the configurations of qnccl's own SRA
 # The same hooks with the engine (libqnccl's qncclAllReduce on a host-backend communicator)
 # in place of the SRA over torch.distributed: config ENGINE[c] is CONFIGS[c]'s twin.
-ENGINE = {0: len(CONFIGS), 2: len(CONFIGS) + 1, 3: len(CONFIGS) + 2}
+ENGINE = {c: len(CONFIGS) + i for i, c in enumerate((0, 2, 3, ADAPTIVE))}
 CONFIGS += [dict(CONFIGS[c], engine=True) for c in ENGINE]
 # sra_hook registered as it is (the buckets overlap on its worker): DIRECT[c] is CONFIGS[c]'s.
 DIRECT = {c: len(CONFIGS) + i for i, c in enumerate((0, 2))}
@@ -88,7 +95,7 @@ def test_replicas_stay_identical(records, c):
                                       step[0]["grads"][name].view(np.uint32))
 
 
-@pytest.mark.parametrize("c", range(4))
+@pytest.mark.parametrize("c", QUANTIZING)
 def test_small_and_1d_parameters_are_exact(records, c):
     warmup = CONFIGS[c]["args"].get("warmup_steps", 0)
     for t, step in enumerate(steps_of(records, c)):
@@ -115,7 +122,7 @@ def test_small_and_1d_parameters_are_exact(records, c):
             assert not np.allclose(e["grads"][name], f64_mean(step, name), rtol=1e-5, atol=0)
 
 
-@pytest.mark.parametrize("c", range(4))
+@pytest.mark.parametrize("c", QUANTIZING)
 def test_quantized_part_matches_emulator(records, c):
     args = CONFIGS[c]["args"]
     warmup = args.get("warmup_steps", 0)
@@ -162,7 +169,7 @@ def test_quantized_part_matches_emulator(records, c):
     assert calls_seen > 0
 
 
-@pytest.mark.parametrize("c", [1, 2])
+@pytest.mark.parametrize("c", [1, 2, ADAPTIVE])
 def test_error_feedback_identity(records, c):
     """z_t = g_t + E_{t-1}; the result is mean(z_t) - sum_r E_t,r / N (the send residuals
     z - D(Q(z)) and the owner's N * (acc/N - D(q))), so summed over steps
@@ -241,12 +248,45 @@ def test_per_layer_bits_and_loss(records):
         assert report["input_per_sent"] > 1.5 and report["compression"] > 5, report
 
 
+def widths_of(entry):
+    """{parameter: bits} of one rank's step, from its calls' quantized groups."""
+    return {n: bits for call in entry["calls"] for (bits, _), names in call["groups"]
+            for n in names}
+
+
+def test_adaptive_widths_are_rank_0s_decision(records):
+    """Per-layer widths: uniform until the first decision, then rank 0's (AdaptiveBits on its
+    own gradients since the last decision, replayed here from what the hook received) on
+    every rank, within the bytes of uniform 4 bits; fc1 got fewer bits than fc2."""
+    from qnccl.emulate import compressed_size
+    from qnccl.emulate.adaptive import AdaptiveBits
+    steps = steps_of(records, ADAPTIVE)
+    policy = AdaptiveBits(dict.fromkeys(QUANTIZED, 2048), bits=4, bucket_size=64, every=2)
+    moved = False
+    for t, step in enumerate(steps):
+        widths = widths_of(step[0])
+        for r in range(1, N):
+            assert widths_of(step[r]) == widths, (t, r)
+        assert widths == policy.assignment, t
+        assert sum(compressed_size(2048, b, 64) for b in widths.values()) <= policy.budget
+        moved |= widths["fc1.weight"] < 4 < widths["fc2.weight"]
+        for name in QUANTIZED:
+            policy.observe(name, call_local(step[0], name))
+        policy.step()
+    assert policy.decisions == 3 and moved
+
+
 @pytest.mark.parametrize("kwargs, word", [
     ({"bits": 0}, "bits"), ({"bits": 9}, "bits"), ({"bucket_size": 0}, "bucket_size"),
     ({"rounding": "up"}, "rounding"), ({"min_numel": -1}, "min_numel"),
     ({"warmup_steps": -2}, "warmup_steps"), ({"seed": -1}, "seed"),
     ({"error_feedback": "yes"}, "error_feedback"), ({"per_layer": 3}, "per_layer"),
     ({"per_layer": {"fc1": (4,)}}, "per_layer"), ({"per_layer": {"fc1": (2, 0)}}, "bucket_size"),
+    ({"adaptive": {"often": 3}, "min_numel": 0}, "keys every, choices, resolution"),
+    ({"adaptive": {"every": 0}, "min_numel": 0}, "adaptive: every and resolution must be >= 1"),
+    ({"adaptive": {"choices": (2, 3)}, "min_numel": 0}, "adaptive: choices"),
+    ({"adaptive": True, "per_layer": {"fc1": None}}, "per_layer and adaptive exclude"),
+    ({"adaptive": True, "min_numel": 100}, "no parameter of 2 or more dimensions"),
 ])
 def test_bad_arguments(kwargs, word):
     with pytest.raises(ValueError, match=word):
@@ -341,12 +381,31 @@ def test_state_dict_holds_what_a_restored_job_needs():
     ({"bits": 4}, "bits=3, this one 4"),
     ({"seed": 1}, "seed=9, this one 1"),
     ({"error_feedback": False}, "error_feedback=True"),
+    ({"adaptive": {"every": 5}}, "adaptive=None, this one {'every': 5}"),
 ])
 def test_a_checkpoint_of_another_configuration_is_refused(change, message):
     _, state = small_state(bits=3, error_feedback=True, seed=9)
     _, other = small_state(**{"bits": 3, "error_feedback": True, "seed": 9, **change})
     with pytest.raises(ValueError, match=message):
         other.load_state_dict(state.state_dict())
+
+
+def test_a_checkpoint_carries_the_adaptive_widths():
+    """The assignment, the step count and what rank 0 observed since the last decision."""
+    _, state = small_state(bits=4, adaptive={"every": 3})
+    policy = state._policy
+    assert list(policy.layers) == ["0.weight", "1.weight"]  # 2-D, >= min_numel elements
+    policy.assignment = {"0.weight": 3, "1.weight": 5}
+    policy.steps = 5
+    policy.observe("0.weight", torch.ones(4096))
+    model2, restored = small_state(bits=4, adaptive={"every": 3})
+    restored.load_state_dict(pickle.loads(pickle.dumps(state.state_dict())))
+    assert restored.setting(model2[0].weight) == (3, 128)  # decided from the assignment
+    again = restored._policy
+    assert again.assignment == policy.assignment and again.steps == 5
+    again.observe("0.weight", torch.ones(4096))
+    assert again.step() and again.decisions == 1  # step 6: decides from 2 observations
+    assert again.assignment["1.weight"] == 5  # not observed: kept
 
 
 def test_a_checkpoint_of_another_model_is_refused():

@@ -6,7 +6,8 @@ the loss, the error-feedback residuals, the SRA call numbers and the exact part 
 a plain all_reduce for comparison. A configuration with "engine": true gives the hook an NCCL
 communicator of QNCCL's host backend (QNCCL_NCCL_LIB), so that its quantized groups go through
 libqnccl's engine, as CUDA buckets do on a GPU. One with "direct": true registers sra_hook
-itself, so that buckets overlap, and records no calls.
+itself, so that buckets overlap, and records no calls; "scale": {parameter: factor}
+multiplies parameters after the initialization.
 
     MASTER_PORT=P mpirun -np 4 python tests/torch_programs/ddp_train.py OUTDIR CONFIGS_JSON
 """
@@ -59,6 +60,10 @@ def host_communicator(rank, size):
 def run(config, rank, size):
     torch.manual_seed(1234)
     model = Net()
+    with torch.no_grad():  # "scale": {parameter: factor}, e.g. to set layers' gradients apart
+        params = dict(model.named_parameters())
+        for name, factor in config.get("scale", {}).items():
+            params[name].mul_(factor)
     ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.01)
     names = {id(p): n for n, p in model.named_parameters()}
     record = {"config": config, "steps": []}
