@@ -10,8 +10,10 @@ What a job does with libqnccl.so, call after call: the communicator's call count
 calls are exact and take no call number (QNCCL_WARMUP_CALLS), and with error feedback every
 buffer (`key`, like the library's (address, count, dtype)) keeps N float32 residuals that the
 next call on it adds to its inputs (docs/allreduce.md, Error feedback). All virtual ranks are
-computed at once (qnccl.emulate.allreduce.run, the allreduce emulator's own code): 64 ranks x 2^20 values take about 3-9 s per call on a 2-core machine (SRA
-3.5 s nearest / 7 s stochastic, ring 5 / 7.4, tree 2.7 / 5.9), and 256 MiB of residuals.
+computed at once (qnccl.emulate.allreduce.run, the allreduce emulator's own code): 64 ranks
+x 2^20 values take about 3-9 s per call on a 2-core machine (SRA 3.5 s nearest / 7 s
+stochastic, ring 5 / 7.4, tree 2.7 / 5.9), and 256 MiB of residuals. With `adaptive`, per-layer
+widths (qnccl.emulate.adaptive): one call per width, as the DDP hook makes them.
 """
 from __future__ import annotations
 
