@@ -197,7 +197,8 @@ bench: setup
 	@$(MAKE) --no-print-directory -j$(JOBS) all
 	$(PYTHON) -m qnccl bench
 
-# Training accuracy under quantized allreduce (docs/accuracy.md; about 13 min).
+# Training accuracy under quantized allreduce, both models (docs/accuracy.md; about 50 min;
+# perf/accuracy_bench.py --model dlrm: the DLRM table alone, about 13 min).
 accuracy: setup
 	@$(MAKE) --no-print-directory -j$(JOBS) all
 	$(PYTHON) perf/accuracy_bench.py

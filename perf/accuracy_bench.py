@@ -2,21 +2,26 @@
 """accuracy_bench: what quantized allreduce and all-to-all do to training accuracy
 (docs/accuracy.md).
 
-A DLRM-style model learns a synthetic click-through task (perf/accuracy_model.py) with a global
-batch split over N emulated data-parallel ranks. Each rank's MLP gradient (its own micro-batch)
-goes through qnccl.emulate's EmulatedAllReduce, bit-exact with libqnccl.so; the embedding
-gradients are averaged exactly (seeds/000 Table 3: quantized allreduce, full-precision
-alltoall). Every configuration is paired with the full-precision run of the same seed (same
-init, same data order) and reported as seeds/000 eq. 2: the relative change of the test
-accuracy in percent, averaged over seeds; the same for the test log-loss. One real 4-process
-job through the qnccl.torch DDP hook (perf/accuracy_ddp.py) is compared with plain DDP.
-seeds/000 Table 2 beside it: the embeddings' all-to-alls quantized (forward x backward bits,
-through qnccl.emulate.alltoall, 8 ranks owning a table each), the allreduce exact.
+Two models learn synthetic tasks with a global batch split over N emulated data-parallel
+ranks: a DLRM-style click-through model (perf/accuracy_model.py; Adam, or the paper's SGD)
+and a decoder-only transformer language model on a Markov corpus (perf/accuracy_lm.py;
+AdamW). Each rank's gradient (its own micro-batch; the DLRM's MLP, the whole LM) goes through
+qnccl.emulate's EmulatedAllReduce, bit-exact with libqnccl.so; the DLRM's embedding gradients
+are averaged exactly (seeds/000 Table 3: quantized allreduce, full-precision alltoall). Every
+configuration is paired with the full-precision run of the same seed (same init, same data
+order) and reported as seeds/000 eq. 2: the relative change of each metric in percent
+(accuracy and log-loss; validation loss and perplexity), averaged over seeds. One real
+4-process job through the qnccl.torch DDP hook (perf/accuracy_ddp.py) is compared with plain
+DDP. seeds/000 Table 2 beside it: the embeddings' all-to-alls quantized (forward x backward
+bits, through qnccl.emulate.alltoall, 8 ranks owning a table each), the allreduce exact.
+--adaptive adds per-layer widths (qnccl.emulate.adaptive) beside uniform ones.
 
-    .venv/bin/python perf/accuracy_bench.py              # full run, < 30 min on 2 cores
-    .venv/bin/python perf/accuracy_bench.py --quick      # < 3 min: the test's run
+    .venv/bin/python perf/accuracy_bench.py                  # both models, about 50 min
+    .venv/bin/python perf/accuracy_bench.py --model dlrm     # the DLRM table, about 13 min
+    .venv/bin/python perf/accuracy_bench.py --model lm       # the LM table, about 36 min
+    .venv/bin/python perf/accuracy_bench.py --quick          # a few minutes
 
-Writes OUT/results.json (every run with its curve), OUT/table.md and OUT/test_loss.png
+Writes OUT/results.json (every run with its curve), OUT/table.md and OUT/MODEL_loss.png
 (OUT: --out, default build/accuracy). Exit status: 0 done, 1 a run or the DDP job failed,
 2 bad options, 3 torch is not installed.
 """
@@ -58,14 +63,14 @@ DDP_CONFIG = {"bits": 4, "algo": "sra", "error_feedback": False}  # the hook job
 # Open MPI as root, more ranks than cores, no busy waiting, shared memory between the ranks.
 MPI_ENV = {**BENCH_MPI_ENV, **MPI_SHARED_MEMORY_ENV, "PYTHONUNBUFFERED": "1"}
 
-# (steps, train samples = steps x batch, test samples, seeds, DDP job time limit in s)
-FULL = {"steps": 500, "test": 1 << 18, "seeds": 3, "ddp_timeout": 1200}
-QUICK = {"steps": 120, "test": 1 << 14, "seeds": 1, "ddp_timeout": 240}
-BATCH = 1024  # global batch, the same for every N: one baseline trajectory per seed
-LR = 0.003  # Adam, warm-up then linear decay (accuracy_model.learning_rate)
-SGD_LR = 3.0  # --optimizer sgd (seeds/000's optimizer; slower to converge on this task)
+MODELS = ("dlrm", "lm")  # accuracy_model.Task, accuracy_lm.Task
+# per model (optimizer steps; test samples, or validation sequences), seeds, DDP time limit in s
+FULL = {"dlrm": {"steps": 500, "test": 1 << 18}, "lm": {"steps": 400, "test": 1024},
+        "seeds": 3, "ddp_timeout": 1200}
+QUICK = {"dlrm": {"steps": 120, "test": 1 << 14}, "lm": {"steps": 80, "test": 256},
+         "seeds": 1, "ddp_timeout": 240}
 EVALS = 10  # points of each test-loss curve
-CURVE_SAMPLES = 1 << 16  # the curve's points use the first test samples; the final, all
+ADAPTIVE_DECISIONS = 10  # per run, of --adaptive's per-layer widths
 
 
 # ----------------------------------------------------------------------------------- options
@@ -101,20 +106,25 @@ def bit_pairs(text):
 
 def build_parser():
     p = argparse.ArgumentParser(
-        prog=TOOL, description="Training accuracy of a DLRM-style model under quantized "
-        "allreduce (emulated N ranks, plus one real 4-process DDP-hook job) against full "
-        "precision, as seeds/000 Table 3.",
+        prog=TOOL, description="Training accuracy of a DLRM-style model and a transformer "
+        "language model under quantized allreduce (emulated N ranks, plus one real 4-process "
+        "DDP-hook job) against full precision, as seeds/000 Table 3.",
         epilog="Exit status: 0 done, 1 a run failed, 2 bad options, 3 torch not installed.")
     p.add_argument("--quick", action="store_true",
-                   help=f"{QUICK['steps']} steps, {QUICK['test']} test samples, "
-                        f"{QUICK['seeds']} seed (< 3 min; what the test runs)")
+                   help=f"DLRM {QUICK['dlrm']['steps']} steps and {QUICK['dlrm']['test']} test "
+                        f"samples, LM {QUICK['lm']['steps']} steps and {QUICK['lm']['test']} "
+                        f"validation sequences, {QUICK['seeds']} seed (what the test runs)")
+    p.add_argument("--model", type=choice_list("model", MODELS), default=MODELS,
+                   help="dlrm (the DLRM-style model), lm (the transformer language model) or "
+                        "dlrm,lm (default)")
     p.add_argument("--out", type=Path, default=REPO / "build" / "accuracy",
                    help="output folder (default build/accuracy)")
     p.add_argument("--seeds", type=int_in(1), default=None,
                    help=f"training seeds 0..K-1 (default {FULL['seeds']}, quick "
                         f"{QUICK['seeds']})")
     p.add_argument("--steps", type=int_in(EVALS), default=None,
-                   help=f"optimizer steps (default {FULL['steps']}, quick {QUICK['steps']})")
+                   help=f"optimizer steps of every model (default DLRM {FULL['dlrm']['steps']}, "
+                        f"LM {FULL['lm']['steps']})")
     p.add_argument("--bits", type=choice_list("bits", BITS), default=BITS,
                    help="codec widths, e.g. 8,4,2 (default all)")
     p.add_argument("--algos", type=choice_list("algo", ALGOS), default=ALGOS,
@@ -130,8 +140,12 @@ def build_parser():
                    help="the codec's rounding; auto (default): nearest where error feedback "
                         "pays its bias back, stochastic (unbiased) where nothing does "
                         "(docs/accuracy.md)")
+    p.add_argument("--adaptive", action="store_true",
+                   help="add per-layer adaptive bits (L-GreCo's knapsack at the bytes of "
+                        "uniform bits, qnccl.emulate.adaptive) beside each configuration of "
+                        "3..7 bits, re-decided every tenth of the run")
     p.add_argument("--optimizer", choices=("adam", "sgd"), default="adam",
-                   help=f"adam (lr {LR}, default) or plain sgd (lr {SGD_LR})")
+                   help="adam (default; AdamW for the LM) or plain sgd")
     p.add_argument("--workers", type=int_in(1), default=min(2, os.cpu_count() or 1),
                    help="training processes at once, one torch thread each (default: 2 or "
                         "the core count if smaller)")
@@ -143,8 +157,8 @@ def parse_args(argv):
     args = build_parser().parse_args(argv)
     preset = QUICK if args.quick else FULL
     args.seeds = args.seeds or preset["seeds"]
-    args.steps = args.steps or preset["steps"]
-    args.test = preset["test"]
+    args.sizes = {m: {"steps": args.steps or preset[m]["steps"], "test": preset[m]["test"]}
+                  for m in args.model}
     args.ddp_timeout = preset["ddp_timeout"]
     return args
 
@@ -152,9 +166,17 @@ def parse_args(argv):
 # -------------------------------------------------------------------------------------- jobs
 
 def configurations(args):
-    """The quantized configurations, in table order (seeds/000 Table 3 rows)."""
-    return [{"bits": b, "algo": a, "error_feedback": ef}
-            for b in args.bits for a in args.algos for ef in (False, True)]
+    """The quantized configurations, in table order (seeds/000 Table 3 rows); with
+    --adaptive each one of 3..7 bits is followed by its per-layer adaptive twin (the same
+    bytes at most)."""
+    out = []
+    for b in args.bits:
+        for a in args.algos:
+            for ef in (False, True):
+                out.append({"bits": b, "algo": a, "error_feedback": ef})
+                if args.adaptive and 2 < b < 8:
+                    out.append({"bits": b, "algo": a, "error_feedback": ef, "adaptive": True})
+    return out
 
 
 def alltoall_configurations(args):
@@ -177,105 +199,129 @@ def config_name(c):
         return "fp32"
     if "alltoall" in c:
         return "alltoall fwd uint{} bwd uint{}".format(*c["alltoall"])
-    return f"uint{c['bits']} {c['algo']}" + (" EF" if c["error_feedback"] else "")
+    return (f"uint{c['bits']} {c['algo']}" + (" EF" if c["error_feedback"] else "")
+            + (" adaptive" if c.get("adaptive") else ""))
 
 
 def jobs(args):
-    """Every training run: per seed the full-batch reference (N=1, exact), per N and seed the
-    exact-average baseline and each quantized configuration. Longest first, so that the two
-    workers finish together."""
-    out = [{"config": None, "nranks": 1, "seed": s} for s in range(args.seeds)]
-    for n in args.ranks:
-        for s in range(args.seeds):
-            out.append({"config": None, "nranks": n, "seed": s})
-            out += [{"config": c, "nranks": n, "seed": s} for c in configurations(args)]
-    for s in range(args.seeds):  # Table 2, beside its own exact run at its rank count
-        if args.alltoall and ALLTOALL_RANKS not in args.ranks:
-            out.append({"config": None, "nranks": ALLTOALL_RANKS, "seed": s})
-        out += [{"config": c, "nranks": ALLTOALL_RANKS, "seed": s}
-                for c in alltoall_configurations(args)]
-    return sorted(out, key=lambda j: -job_cost(j))
+    """Every training run: per model and seed the full-batch reference (N=1, exact), per N and
+    seed the exact-average baseline and each quantized configuration; for the DLRM model also
+    Table 2's all-to-all runs. Longest first, so that the workers finish together."""
+    out = []
+    for model in args.model:
+        out += [{"model": model, "config": None, "nranks": 1, "seed": s}
+                for s in range(args.seeds)]
+        for n in args.ranks:
+            for s in range(args.seeds):
+                out.append({"model": model, "config": None, "nranks": n, "seed": s})
+                out += [{"model": model, "config": c, "nranks": n, "seed": s}
+                        for c in configurations(args)]
+    if "dlrm" in args.model:
+        for s in range(args.seeds):  # Table 2, beside its own exact run at its rank count
+            if args.alltoall and ALLTOALL_RANKS not in args.ranks:
+                out.append({"model": "dlrm", "config": None, "nranks": ALLTOALL_RANKS, "seed": s})
+            out += [{"model": "dlrm", "config": c, "nranks": ALLTOALL_RANKS, "seed": s}
+                    for c in alltoall_configurations(args)]
+    return sorted(out, key=lambda j: -job_cost(j, args.sizes))
 
 
-def job_cost(job):
-    """Milliseconds per step on one core, for the ETA: the gradients and the optimizer about
-    15, the emulated allreduce about 0.8 per rank for ring, 0.45 for tree and SRA."""
+# milliseconds per step on one core: (gradients and optimizer, allreduce per rank for ring,
+# for tree and SRA); the DLRM's all-to-all runs take ALLTOALL_STEP_MS
+STEP_MS = {"dlrm": (15.0, 0.8, 0.45), "lm": (25.0, 4.0, 2.5)}
+ALLTOALL_STEP_MS = 20.0
+
+
+def job_cost(job, sizes):
+    """Estimated milliseconds of one run on one core, for the order and the ETA."""
     n, c = job["nranks"], job["config"]
+    base, ring, other = STEP_MS[job["model"]]
     if c is None:
-        return 15.0
-    if "alltoall" in c:
-        return 20.0
-    return 15.0 + n * (0.8 if c["algo"] == "ring" else 0.45)
+        per_step = base
+    elif "alltoall" in c:
+        per_step = ALLTOALL_STEP_MS
+    else:
+        per_step = base + n * (ring if c["algo"] == "ring" else other)
+    return per_step * sizes[job["model"]]["steps"]
 
 
 # -------------------------------------------------------------------------- training (worker)
 
-_DATA = {}  # per worker process: the teacher's train and test sets
+_TASKS = {}  # per worker process: each model's task (its data)
 
 
-def init_worker(steps, test_size):
+def make_task(model, size):
+    """The task of `model` with the data for `size` ({"steps", "test"})."""
+    return task_class(model)(size["steps"], size["test"])
+
+
+def init_worker(sizes):
     import torch
-    import accuracy_model as am
     torch.set_num_threads(1)
-    teacher = am.Teacher(am.Shape())
-    _DATA["train"] = am.make_data(teacher, steps * BATCH, stream=1)
-    _DATA["test"] = am.make_data(teacher, test_size, stream=2)
+    for model, size in sizes.items():
+        _TASKS[model] = make_task(model, size)
 
 
 def train(job, settings):
-    """One training run; returns its record (final test loss/accuracy, curve, wall time)."""
+    """One training run; returns its record (final metrics, curve, gradient error, wall time)."""
     import numpy as np
     import torch
     import accuracy_model as am
+    from qnccl.emulate.adaptive import AdaptiveBits
     from qnccl.emulate.training import EmulatedAllReduce
 
     start = time.perf_counter()
-    train_set, test_set = _DATA["train"], _DATA["test"]
-    curve_set = am.Dataset(*(t[:CURVE_SAMPLES] for t in (
-        test_set.dense, test_set.cats, test_set.labels, test_set.click_prob)))
+    task = _TASKS[job["model"]]
     torch.manual_seed(job["seed"])
-    model = am.DLRM(am.Shape())
-    steps, lr = settings["steps"], SGD_LR if settings["optimizer"] == "sgd" else LR
-    optimizer = (torch.optim.SGD if settings["optimizer"] == "sgd" else torch.optim.Adam)(
-        model.parameters(), lr=lr)
-    order = torch.randperm(len(train_set), generator=torch.Generator().manual_seed(job["seed"]))
+    model = task.model()
+    steps, batch = settings["sizes"][job["model"]]["steps"], task.BATCH
+    optimizer = task.optimizer(model, settings["optimizer"])
+    base_lr = [group["lr"] for group in optimizer.param_groups]
+    order = torch.randperm(len(task), generator=torch.Generator().manual_seed(job["seed"]))
     c, n = job["config"], job["nranks"]
-    allreduce = alltoall = None
+    allreduce = alltoall = policy = None
     if c is not None and "alltoall" in c:
         alltoall = EmbeddingAlltoall(n, *c["alltoall"], bucket_size=settings["bucket_size"],
                                      rounding=rounding_of(c, settings), seed=job["seed"])
     elif c is not None:
+        if c.get("adaptive"):
+            policy = AdaptiveBits(task.layers(model), bits=c["bits"],
+                                  bucket_size=settings["bucket_size"],
+                                  every=max(1, steps // ADAPTIVE_DECISIONS))
         # the training seed also seeds stochastic rounding, as a job's QNCCL_SEED would
         allreduce = EmulatedAllReduce(n, algo=c["algo"], bits=c["bits"],
                                       bucket_size=settings["bucket_size"],
                                       rounding=rounding_of(c, settings),
                                       seed=job["seed"],
-                                      error_feedback=c["error_feedback"])
+                                      error_feedback=c["error_feedback"], adaptive=policy)
     eval_at = set(np.linspace(0, steps, EVALS + 1).round().astype(int).tolist())
-    curve, grad_error = [], 0.0
+    curve, grad_error, wire = [], 0.0, 0.0
     for step in range(steps + 1):
         if step in eval_at:
-            loss, acc = am.evaluate(model, curve_set)
-            curve.append([step, loss, acc])
+            curve.append({"step": step, **task.evaluate(model, curve=True)})
         if step == steps:
             break
-        for group in optimizer.param_groups:
+        for group, lr in zip(optimizer.param_groups, base_lr):
             group["lr"] = am.learning_rate(step, steps, lr)
         optimizer.zero_grad(set_to_none=True)
-        grads = am.rank_gradients(model, *train_set.take(order[step * BATCH:(step + 1) * BATCH]),
-                                  n, alltoall)
+        grads = task.gradients(model, order[step * batch:(step + 1) * batch], n, alltoall)
         exact = grads.sum(0) / n  # float32 sum in rank order, / N
         mean = exact
         if allreduce is not None:
-            mean = torch.from_numpy(allreduce(grads.numpy(), key="mlp"))
+            if policy is not None:  # the bytes of this step's widths, per uniform bytes
+                wire += policy.wire_bytes() / policy.budget
+            mean = torch.from_numpy(allreduce(grads.numpy(), key=task.name))
             grad_error += float((mean - exact).norm() / exact.norm())
-        am.set_head_grads(model, mean)
+        task.set_grads(model, mean)
         optimizer.step()
-    loss, acc = am.evaluate(model, test_set)
     rounding = None if c is None else rounding_of(c, settings)
-    return {**job, "name": config_name(c), "rounding": rounding, "test_loss": loss,
-            "test_acc": acc, "curve": curve,
-            "grad_rel_error": grad_error / steps, "wall_s": time.perf_counter() - start}
+    record = {**job, "name": config_name(c), "rounding": rounding,
+              "metrics": task.evaluate(model), "curve": curve,
+              "grad_rel_error": grad_error / steps, "wall_s": time.perf_counter() - start}
+    if policy is not None:
+        record["adaptive"] = {"wire_ratio": wire / steps, "every": policy.every,
+                              "decisions": policy.decisions,
+                              "assignment": dict(policy.assignment)}
+    return record
 
 
 class EmbeddingAlltoall:
@@ -333,21 +379,21 @@ def fmt_time(seconds):
 
 
 def describe(job):
-    return f"{config_name(job['config'])}, N={job['nranks']}, seed {job['seed']}"
+    return f"{job['model']} {config_name(job['config'])}, N={job['nranks']}, seed {job['seed']}"
 
 
 def run_emulated(args):
     """Runs every job on `args.workers` processes, printing a line per finished run."""
     todo = jobs(args)
-    total_cost, done_cost = sum(map(job_cost, todo)), 0.0
-    print(f"{TOOL}: {len(todo)} training runs ({args.steps} steps of {BATCH} samples, "
-          f"{args.test} test samples) on {args.workers} worker(s)", flush=True)
+    cost = [job_cost(j, args.sizes) for j in todo]
+    total_cost, done_cost = sum(cost), 0.0
+    sizes = ", ".join(f"{m}: {s['steps']} steps, {s['test']} test" for m, s in args.sizes.items())
+    print(f"{TOOL}: {len(todo)} training runs ({sizes}) on {args.workers} worker(s)", flush=True)
     start = time.perf_counter()
     ctx = multiprocessing.get_context("spawn")  # no forked torch thread pools
     records = []
-    with ctx.Pool(args.workers, initializer=init_worker,
-                  initargs=(args.steps, args.test)) as pool:
-        settings = {"steps": args.steps, "bucket_size": args.bucket_size,
+    with ctx.Pool(args.workers, initializer=init_worker, initargs=(args.sizes,)) as pool:
+        settings = {"sizes": args.sizes, "bucket_size": args.bucket_size,
                     "rounding": args.rounding, "optimizer": args.optimizer}
         payloads = [(j, settings) for j in todo]
         for i, rec in enumerate(pool.imap_unordered(train_job, payloads), 1):
@@ -355,12 +401,12 @@ def run_emulated(args):
                 pool.terminate()
                 raise RuntimeError(f"run {describe(rec)} failed: {rec['error']}")
             records.append(rec)
-            done_cost += job_cost(rec)
+            done_cost += job_cost(rec, args.sizes)
             elapsed = time.perf_counter() - start
             eta = elapsed / done_cost * (total_cost - done_cost)
-            print(f"[{i:3d}/{len(todo)}] {describe(rec):28s} test acc {rec['test_acc']:.5f} "
-                  f"loss {rec['test_loss']:.5f}  {rec['wall_s']:5.1f} s | elapsed "
-                  f"{fmt_time(elapsed)}, ETA {fmt_time(eta)}", flush=True)
+            metrics = " ".join(f"{k} {v:.5f}" for k, v in rec["metrics"].items())
+            print(f"[{i:3d}/{len(todo)}] {describe(rec):33s} {metrics}  {rec['wall_s']:5.1f} s | "
+                  f"elapsed {fmt_time(elapsed)}, ETA {fmt_time(eta)}", flush=True)
     return records
 
 
@@ -382,13 +428,15 @@ def run_ddp(args):
     with tempfile.TemporaryDirectory() as tmp:
         result = Path(tmp) / "ddp.json"
         cmd = [mpirun, "-np", str(DDP_RANKS), sys.executable, str(DDP_PROGRAM),
-               "--out", str(result), "--steps", str(args.steps), "--test", str(args.test),
+               "--out", str(result), "--steps", str(args.sizes["dlrm"]["steps"]),
+               "--test", str(args.sizes["dlrm"]["test"]),
                "--bucket-size", str(args.bucket_size),
                "--rounding", rounding_of(DDP_CONFIG, vars(args)),
                "--optimizer", args.optimizer]
         env = dict(os.environ, **MPI_ENV, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
         print(f"{TOOL}: DDP job: {DDP_RANKS} gloo processes, plain allreduce vs the 4-bit SRA "
-              f"hook ({args.steps} steps; limit {args.ddp_timeout} s)", flush=True)
+              f"hook ({args.sizes['dlrm']['steps']} steps; limit {args.ddp_timeout} s)",
+              flush=True)
         start = time.perf_counter()
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True, start_new_session=True)
@@ -415,32 +463,49 @@ def delta(value, base):
     return (value - base) / base * 100
 
 
+def task_class(model):
+    """The Task class of `model` (its metrics, their labels, its title, its batch)."""
+    if model == "lm":
+        import accuracy_lm
+        return accuracy_lm.Task
+    import accuracy_model
+    return accuracy_model.Task
+
+
+def metrics_of(model):
+    """The metric keys of a model's records, in table order, and their labels."""
+    return task_class(model).metrics, task_class(model).labels
+
+
 def summarize(records, args):
-    """Per (configuration, N): δ accuracy and δ log-loss (relative %, vs the same seed's
+    """Per (model, configuration, N): δ of each metric (relative %, vs the same seed's
     exact-average run) averaged over seeds, with min and max, and the mean relative error
-    |quantized - exact| / |exact| of the averaged MLP gradient over the run's steps. The fp32
+    |quantized - exact| / |exact| of the averaged gradient over the run's steps. The fp32
     row compares the exact N-rank average with the full-batch gradient: only summation order
     differs, so it is the noise floor of a paired comparison."""
-    by_key = {(r["name"], r["nranks"], r["seed"]): r for r in records}
-    rows = []
-    for c in [None, *configurations(args)]:
+    by_key = {(r["model"], r["name"], r["nranks"], r["seed"]): r for r in records}
+
+    def row(model, c, n, base_n, quantized):
         name = config_name(c)
-        for n in args.ranks:
-            base_n = 1 if c is None else n
-            pairs = [(by_key[(name, n, s)], by_key[("fp32", base_n, s)])
-                     for s in range(args.seeds)]
-            acc = [delta(q["test_acc"], b["test_acc"]) for q, b in pairs]
-            loss = [delta(q["test_loss"], b["test_loss"]) for q, b in pairs]
-            grad = [q["grad_rel_error"] for q, _ in pairs]
-            rows.append({"name": name, "config": c, "nranks": n, "d_acc": stats(acc),
-                         "d_loss": stats(loss), "grad_rel_error": sum(grad) / len(grad)})
-    for c in alltoall_configurations(args):  # Table 2: vs the exact run at its rank count
-        pairs = [(by_key[(config_name(c), ALLTOALL_RANKS, s)],
-                  by_key[("fp32", ALLTOALL_RANKS, s)]) for s in range(args.seeds)]
-        rows.append({"name": config_name(c), "config": c, "nranks": ALLTOALL_RANKS,
-                     "d_acc": stats([delta(q["test_acc"], b["test_acc"]) for q, b in pairs]),
-                     "d_loss": stats([delta(q["test_loss"], b["test_loss"]) for q, b in pairs]),
-                     "grad_rel_error": None})
+        pairs = [(by_key[(model, name, n, s)], by_key[(model, "fp32", base_n, s)])
+                 for s in range(args.seeds)]
+        keys, _ = metrics_of(model)
+        grad = [q["grad_rel_error"] for q, _ in pairs]
+        out = {"model": model, "name": name, "config": c, "nranks": n,
+               "d": {k: stats([delta(q["metrics"][k], b["metrics"][k]) for q, b in pairs])
+                     for k in keys},
+               "grad_rel_error": sum(grad) / len(grad) if quantized else None}
+        if c is not None and c.get("adaptive"):
+            out["wire_ratio"] = sum(q["adaptive"]["wire_ratio"] for q, _ in pairs) / len(pairs)
+        return out
+
+    rows = []
+    for model in args.model:
+        for c in [None, *configurations(args)]:
+            rows += [row(model, c, n, 1 if c is None else n, True) for n in args.ranks]
+    if "dlrm" in args.model:  # Table 2: vs the exact run at its rank count
+        rows += [row("dlrm", c, ALLTOALL_RANKS, ALLTOALL_RANKS, False)
+                 for c in alltoall_configurations(args)]
     return rows
 
 
@@ -457,18 +522,37 @@ def cell(s, seeds):
     return f"{s['mean']:+.4f} [{s['min']:+.3f}, {s['max']:+.3f}]"
 
 
-def markdown_table(rows, args):
-    head = ([f"δ acc N={n}" for n in args.ranks] + [f"δ log-loss N={n}" for n in args.ranks]
+def markdown_table(rows, args, model):
+    """One model's allreduce table (seeds/000 Table 3's shape)."""
+    keys, labels = metrics_of(model)
+    head = ([f"δ {labels[k]} N={n}" for k in keys for n in args.ranks]
             + [f"grad. error N={n}" for n in args.ranks])
     lines = ["| allreduce | " + " | ".join(head) + " |", "|---" * (len(head) + 1) + "|"]
-    for name in dict.fromkeys(r["name"] for r in rows if r["grad_rel_error"] is not None):
-        mine = {r["nranks"]: r for r in rows if r["name"] == name}
+    mine = [r for r in rows if r["model"] == model and r["grad_rel_error"] is not None]
+    for name in dict.fromkeys(r["name"] for r in mine):
+        by_n = {r["nranks"]: r for r in mine if r["name"] == name}
         label = "fp32 exact (vs full batch)" if name == "fp32" else name
-        cells = ([cell(mine[n]["d_acc"], args.seeds) for n in args.ranks]
-                 + [cell(mine[n]["d_loss"], args.seeds) for n in args.ranks]
-                 + [f"{mine[n]['grad_rel_error']:.4f}" for n in args.ranks])
+        cells = ([cell(by_n[n]["d"][k], args.seeds) for k in keys for n in args.ranks]
+                 + [f"{by_n[n]['grad_rel_error']:.4f}" for n in args.ranks])
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def adaptive_lines(records, rows, model):
+    """--adaptive: the bytes the per-layer widths sent per uniform bytes, and the widths of
+    one run at its end (where the bits went)."""
+    mine = [r for r in rows if r["model"] == model and "wire_ratio" in r]
+    if not mine:
+        return []
+    ratios = [r["wire_ratio"] for r in mine]
+    run = next(r for r in records if r["model"] == model and "adaptive" in r
+               and r["seed"] == 0 and r["name"] == mine[0]["name"]
+               and r["nranks"] == mine[0]["nranks"])
+    widths = ", ".join(f"{n} {b}" for n, b in run["adaptive"]["assignment"].items())
+    return [f"adaptive: wire bytes per uniform bytes {min(ratios):.4f}..{max(ratios):.4f} "
+            f"(mean over steps, first tenth uniform); widths at the end of {run['name']}, "
+            f"N={run['nranks']}, seed 0 ({run['adaptive']['decisions']} decisions): {widths}",
+            ""]
 
 
 def markdown_table2(rows, args):
@@ -476,10 +560,10 @@ def markdown_table2(rows, args):
     lines = [f"| all-to-all forward | backward | δ acc N={ALLTOALL_RANKS} | "
              f"δ log-loss N={ALLTOALL_RANKS} |", "|---|---|---|---|"]
     for r in rows:
-        if r["grad_rel_error"] is None:
+        if r["config"] is not None and "alltoall" in r["config"]:
             fwd, bwd = r["config"]["alltoall"]
-            lines.append(f"| uint{fwd} | uint{bwd} | {cell(r['d_acc'], args.seeds)} | "
-                         f"{cell(r['d_loss'], args.seeds)} |")
+            lines.append(f"| uint{fwd} | uint{bwd} | {cell(r['d']['acc'], args.seeds)} | "
+                         f"{cell(r['d']['loss'], args.seeds)} |")
     return "\n".join(lines)
 
 
@@ -491,35 +575,32 @@ def ddp_lines(ddp):
             f"{'yes' if ddp['in_sync'] else 'NO'} |"]
 
 
-def baseline_line(records, facts):
-    base = [r for r in records if r["config"] is None and r["nranks"] > 1]
-    acc = sum(r["test_acc"] for r in base) / len(base)
-    loss = sum(r["test_loss"] for r in base) / len(base)
-    # convergence: how much the curve's test loss still fell over its last interval
-    last = sum(delta(r["curve"][-1][1], r["curve"][-2][1]) for r in base) / len(base)
-    bayes_acc, bayes_loss, majority, entropy = facts
-    return (f"full precision: test accuracy {acc:.5f}, log-loss {loss:.5f} (mean of "
-            f"{len(base)} runs; the test loss changed {last:+.3f}% over the last "
-            f"{100 // EVALS}% of the steps); teacher (Bayes): {bayes_acc:.5f} / "
-            f"{bayes_loss:.5f}; majority class {majority:.5f} / label entropy {entropy:.5f}")
+def baseline_line(records, model, facts):
+    """The full-precision runs' mean metrics, how far they still moved over the last
+    interval of their curve, and the data's own bounds (facts of the model's task)."""
+    base = [r for r in records if r["model"] == model and r["config"] is None and r["nranks"] > 1]
+    keys, labels = metrics_of(model)
+    means = ", ".join(f"{labels[k]} {sum(r['metrics'][k] for r in base) / len(base):.5f}"
+                      for k in keys)
+    last = sum(delta(r["curve"][-1]["loss"], r["curve"][-2]["loss"]) for r in base) / len(base)
+    bounds = ", ".join(f"{k} {v:.5f}" for k, v in facts.items())
+    return (f"full precision: {means} (mean of {len(base)} runs; the loss changed "
+            f"{last:+.3f}% over the last {100 // EVALS}% of the steps); data: {bounds}")
 
 
 def data_facts(args):
-    """Bayes accuracy/log-loss, majority-class rate and label entropy of the test set."""
-    import accuracy_model as am
-    teacher = am.Teacher(am.Shape())
-    test = am.make_data(teacher, args.test, stream=2)
-    clicks = float(test.labels.mean())
-    entropy = -(clicks * math.log(clicks) + (1 - clicks) * math.log(1 - clicks))
-    return (*am.bayes(test), max(clicks, 1 - clicks), entropy)
+    """Per model, the bounds its data sets on any model (Task.facts), from its test set."""
+    return {m: make_task(m, {"steps": 1, "test": args.sizes[m]["test"]}).facts()
+            for m in args.model}
 
 
-def plot(records, args, path):
-    """One subplot per configuration: mean test-loss curve per N against its baseline."""
+def plot(records, args, model, path):
+    """One subplot per configuration: mean loss curve per N against its baseline."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    mine = [r for r in records if r["model"] == model]
     configs = configurations(args)
     cols = min(6, len(configs))
     rows = -(-len(configs) // cols)
@@ -530,15 +611,15 @@ def plot(records, args, path):
     for ax, c in zip(axes.flat, configs):
         for n in args.ranks:
             for name, style in ((config_name(c), "-"), ("fp32", ":")):
-                steps, loss = mean_curve(records, name, n)
+                steps, loss = mean_curve(mine, name, n)
                 ax.plot(steps, loss, style, color=colors[n], linewidth=1.2,
                         label=f"N={n}" + (" fp32" if name == "fp32" else ""))
-        base = [mean_curve(records, "fp32", n)[1] for n in args.ranks]
+        base = [mean_curve(mine, "fp32", n)[1] for n in args.ranks]
         low = min(min(b) for b in base)
         top = low + 4 * (base[0][len(base[0]) // 3] - low) + 0.004
         ax.set_ylim(low - 0.002, top)
-        off = [f"N={n}: {mean_curve(records, config_name(c), n)[1][-1]:.3f}"
-               for n in args.ranks if not mean_curve(records, config_name(c), n)[1][-1] <= top]
+        off = [f"N={n}: {mean_curve(mine, config_name(c), n)[1][-1]:.3f}"
+               for n in args.ranks if not mean_curve(mine, config_name(c), n)[1][-1] <= top]
         if off:  # a diverged (or NaN) run would otherwise just be missing from the panel
             ax.text(0.5, 0.5, "off scale, final\n" + "\n".join(off), fontsize=7,
                     ha="center", transform=ax.transAxes)
@@ -548,14 +629,14 @@ def plot(records, args, path):
     for ax in axes.flat[len(configs):]:
         ax.axis("off")
     axes.flat[0].legend(fontsize=6)
+    _, labels = metrics_of(model)
     for ax in axes[:, 0]:
-        ax.set_ylabel("test log-loss", fontsize=8)
+        ax.set_ylabel(labels["loss"], fontsize=8)
     fig.supxlabel("step")
-    fig.suptitle(f"{TOOL}: DLRM-style model, global batch {BATCH}, bucket {args.bucket_size}, "
-                 f"rounding {args.rounding}, {args.optimizer}; test log-loss on the first "
-                 f"{CURVE_SAMPLES} test samples, mean of seeds (solid: quantized, dotted: "
-                 f"full precision)",
-                 fontsize=10)
+    fig.suptitle(f"{TOOL}: {task_class(model).title}, bucket {args.bucket_size}, "
+                 f"rounding {args.rounding}, "
+                 f"{args.optimizer}; {labels['loss']} on the first evaluation samples, mean of "
+                 f"seeds (solid: quantized, dotted: full precision)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -563,8 +644,8 @@ def plot(records, args, path):
 
 def mean_curve(records, name, n):
     runs = [r["curve"] for r in records if r["name"] == name and r["nranks"] == n]
-    steps = [p[0] for p in runs[0]]
-    loss = [sum(run[i][1] for run in runs) / len(runs) for i in range(len(steps))]
+    steps = [p["step"] for p in runs[0]]
+    loss = [sum(run[i]["loss"] for run in runs) / len(runs) for i in range(len(steps))]
     return steps, loss
 
 
@@ -585,52 +666,58 @@ def main(argv=None):
     start = time.perf_counter()
     try:
         records = run_emulated(args)
-        ddp = None if args.skip_ddp else run_ddp(args)
+        ddp = None if args.skip_ddp or "dlrm" not in args.model else run_ddp(args)
     except RuntimeError as error:
         print(f"{TOOL}: {error}", file=sys.stderr)
         return EXIT_FAILED
     rows = summarize(records, args)
     facts = data_facts(args)
-    table = markdown_table(rows, args)
     text = [f"δ = relative change vs full precision in percent (seeds/000 eq. 2), mean over "
             f"{args.seeds} seed(s)" + (" [min, max]" if args.seeds > 1 else "")
-            + "; accuracy: higher is better, log-loss: lower is better. grad. error: mean "
-            "over steps of |quantized - exact| / |exact| of the averaged MLP gradient.", "",
-            "Quantized allreduce, full-precision all-to-all (seeds/000 Table 3):", "",
-            table, ""]
-    if args.alltoall:
-        text += ["Quantized all-to-all of the embeddings (forward: the looked-up vectors to the "
-                 "ranks, backward: their gradients to the tables' owners; "
-                 f"{ALLTOALL_RANKS} ranks, one table each), full-precision allreduce "
-                 "(seeds/000 Table 2):", "", markdown_table2(rows, args), ""]
-    text += [baseline_line(records, facts)]
-    if ddp is not None:
-        text += ["", "| real DDP job | δ acc | δ log-loss | replicas in sync |",
-                 "|---|---|---|---|", *ddp_lines(ddp)]
+            + "; accuracy: higher is better; log-loss, validation loss and perplexity: lower "
+            "is better. grad. error: mean over steps of |quantized - exact| / |exact| of the "
+            "averaged gradient (the DLRM's MLP, the whole LM).", ""]
+    ddp_ran = ddp is not None and "dlrm" in args.model
+    for model in args.model:
+        title = task_class(model).title
+        text += [f"{title}: quantized allreduce" + (", full-precision all-to-all (seeds/000 "
+                 "Table 3)" if model == "dlrm" else "") + ":", "",
+                 markdown_table(rows, args, model), "", *adaptive_lines(records, rows, model)]
+        if model == "dlrm" and args.alltoall:
+            text += ["Quantized all-to-all of the embeddings (forward: the looked-up vectors "
+                     "to the ranks, backward: their gradients to the tables' owners; "
+                     f"{ALLTOALL_RANKS} ranks, one table each), full-precision allreduce "
+                     "(seeds/000 Table 2):", "", markdown_table2(rows, args), ""]
+        text += [f"{title}, " + baseline_line(records, model, facts[model]), ""]
+        if model == "dlrm" and ddp_ran:
+            text += ["| real DDP job | δ acc | δ log-loss | replicas in sync |",
+                     "|---|---|---|---|", *ddp_lines(ddp), ""]
     wall = time.perf_counter() - start
-    text += ["", f"wall time {fmt_time(wall)}, {args.workers} worker(s), "
-                 f"{platform.node()}, {datetime.date.today()}"]
+    text += [f"wall time {fmt_time(wall)}, {args.workers} worker(s), "
+             f"{platform.node()}, {datetime.date.today()}"]
     print("\n" + "\n".join(text))
     (args.out / "table.md").write_text("\n".join(text) + "\n")
     report = {"tool": TOOL, "date": datetime.datetime.now().isoformat(timespec="seconds"),
               "machine": {"node": platform.node(), "cpus": os.cpu_count(),
                           "python": platform.python_version(), "torch": torch.__version__},
-              "settings": {"quick": args.quick, "steps": args.steps, "batch": BATCH,
-                           "test_samples": args.test, "seeds": args.seeds,
+              "settings": {"quick": args.quick, "models": list(args.model),
+                           "sizes": args.sizes, "seeds": args.seeds,
+                           "batch": {m: task_class(m).BATCH for m in args.model},
                            "optimizer": args.optimizer,
-                           "lr": SGD_LR if args.optimizer == "sgd" else LR,
-                           "bucket_size": args.bucket_size,
+                           "lr": {m: task_class(m).LR[args.optimizer] for m in args.model},
+                           "bucket_size": args.bucket_size, "adaptive": args.adaptive,
                            "rounding": args.rounding, "ranks": list(args.ranks),
                            "alltoall": [list(p) for p in args.alltoall],
                            "workers": args.workers},
-              "data": dict(zip(("bayes_acc", "bayes_loss", "majority_rate", "label_entropy"),
-                               facts)),
+              "data": facts,
               "delta": "relative percent, (q - base) / base * 100, vs the same seed",
               "summary": rows, "runs": records, "ddp": ddp, "wall_s": wall}
     (args.out / "results.json").write_text(json.dumps(report, indent=1))
-    plot(records, args, args.out / "test_loss.png")
+    plots = {m: args.out / f"{m}_loss.png" for m in args.model}
+    for model, path in plots.items():
+        plot(records, args, model, path)
     print(f"{TOOL}: wrote {args.out / 'results.json'}, {args.out / 'table.md'}, "
-          f"{args.out / 'test_loss.png'}")
+          + ", ".join(str(p) for p in plots.values()))
     return EXIT_OK
 
 

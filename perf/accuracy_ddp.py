@@ -28,7 +28,9 @@ sys.path.insert(0, str(REPO / "perf"))
 import accuracy_model as am  # noqa: E402
 import gloo_ranks  # noqa: E402
 import qnccl.torch  # noqa: E402
-from accuracy_bench import BATCH, EVALS, LR, SGD_LR  # noqa: E402
+from accuracy_bench import EVALS  # noqa: E402
+
+BATCH, LR = am.Task.BATCH, am.Task.LR  # the emulated runs' batch and learning rates
 
 SEED = 0
 
@@ -51,7 +53,7 @@ def train(hook, args, data, rank, size):
                                                rounding=args.rounding, min_numel=0,
                                                per_layer={"emb": None}, seed=SEED)
         ddp.register_comm_hook(state, qnccl.torch.sra_hook)
-    lr = SGD_LR if args.optimizer == "sgd" else LR
+    lr = LR[args.optimizer]
     optimizer = (torch.optim.SGD if args.optimizer == "sgd" else torch.optim.Adam)(
         ddp.parameters(), lr=lr)
     order = torch.randperm(len(train_set), generator=torch.Generator().manual_seed(SEED))

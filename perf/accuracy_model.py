@@ -220,3 +220,59 @@ def learning_rate(step, steps, base):
     if step < warm:
         return base * (step + 1) / warm
     return base * (1 - 0.9 * (step - warm) / max(1, steps - warm))
+
+
+# -------------------------------------------------------------------------- the benchmark's task
+
+class Task:
+    """The DLRM-style model as perf/accuracy_bench.py trains it: Adam (or plain SGD, the DLRM
+    paper's optimizer) on BATCH samples a step, the head's (MLP) gradient quantized, the
+    embeddings' averaged exactly or through `alltoall`; test accuracy (higher is better) and
+    log-loss reported."""
+
+    name = "dlrm"
+    title = "DLRM-style model"
+    metrics = ("acc", "loss")
+    labels = {"acc": "acc", "loss": "log-loss"}
+    BATCH = 1024  # global batch, the same for every N: one baseline trajectory per seed
+    LR = {"adam": 0.003, "sgd": 3.0}  # SGD is far slower to converge on this task
+    CURVE_SAMPLES = 1 << 16  # the curve's points use the first test samples; the final, all
+
+    def __init__(self, steps, test_samples):
+        self.teacher = Teacher(Shape())
+        self.train = make_data(self.teacher, steps * self.BATCH, stream=1)
+        self.test = make_data(self.teacher, test_samples, stream=2)
+        self.curve = Dataset(*(t[:self.CURVE_SAMPLES] for t in (
+            self.test.dense, self.test.cats, self.test.labels, self.test.click_prob)))
+
+    def facts(self):
+        """Bayes accuracy/log-loss, majority-class rate and label entropy of the test set."""
+        clicks = float(self.test.labels.mean())
+        entropy = -(clicks * math.log(clicks) + (1 - clicks) * math.log(1 - clicks))
+        acc, loss = bayes(self.test)
+        return {"bayes_acc": acc, "bayes_loss": loss, "majority_rate": max(clicks, 1 - clicks),
+                "label_entropy": entropy}
+
+    def __len__(self):
+        return len(self.train)
+
+    def model(self):
+        return DLRM(Shape())
+
+    def optimizer(self, model, kind):
+        cls = torch.optim.SGD if kind == "sgd" else torch.optim.Adam
+        return cls(model.parameters(), lr=self.LR[kind])
+
+    def gradients(self, model, index, nranks, alltoall=None):
+        return rank_gradients(model, *self.train.take(index), nranks, alltoall)
+
+    def set_grads(self, model, flat):
+        set_head_grads(model, flat)
+
+    def layers(self, model):
+        """{name: values} of the quantized gradient's parameters, in its order."""
+        return {n: p.numel() for n, p in model.head.named_parameters()}
+
+    def evaluate(self, model, curve=False):
+        loss, acc = evaluate(model, self.curve if curve else self.test)
+        return {"acc": acc, "loss": loss}

@@ -1,9 +1,10 @@
 """perf/accuracy_bench.py: the training-accuracy benchmark (docs/accuracy.md).
 
-Unit checks of its pieces (per-rank gradients, the teacher's data, the options) and one
-`--quick` run end to end, whose JSON must hold every configuration, a baseline that learned,
-small 8-bit deltas, a gradient error that grows as the bits shrink, and a DDP job whose
-replicas stayed identical."""
+Unit checks of its pieces (the DLRM's per-rank gradients, the teacher's data, the options) and
+a `--quick` run per model end to end, whose JSON must hold every configuration, a baseline
+that learned, small 8-bit deltas, a gradient error that grows as the bits shrink, and (DLRM) a
+DDP job whose replicas stayed identical. The language model's own pieces:
+tests/test_accuracy_lm.py."""
 import json
 import os
 import signal
@@ -21,7 +22,7 @@ import accuracy_bench as bench  # noqa: E402
 import accuracy_model as am  # noqa: E402
 
 SCRIPT = REPO / "perf" / "accuracy_bench.py"
-QUICK_TIMEOUT = 600  # s; the quick run takes about 2 min on 2 cores
+QUICK_TIMEOUT = 600  # s; the quick runs take about 2 min (DLRM) and 1 min (LM) on 2 cores
 
 
 def small_batch(n=64, seed=3):
@@ -95,6 +96,7 @@ def test_teacher_labels_have_signal_and_noise():
     (["--rounding", "up"], "'auto', 'nearest', 'stochastic'"),
     (["--alltoall", "9/4"], "FWD/BWD bits (1..8 each)"),
     (["--alltoall", "4"], "FWD/BWD bits (1..8 each)"),
+    (["--model", "gpt"], "dlrm, lm"),
 ])
 def test_bad_options_exit_2_naming_the_allowed_values(argv, allowed):
     proc = subprocess.run([sys.executable, str(SCRIPT), *argv], capture_output=True, text=True,
@@ -104,8 +106,8 @@ def test_bad_options_exit_2_naming_the_allowed_values(argv, allowed):
 
 
 def test_table_has_one_row_per_configuration():
-    args = bench.parse_args(["--quick", "--bits", "4", "--algos", "sra", "--ranks", "8",
-                             "--alltoall", "4/2"])
+    args = bench.parse_args(["--quick", "--model", "dlrm", "--bits", "4", "--algos", "sra",
+                             "--ranks", "8", "--alltoall", "4/2"])
     assert [bench.config_name(c) for c in bench.configurations(args)] == [
         "uint4 sra", "uint4 sra EF"]
     assert [bench.config_name(c) for c in bench.alltoall_configurations(args)] == [
@@ -114,6 +116,12 @@ def test_table_has_one_row_per_configuration():
     assert len(bench.jobs(args)) == args.seeds * (1 + 1 + 2 + 1)
     args = bench.parse_args(["--quick", "--ranks", "32", "--alltoall", "none"])
     assert not any(j["nranks"] == 8 for j in bench.jobs(args))
+    # both models (the default): the LM has no all-to-all; the same runs per N for each
+    args = bench.parse_args(["--bits", "4", "--algos", "sra", "--ranks", "8,32"])
+    per_model = {m: [j for j in bench.jobs(args) if j["model"] == m] for m in ("dlrm", "lm")}
+    assert len(per_model["lm"]) == args.seeds * (1 + 2 * (1 + 2))
+    assert len(per_model["dlrm"]) == len(per_model["lm"]) + args.seeds * len(bench.ALLTOALL_BITS)
+    assert args.sizes == {"dlrm": bench.FULL["dlrm"], "lm": bench.FULL["lm"]}
 
 
 def test_auto_rounding_is_nearest_with_error_feedback_and_stochastic_without():
@@ -176,12 +184,11 @@ def test_identity_alltoall_changes_no_gradient():
         assert torch.equal(a, t.weight.grad)
 
 
-# ------------------------------------------------------------------------- the quick run
+# ------------------------------------------------------------------------- the quick runs
 
-@pytest.fixture(scope="module")
-def quick(tmp_path_factory):
-    out = tmp_path_factory.mktemp("accuracy")
-    proc = subprocess.Popen([sys.executable, str(SCRIPT), "--quick", "--out", str(out)],
+def run_quick(out, *argv):
+    """accuracy_bench --quick with `argv` into `out`: (its JSON report, its output)."""
+    proc = subprocess.Popen([sys.executable, str(SCRIPT), "--quick", "--out", str(out), *argv],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     try:
@@ -189,26 +196,43 @@ def quick(tmp_path_factory):
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)  # the workers and the MPI job too
         log, _ = proc.communicate()
-        pytest.fail(f"accuracy_bench --quick ran past {QUICK_TIMEOUT} s and was killed. "
-                    f"Output:\n{log[-4000:]}")
+        pytest.fail(f"accuracy_bench --quick {' '.join(argv)} ran past {QUICK_TIMEOUT} s and "
+                    f"was killed. Output:\n{log[-4000:]}")
     if proc.returncode != 0:
-        pytest.fail(f"accuracy_bench --quick failed (exit {proc.returncode}). "
-                    f"Output:\n{log[-6000:]}")
-    return out, json.loads((out / "results.json").read_text()), log
+        pytest.fail(f"accuracy_bench --quick {' '.join(argv)} failed (exit "
+                    f"{proc.returncode}). Output:\n{log[-6000:]}")
+    return json.loads((out / "results.json").read_text()), log
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory):
+    """The DLRM model: every allreduce configuration at 8 and 32 ranks, Table 2, the DDP job."""
+    out = tmp_path_factory.mktemp("accuracy")
+    return (out, *run_quick(out, "--model", "dlrm"))
+
+
+@pytest.fixture(scope="module")
+def quick_lm(tmp_path_factory):
+    """The language model: every allreduce configuration at 8 ranks (32 ranks run the same
+    code, exercised by the DLRM run), and the 4-bit ones' per-layer adaptive twins."""
+    out = tmp_path_factory.mktemp("accuracy_lm")
+    return (out, *run_quick(out, "--model", "lm", "--ranks", "8", "--adaptive"))
+
+
+def names():
+    return [f"uint{bits} {algo}{ef}" for bits in (8, 4, 2) for algo in ("ring", "tree", "sra")
+            for ef in ("", " EF")]
 
 
 def test_quick_run_has_every_configuration(quick):
     _, report, log = quick
-    runs = {(r["name"], r["nranks"], r["seed"]) for r in report["runs"]}
-    for bits in (8, 4, 2):
-        for algo in ("ring", "tree", "sra"):
-            for ef in ("", " EF"):
-                name = f"uint{bits} {algo}{ef}"
-                assert {(name, 8, 0), (name, 32, 0)} <= runs, name
-                assert f"| {name} |" in log
-    assert {("fp32", n, 0) for n in (1, 8, 32)} <= runs
+    runs = {(r["model"], r["name"], r["nranks"], r["seed"]) for r in report["runs"]}
+    for name in names():
+        assert {("dlrm", name, 8, 0), ("dlrm", name, 32, 0)} <= runs, name
+        assert f"| {name} |" in log
+    assert {("dlrm", "fp32", n, 0) for n in (1, 8, 32)} <= runs
     for fwd, bwd in bench.ALLTOALL_BITS:
-        assert (f"alltoall fwd uint{fwd} bwd uint{bwd}", 8, 0) in runs
+        assert ("dlrm", f"alltoall fwd uint{fwd} bwd uint{bwd}", 8, 0) in runs
         assert f"| uint{fwd} | uint{bwd} |" in log
     assert len(report["summary"]) == 2 * (1 + 18) + len(bench.ALLTOALL_BITS)
     for r in report["runs"]:  # the default rounding, auto, per configuration
@@ -218,34 +242,37 @@ def test_quick_run_has_every_configuration(quick):
 
 def test_quick_baseline_learned(quick):
     _, report, _ = quick
-    data = report["data"]
+    data = report["data"]["dlrm"]
     for run in report["runs"]:
         if run["name"] == "fp32":
-            assert run["test_acc"] > data["majority_rate"] + 0.002, run
-            assert run["test_loss"] < data["label_entropy"] - 0.01, run
-            assert run["test_loss"] > data["bayes_loss"]
+            assert run["metrics"]["acc"] > data["majority_rate"] + 0.002, run
+            assert run["metrics"]["loss"] < data["label_entropy"] - 0.01, run
+            assert run["metrics"]["loss"] > data["bayes_loss"]
             first, last = run["curve"][0], run["curve"][-1]
-            assert last[1] < first[1] - 0.01
+            assert last["loss"] < first["loss"] - 0.01
 
 
 def rows(report):
     return {(r["name"], r["nranks"]): r for r in report["summary"]}
 
 
-def test_quick_deltas_order_by_bits(quick):
-    """8 bits barely moves the result; the gradient error grows as the bits shrink; exact
+def assert_deltas_order_by_bits(report, ranks):
+    """8 bits barely moves any metric; the gradient error grows as the bits shrink; exact
     averaging differs from the full-batch gradient by float rounding only."""
-    _, report, _ = quick
     table = rows(report)
-    for n in (8, 32):
+    for n in ranks:
         fp32 = table[("fp32", n)]
-        assert abs(fp32["d_loss"]["mean"]) < 0.05 and abs(fp32["d_acc"]["mean"]) < 0.05
+        assert all(abs(d["mean"]) < 0.05 for d in fp32["d"].values()), fp32
         for algo in ("ring", "tree", "sra"):
             for ef in ("", " EF"):
                 q = {b: table[(f"uint{b} {algo}{ef}", n)] for b in (8, 4, 2)}
-                assert abs(q[8]["d_loss"]["mean"]) < 0.5 and abs(q[8]["d_acc"]["mean"]) < 0.5
+                assert all(abs(d["mean"]) < 0.5 for d in q[8]["d"].values()), q[8]
                 assert (q[8]["grad_rel_error"] < q[4]["grad_rel_error"]
                         < q[2]["grad_rel_error"]), (algo, ef, n)
+
+
+def test_quick_deltas_order_by_bits(quick):
+    assert_deltas_order_by_bits(quick[1], (8, 32))
 
 
 def test_quick_alltoall_8_bits_barely_moves_the_result(quick):
@@ -253,10 +280,10 @@ def test_quick_alltoall_8_bits_barely_moves_the_result(quick):
     move the result more than 8-bit ones."""
     _, report, _ = quick
     table = rows(report)
-    eight = table[("alltoall fwd uint8 bwd uint8", 8)]
-    two = table[("alltoall fwd uint2 bwd uint2", 8)]
-    assert abs(eight["d_loss"]["mean"]) < 0.5 and abs(eight["d_acc"]["mean"]) < 0.5
-    assert abs(two["d_loss"]["mean"]) > abs(eight["d_loss"]["mean"])
+    eight = table[("alltoall fwd uint8 bwd uint8", 8)]["d"]
+    two = table[("alltoall fwd uint2 bwd uint2", 8)]["d"]
+    assert abs(eight["loss"]["mean"]) < 0.5 and abs(eight["acc"]["mean"]) < 0.5
+    assert abs(two["loss"]["mean"]) > abs(eight["loss"]["mean"])
 
 
 def test_quick_ddp_replicas_in_sync(quick):
@@ -268,11 +295,69 @@ def test_quick_ddp_replicas_in_sync(quick):
     assert len(hook["curve"]) == bench.EVALS + 1
     # the hook run trains: its loss is near plain DDP's and far below the label entropy
     assert abs(hook["test_loss"] - plain["test_loss"]) < 0.02 * plain["test_loss"]
-    assert hook["test_loss"] < report["data"]["label_entropy"] - 0.01
+    assert hook["test_loss"] < report["data"]["dlrm"]["label_entropy"] - 0.01
 
 
 def test_quick_writes_its_files(quick):
     out, _, _ = quick
-    png = (out / "test_loss.png").read_bytes()
+    png = (out / "dlrm_loss.png").read_bytes()
     assert png.startswith(b"\x89PNG") and len(png) > 10000
     assert "| allreduce |" in (out / "table.md").read_text()
+
+
+def test_quick_lm_has_every_configuration(quick_lm):
+    out, report, log = quick_lm
+    assert report["settings"]["models"] == ["lm"] and report["ddp"] is None
+    runs = {(r["model"], r["name"], r["nranks"]) for r in report["runs"]}
+    adaptive = [f"uint4 {algo}{ef} adaptive" for algo in ("ring", "tree", "sra")
+                for ef in ("", " EF")]
+    assert runs == ({("lm", name, 8) for name in ["fp32", *names(), *adaptive]}
+                    | {("lm", "fp32", 1)})
+    for name in names() + adaptive:
+        assert f"| {name} |" in log
+    assert "| allreduce | δ val. loss N=8 | δ perplexity N=8 |" in log
+    png = (out / "lm_loss.png").read_bytes()
+    assert png.startswith(b"\x89PNG") and len(png) > 10000
+
+
+def test_quick_lm_baseline_learned(quick_lm):
+    """The full-precision LM ends far below the uniform guess and, as any model must, above
+    the source's own loss; its perplexity is exp(loss)."""
+    _, report, _ = quick_lm
+    data = report["data"]["lm"]
+    assert data["bayes_loss"] < data["bigram_loss"] < data["uniform_loss"]
+    for run in report["runs"]:
+        if run["name"] == "fp32":
+            loss = run["metrics"]["loss"]
+            assert data["bayes_loss"] < loss < data["uniform_loss"] - 0.5, run
+            assert run["metrics"]["ppl"] == pytest.approx(np.exp(loss), rel=1e-9)
+            assert run["curve"][-1]["loss"] < run["curve"][0]["loss"] - 0.5
+
+
+def test_quick_lm_deltas_order_by_bits(quick_lm):
+    assert_deltas_order_by_bits(quick_lm[1], (8,))
+
+
+def test_quick_lm_4bit_sra_within_one_percent(quick_lm):
+    """The transformer's criterion (docs/accuracy.md): 4-bit SRA ends within 1% of full
+    precision's validation loss."""
+    d = rows(quick_lm[1])[("uint4 sra", 8)]["d"]["loss"]["mean"]
+    assert abs(d) < 1.0, d
+
+
+def test_quick_lm_adaptive_bits_cut_the_error_at_no_more_bytes(quick_lm):
+    """Per-layer widths (L-GreCo's knapsack at uniform 4 bits' bytes): never more bytes, a
+    smaller gradient error than uniform 4 bits in every configuration, widths that differ
+    between layers, and the table says where they went."""
+    _, report, log = quick_lm
+    table = rows(report)
+    for algo in ("ring", "tree", "sra"):
+        for ef in ("", " EF"):
+            uniform = table[(f"uint4 {algo}{ef}", 8)]
+            adaptive = table[(f"uint4 {algo}{ef} adaptive", 8)]
+            assert adaptive["wire_ratio"] <= 1.0, adaptive
+            assert adaptive["grad_rel_error"] < uniform["grad_rel_error"], (algo, ef)
+    run = next(r for r in report["runs"] if "adaptive" in r)
+    assert run["adaptive"]["decisions"] == bench.ADAPTIVE_DECISIONS
+    assert len(set(run["adaptive"]["assignment"].values())) > 1
+    assert "adaptive: wire bytes per uniform bytes" in log
