@@ -616,7 +616,7 @@ def plot(records, args, model, path):
                         label=f"N={n}" + (" fp32" if name == "fp32" else ""))
         base = [mean_curve(mine, "fp32", n)[1] for n in args.ranks]
         low = min(min(b) for b in base)
-        top = low + 4 * (base[0][len(base[0]) // 3] - low) + 0.004
+        top = low + task_class(model).PLOT_SPAN * (base[0][len(base[0]) // 3] - low) + 0.004
         ax.set_ylim(low - 0.002, top)
         off = [f"N={n}: {mean_curve(mine, config_name(c), n)[1][-1]:.3f}"
                for n in args.ranks if not mean_curve(mine, config_name(c), n)[1][-1] <= top]

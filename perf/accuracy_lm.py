@@ -187,6 +187,7 @@ class Task:
     labels = {"loss": "val. loss", "ppl": "perplexity"}
     BATCH = 32  # sequences of Shape.context tokens
     LR = {"adam": 0.01, "sgd": 0.5}  # AdamW (weight decay 0.01, betas 0.9/0.95) or plain SGD
+    PLOT_SPAN = 1  # the plots' loss axis (as the DLRM's): the LM's loss still falls steeply
 
     def __init__(self, steps, eval_sequences, curve_sequences=256):
         self.shape = Shape()

@@ -237,6 +237,8 @@ class Task:
     BATCH = 1024  # global batch, the same for every N: one baseline trajectory per seed
     LR = {"adam": 0.003, "sgd": 3.0}  # SGD is far slower to converge on this task
     CURVE_SAMPLES = 1 << 16  # the curve's points use the first test samples; the final, all
+    PLOT_SPAN = 4  # the plots' loss axis: up to this many times full precision's drop from a
+    # third of the run to its end, above the lowest loss
 
     def __init__(self, steps, test_samples):
         self.teacher = Teacher(Shape())
