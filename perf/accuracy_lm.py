@@ -22,6 +22,8 @@ import numpy as np
 import torch
 from torch.func import functional_call, grad, vmap
 
+from accuracy_model import set_flat_grads
+
 SOURCE_SEED = 20261124  # the corpus; training seeds only change init and data order
 TOPICS = 4
 ALPHA = 0.1  # Dirichlet concentration of a bigram row: about 1/ALPHA likely successors
@@ -165,15 +167,6 @@ def rank_gradients(model, tokens, nranks):
     return torch.cat([g[k].reshape(nranks, -1) for k in params], dim=1)
 
 
-def set_grads(model, flat):
-    """Writes the flat averaged gradient into the parameters' .grad."""
-    offset = 0
-    for p in model.parameters():
-        n = p.numel()
-        p.grad = flat[offset:offset + n].view_as(p).clone()
-        offset += n
-
-
 # -------------------------------------------------------------------------- the benchmark's task
 
 class Task:
@@ -220,7 +213,7 @@ class Task:
         return rank_gradients(model, self.train[index], nranks)
 
     def set_grads(self, model, flat):
-        set_grads(model, flat)
+        set_flat_grads(model, flat)
 
     def layers(self, model):
         """{name: values} of the quantized gradient's parameters (all), in its order."""

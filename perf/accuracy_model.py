@@ -204,10 +204,11 @@ def rank_gradients(model, dense, cats, labels, nranks, alltoall=None):
     return torch.cat([g_params[k].reshape(nranks, -1) for k in params], dim=1)
 
 
-def set_head_grads(model, flat):
-    """Writes the flat averaged head gradient into the head parameters' .grad."""
+def set_flat_grads(module, flat):
+    """Writes a flat averaged gradient into the .grad of module's parameters, in
+    module.parameters() order (both models' quantized gradients are laid out so)."""
     offset = 0
-    for p in model.head.parameters():
+    for p in module.parameters():
         n = p.numel()
         p.grad = flat[offset:offset + n].view_as(p).clone()
         offset += n
@@ -269,7 +270,7 @@ class Task:
         return rank_gradients(model, *self.train.take(index), nranks, alltoall)
 
     def set_grads(self, model, flat):
-        set_head_grads(model, flat)
+        set_flat_grads(model.head, flat)
 
     def layers(self, model):
         """{name: values} of the quantized gradient's parameters, in its order."""

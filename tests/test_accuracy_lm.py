@@ -14,6 +14,7 @@ from mpi import REPO
 torch = pytest.importorskip("torch")
 sys.path.insert(0, str(REPO / "perf"))
 import accuracy_lm as lm  # noqa: E402
+import accuracy_model as am  # noqa: E402
 
 SHAPE = lm.Shape()
 
@@ -104,7 +105,7 @@ def test_each_rank_gradient_is_its_own_micro_batch(source):
 def test_set_grads_writes_the_flat_gradient_in_parameter_order(source):
     model = lm.LM(SHAPE)
     flat = torch.arange(sum(p.numel() for p in model.parameters()), dtype=torch.float32)
-    lm.set_grads(model, flat)
+    am.set_flat_grads(model, flat)
     assert torch.equal(flat_grad(model), flat)
 
 

@@ -146,17 +146,16 @@ class AdaptiveBits:
         self.every, self.resolution = every, resolution
         self.sizes = np.array([[codec.compressed_size(n, c, bucket_size) for c in self.choices]
                                for n in self.layers.values()], np.int64)
-        self.budget = sum(codec.compressed_size(n, bits, bucket_size)
-                          for n in self.layers.values())
         self.assignment = dict.fromkeys(self.layers, bits)
+        self.budget = self.wire_bytes()
         self.steps = self.decisions = 0
         self._sums = {}
 
     def wire_bytes(self, assignment=None):
         """Bytes of one quantization of every layer at `assignment` (default: the current)."""
         a = self.assignment if assignment is None else assignment
-        return sum(codec.compressed_size(n, a[name], self.bucket_size)
-                   for name, n in self.layers.items())
+        return int(sum(row[self.choices.index(a[name])]
+                       for row, name in zip(self.sizes, self.layers)))
 
     def observe(self, name, values):
         """Adds a layer's gradient of this step (the deciding rank's own) to its sum: a numpy

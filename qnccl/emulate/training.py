@@ -43,9 +43,8 @@ class EmulatedAllReduce:
     adaptive        None, or a qnccl.emulate.adaptive.AdaptiveBits (its bits and bucket_size
                     this communicator's) over the layers a buffer holds, in order: a quantized
                     call then makes one call per width, on its layers' values in layer order
-                    (each its own call number, as the DDP hook's groups), with residuals per
-                    layer, and gives the policy virtual rank 0's layers (the deciding rank's
-                    own gradients) and a step
+                    (each its own call number, as the DDP hook's groups), and gives the policy
+                    virtual rank 0's layers (the deciding rank's own gradients) and a step
 
     Attributes: calls (quantized calls made: the next call's `call`), exact_calls,
     residuals (key -> N x n float32 array), residual_bytes.
@@ -112,15 +111,20 @@ class EmulatedAllReduce:
     def _quantized(self, x, key):
         if self.adaptive is not None:
             return self._layered(x, key)
-        e = None
-        if self.error_feedback:
-            e = self.residuals.get(key)
-            if e is None:
-                e = self.residuals[key] = np.zeros(x.shape, F32)
-            elif e.shape != x.shape:
-                raise ValueError(f"buffer {key!r} held {e.shape[1]} values, now {x.shape[1]}: "
-                                 "use another key, or reset()")
-        return self._call(x, self.bits, e)
+        return self._call(x, self.bits, self._residual(key, x.shape))
+
+    def _residual(self, key, shape):
+        """The N x n residuals of buffer `key` (zeros at its first call), or None without
+        error feedback."""
+        if not self.error_feedback:
+            return None
+        e = self.residuals.get(key)
+        if e is None:
+            e = self.residuals[key] = np.zeros(shape, F32)
+        elif e.shape != shape:
+            raise ValueError(f"buffer {key!r} held {e.shape[1]} values, now {shape[1]}: "
+                             "use another key, or reset()")
+        return e
 
     def _call(self, x, bits, e):
         """One quantized call (the next call number) on N x n inputs, residuals e or None."""
@@ -132,8 +136,9 @@ class EmulatedAllReduce:
         return run(x, algo, cfg, self.segment_values, e)[0]
 
     def _layered(self, x, key):
-        """The adaptive call: one call per width (in the order of each width's first layer);
-        the policy observes rank 0's layers and steps."""
+        """The adaptive call: one call per width (in the order of each width's first layer),
+        on its columns of x and of the buffer's residuals; the policy observes rank 0's
+        layers and steps."""
         policy = self.adaptive
         counts = list(policy.layers.values())
         if x.shape[1] != sum(counts):
@@ -144,19 +149,14 @@ class EmulatedAllReduce:
         groups = {}
         for name, bits in policy.assignment.items():
             groups.setdefault(bits, []).append(name)
+        e = self._residual(key, x.shape)
         y = np.empty(x.shape[1], F32)
         for bits, names in groups.items():
             index = np.concatenate([np.arange(*spans[n]) for n in names])
-            e = None
-            if self.error_feedback:
-                e = np.concatenate([self.residuals.setdefault(
-                    (key, n), np.zeros((self.nranks, policy.layers[n]), F32)) for n in names],
-                    axis=1)
-            y[index] = self._call(np.ascontiguousarray(x[:, index]), bits, e)
+            part = None if e is None else e[:, index]
+            y[index] = self._call(np.ascontiguousarray(x[:, index]), bits, part)
             if e is not None:
-                for n, part in zip(names, np.split(e, np.cumsum(
-                        [policy.layers[n] for n in names])[:-1], axis=1)):
-                    self.residuals[(key, n)] = part
+                e[:, index] = part
         for name, (lo, hi) in spans.items():
             policy.observe(name, x[0, lo:hi])
         policy.step()
