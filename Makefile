@@ -34,7 +34,10 @@ CXXFLAGS ?= -O3 -g
 CXXFLAGS += -std=c++17 -fPIC -ffp-contract=off -fno-fast-math -fno-trapping-math -fvisibility=hidden \
             -Wall -Wextra -Wshadow -Werror -Isrc/include -Isrc
 ifneq ($(strip $(SANITIZE)),)
-  CUDA := 0
+  # the sanitized builds of the host path; the simulated GPU's (simdev-asan) keeps CUDA
+  ifeq ($(SIMDEV_SANITIZED),)
+    CUDA := 0
+  endif
   CXXFLAGS += -fsanitize=$(SANITIZE) -fno-sanitize-recover=all -fno-omit-frame-pointer
   SAN_LDFLAGS := -fsanitize=$(SANITIZE)
 endif
@@ -215,3 +218,5 @@ sanitize: setup
 
 clean:
 	rm -rf $(BUILD)
+
+include tests/simdev/simdev.mk

@@ -211,7 +211,7 @@ QNCCL_HD uint32_t encode_cubic(const BucketParams& p, float x, float u) {
   QNCCL_UNROLL
   for (int b = BITS - 1; b >= 0; --b) {
     const float g = f + (float)(1 << b);
-    f = (g <= d) & (g * g * g <= w) ? g : f;
+    f = ((g <= d) & (g * g * g <= w)) ? g : f;
   }
   const float g = f + 1.0f, f3 = f * f * f;
   const float into = w - f3, width = g * g * g - f3;  // width is exact

@@ -11,6 +11,7 @@
  * configuration is printed), 77 no CUDA device (skipped). */
 #include <cuda_runtime_api.h>
 #include <math.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -243,10 +244,10 @@ bool check_no_sync(cudaStream_t stream) {
          same_bytes(name + " accumulate", hacc, download(dacc.ptr, dacc.bytes), 4);
 }
 
-/* The configuration matrix; stops after kMaxFailures failures. */
-void check_matrix(cudaStream_t stream, int* passed, int* failed) {
+/* The configuration matrix over `counts`; stops after kMaxFailures failures. */
+void check_matrix(const std::vector<size_t>& counts, cudaStream_t stream, int* passed,
+                  int* failed) {
   constexpr int kMaxFailures = 20;
-  const size_t counts[] = {0, 1, 9, 4099, 1 << 20, (3 << 20) + 5};
   // One pass (powers of two from 8 to 4096: a bucket per 1 or 16 lanes, per warp over 2 or 16
   // tiles) and two (1, 7, 1000; 1 << 20 sliced).
   const size_t buckets[] = {1, 7, 8, 128, 512, 1000, 4096, 1 << 20};
@@ -288,9 +289,59 @@ void check_matrix(cudaStream_t stream, int* passed, int* failed) {
   }
 }
 
+/* Counts so large that every grid-stride loop of the kernels goes round
+ * more than once (kMaxBlocks blocks of 256 lanes, a lane per group of 8
+ * values: past 8,388,608 values), one pass and two passes, both roundings. */
+void check_wrapping(cudaStream_t stream, int* passed, int* failed) {
+  const size_t count = 9000011;
+  const qncclCodecConfig_t configs[] = {{4, 128, qncclRoundStochastic, 77},
+                                        {3, 7, qncclRoundNearest, 78}};
+  DeviceBuffer dsrc(count * 4 + 16), dout(count * 4 + 16), dwire(2 * count + 16 + kWireOffset);
+  const Input in = make_input(ncclFloat32, count, false);
+  uint64_t serial = 0;
+  for (const qncclCodecConfig_t& cfg : configs) {
+    char name[160];
+    snprintf(name, sizeof name, "float32 n=%zu bits=%d bucket=%zu %s%s (grid-stride loops wrap)",
+             count, cfg.bits, cfg.bucketSize, cfg.rounding ? "stochastic" : "nearest",
+             serial % 2 ? " unaligned" : "");
+    const bool ok = check_config(in, count, cfg, 4242 + serial, serial % 2 == 0, dsrc, dwire,
+                                 dout, stream, name);
+    ++*(ok ? passed : failed);
+    ++serial;
+  }
+}
+
+/* "0,1,9" as a list of counts. */
+bool parse_counts(const char* text, std::vector<size_t>* out) {
+  out->clear();
+  for (const char* p = text; *p != '\0';) {
+    char* end = nullptr;
+    const unsigned long long n = strtoull(p, &end, 10);
+    if (end == p || (*end != ',' && *end != '\0')) return false;
+    out->push_back((size_t)n);
+    p = *end == ',' ? end + 1 : end;
+  }
+  return !out->empty();
+}
+
 }  // namespace
 
-int main() {
+/* codec_gpu_test [--counts N,N,...] [--wrap]: the matrix over the counts (by
+ * default 0, 1, 9, 4099, 2^20 and 3*2^20 + 5), then, with --wrap, the
+ * counts whose grid-stride loops wrap. */
+int main(int argc, char** argv) {
+  std::vector<size_t> counts = {0, 1, 9, 4099, 1 << 20, (3 << 20) + 5};
+  bool wrap = false;
+  for (int i = 1; i < argc; ++i) {
+    if (strcmp(argv[i], "--wrap") == 0) {
+      wrap = true;
+    } else if (strcmp(argv[i], "--counts") == 0 && i + 1 < argc && parse_counts(argv[i + 1], &counts)) {
+      ++i;
+    } else {
+      printf("usage: %s [--counts N,N,...] [--wrap]\n", argv[0]);
+      return 2;
+    }
+  }
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
     printf("SKIP: no CUDA device\n");
@@ -305,7 +356,8 @@ int main() {
   if (!cuda_ok(cudaStreamCreate(&stream), "cudaStreamCreate")) return 1;
   const auto start = Clock::now();
   int passed = 0, failed = 0;
-  check_matrix(stream, &passed, &failed);
+  check_matrix(counts, stream, &passed, &failed);
+  if (wrap) check_wrapping(stream, &passed, &failed);
   ++(check_no_sync(stream) ? passed : failed);
   cudaStreamDestroy(stream);
   printf("%d passed, %d failed (%.1f s)\n", passed, failed,

@@ -1,0 +1,106 @@
+# The simulated GPU (docs/simulated-gpu.md): test-only, built by `make simdev` into
+# $(SIMDEV) (build/simdev), never into the shipped library.
+#
+#   $(SIMDEV)/libcuda.so.1      the simulator and the driver API it answers with
+#   $(SIMDEV)/libcudart.so.12   the CUDA runtime API (NVIDIA's ABI, from the toolkit's headers)
+#   $(SIMDEV)/lib/libqnccl.so   the library's own objects, with its kernels compiled for the
+#                               simulator (clang++) in place of NVRTC's images, linked against
+#                               the two above
+#   $(SIMDEV)/bin/*_gpu_test    tests/gpu's programs, linked against NVIDIA's libcudart.so.12:
+#                               LD_LIBRARY_PATH=$(SIMDEV) runs them on the simulated GPU unchanged
+#
+# `make simdev-asan` builds the same with AddressSanitizer and UBSan (kernels included) into
+# build/simdev-asan. The kernels need clang++: its -fno-strict-float-cast-overflow gives the GPU's
+# saturating float-to-integer conversions.
+
+SIMDEV ?= build/simdev
+SIMDEV_KCXX ?= clang++
+SIMDEV_DIR := tests/simdev
+SIMDEV_CORE_SRCS := $(wildcard $(SIMDEV_DIR)/core/*.cc) $(SIMDEV_DIR)/driver.cc
+SIMDEV_HEADERS := $(wildcard $(SIMDEV_DIR)/core/*.h $(SIMDEV_DIR)/include/simdev/*.h)
+SIMDEV_INCLUDES := -I$(SIMDEV_DIR) -I$(SIMDEV_DIR)/include
+SIMDEV_CXXFLAGS = $(filter-out -fvisibility=hidden,$(CXXFLAGS)) $(SIMDEV_INCLUDES)
+# Kernels as the GPU computes: no contraction, IEEE division, saturating conversions.
+SIMDEV_KFLAGS := -std=c++17 -O2 -g -fPIC -ffp-contract=off -fno-fast-math \
+                 -fno-strict-float-cast-overflow -fvisibility=hidden -Wall -Wextra -Werror -Wno-pass-failed \
+                 -DQNCCL_WITH_CUDA $(SIMDEV_INCLUDES) -Isrc/include -Isrc
+ifneq ($(strip $(SANITIZE)),)
+  # (saturating conversions are defined on the GPU: UBSan must not call them overflow)
+  SIMDEV_KFLAGS += -fsanitize=$(SANITIZE) -fno-sanitize=float-cast-overflow \
+                   -fno-sanitize-recover=all -fno-omit-frame-pointer
+endif
+SIMDEV_CUDART_REAL = $(CUDA_ROOT)/cuda_runtime/lib/libcudart.so.12
+
+SIMDEV_LIBS := $(SIMDEV)/libcuda.so.1 $(SIMDEV)/libcudart.so.12 $(SIMDEV)/lib/libqnccl.so
+SIMDEV_BINS := $(SIMDEV)/bin/codec_gpu_test $(SIMDEV)/bin/allreduce_gpu_test
+
+.PHONY: simdev simdev-asan simdev-targets
+simdev:
+	@test -n "$(CUDA_ROOT)" || { echo "make simdev: the CUDA 12 wheels are missing: run make setup" >&2; exit 1; }
+	@$(MAKE) --no-print-directory -j$(JOBS) $(filter-out $(CU_OBJS),$(LIB_OBJS)) $(HOST_LIB) $(CDEF)
+	@$(MAKE) --no-print-directory -j$(JOBS) simdev-targets
+simdev-asan:
+	@$(MAKE) --no-print-directory -j$(JOBS) BUILD=build/simdev-asan SIMDEV=build/simdev-asan \
+	  SANITIZE=address,undefined SIMDEV_SANITIZED=1 simdev-targets
+simdev-targets: $(SIMDEV_LIBS) $(SIMDEV_BINS)
+
+$(SIMDEV)/obj/simdev/%.o: $(SIMDEV_DIR)/%.cc $(SIMDEV_HEADERS) $(FLAGS_STAMP)
+	@mkdir -p $(dir $@)
+	$(CXX) $(SIMDEV_CXXFLAGS) -c $< -o $@
+
+$(SIMDEV)/libcuda.so.1: $(SIMDEV_CORE_SRCS:$(SIMDEV_DIR)/%.cc=$(SIMDEV)/obj/simdev/%.o) \
+                        $(SIMDEV_DIR)/libcuda.map
+	$(CXX) $(SAN_LDFLAGS) -shared -Wl,--no-undefined -Wl,-soname,libcuda.so.1 \
+	  -Wl,--version-script=$(SIMDEV_DIR)/libcuda.map -o $@ $(filter %.o,$^) -lpthread
+
+$(SIMDEV)/gen/runtime_stubs.cc: $(SIMDEV)/obj/simdev/runtime.o $(SIMDEV_DIR)/gen_stubs.py
+	$(PYTHON) $(SIMDEV_DIR)/gen_stubs.py --real $(SIMDEV_CUDART_REAL) \
+	  --header $(CUDA_INCLUDE)/cuda_runtime_api.h --defined $< --out $@
+
+$(SIMDEV)/obj/gen/runtime_stubs.o: $(SIMDEV)/gen/runtime_stubs.cc $(SIMDEV_HEADERS)
+	@mkdir -p $(dir $@)
+	$(CXX) $(SIMDEV_CXXFLAGS) -c $< -o $@
+
+$(SIMDEV)/libcudart.so.12: $(SIMDEV)/obj/simdev/runtime.o $(SIMDEV)/obj/gen/runtime_stubs.o \
+                           $(SIMDEV)/libcuda.so.1 $(SIMDEV_DIR)/libcudart.map
+	$(CXX) $(SAN_LDFLAGS) -shared -Wl,--no-undefined -Wl,-soname,libcudart.so.12 \
+	  -Wl,--version-script=$(SIMDEV_DIR)/libcudart.map -o $@ $(filter %.o,$^) \
+	  -L$(SIMDEV) -l:libcuda.so.1 -Wl,-rpath,'$$ORIGIN'
+
+# Each kernel module: the kernels found in the source as the preprocessor sees it, then the
+# source compiled as C++ with simdev/kernel.h in front (clang++), and its image table.
+define simdev_module
+$(SIMDEV)/gen/$(1).scan.ii: $(KERNEL_SOURCE_$(1)) $(HEADERS) $(SIMDEV_HEADERS)
+	@mkdir -p $$(dir $$@)
+	$(SIMDEV_KCXX) -E -P -x c++ -std=c++17 -DSIMDEV_SCAN -DQNCCL_WITH_CUDA -include simdev/kernel.h \
+	  $(SIMDEV_INCLUDES) -Isrc/include -Isrc $$< -o $$@
+$(SIMDEV)/gen/$(1)_module.cc $(SIMDEV)/gen/$(1)_images.cc &: $(SIMDEV)/gen/$(1).scan.ii \
+                                                            $(SIMDEV_DIR)/gen_module.py
+	$(PYTHON) $(SIMDEV_DIR)/gen_module.py --module $(1) --source $(KERNEL_SOURCE_$(1)) \
+	  --scan $$< --out $(SIMDEV)/gen
+endef
+$(foreach m,$(KERNEL_MODULES),$(eval $(call simdev_module,$(m))))
+
+$(SIMDEV)/obj/gen/%_module.o: $(SIMDEV)/gen/%_module.cc $(HEADERS) $(SIMDEV_HEADERS)
+	@mkdir -p $(dir $@)
+	$(SIMDEV_KCXX) $(SIMDEV_KFLAGS) -c $< -o $@
+
+$(SIMDEV)/obj/gen/%_images.o: $(SIMDEV)/gen/%_images.cc $(HEADERS) $(SIMDEV_HEADERS)
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) $(SIMDEV_INCLUDES) -c $< -o $@
+
+# libqnccl.so's own objects (those of the build this is part of), its kernels as simulator
+# modules in place of the NVRTC images, and the simulated runtime in place of the static one.
+SIMDEV_LIB_OBJS = $(filter-out $(CU_OBJS),$(LIB_OBJS)) \
+                  $(KERNEL_MODULES:%=$(SIMDEV)/obj/gen/%_module.o) \
+                  $(KERNEL_MODULES:%=$(SIMDEV)/obj/gen/%_images.o)
+$(SIMDEV)/lib/libqnccl.so: $(SIMDEV_LIB_OBJS) $(SIMDEV)/libcudart.so.12 src/exports.map
+	@mkdir -p $(dir $@)
+	$(CXX) $(LDFLAGS) -Wl,--version-script=src/exports.map -o $@ $(SIMDEV_LIB_OBJS) \
+	  -L$(SIMDEV) -l:libcudart.so.12 -ldl -Wl,-rpath,'$$ORIGIN/..'
+
+$(SIMDEV)/bin/%_gpu_test: tests/gpu/%_gpu_test.cc $(SIMDEV)/lib/libqnccl.so $(HEADERS) \
+                          tests/gpu/gpu_test.h $(FLAGS_STAMP)
+	@mkdir -p $(dir $@)
+	$(CXX) $(filter-out -fvisibility=hidden,$(CXXFLAGS)) $(SAN_LDFLAGS) $< -o $@ \
+	  -L$(SIMDEV)/lib -lqnccl $(SIMDEV_CUDART_REAL) -Wl,-rpath,'$$ORIGIN/../lib'
