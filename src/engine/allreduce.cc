@@ -217,6 +217,9 @@ ncclResult_t run_quantized(Segment& s, QuantizedCall c, CommState& state) {
   c.need.lanes = c.point_to_point ? 1 : pipeline_lanes(c.algo, c.count, *c.config, device >= 0);
 #ifdef QNCCL_WITH_CUDA
   if (device >= 0) return run_on_device(s, device, c, state);
+  // The device's counter numbers every call of the communicator once it has one.
+  if (state.device.calls != nullptr)
+    QNCCL_CHECK(device_call_skipped(state.device, c.point_to_point));
 #endif
   QNCCL_CHECK(host_compute(&s.compute));
   float* residual = nullptr;

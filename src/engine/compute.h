@@ -106,6 +106,11 @@ ncclResult_t device_call_begin(DeviceWorkspace& ws, cudaStream_t stream, bool ca
 /* After a call's work: records `done` on `stream` (during a capture an
  * external-event record node). */
 ncclResult_t device_call_end(DeviceWorkspace& ws, cudaStream_t stream, bool capturing);
+/* A call of the communicator that runs on the host (no values, or host
+ * buffers) takes its number from the device counter too, on the private
+ * stream after the previous call, so the device's numbers keep counting
+ * every call (`point_to_point`: the point-to-point counter). */
+ncclResult_t device_call_skipped(DeviceWorkspace& ws, bool point_to_point);
 
 /* Runs lanes of a call on streams of their own (docs/allreduce.md,
  * "Pipelined segments"). make gives the workspace `lanes` streams

@@ -45,6 +45,14 @@ ncclResult_t launch(const char* name, unsigned grid, cudaStream_t stream, Args..
   return launch_kernel(kCudaImages_engine, name, grid, kBlockThreads, stream, params);
 }
 
+/* A kernel that is one thread's work (a counter's update): one thread, or
+ * every thread of a block would update it. */
+template <class... Args>
+ncclResult_t launch_one(const char* name, cudaStream_t stream, Args... args) {
+  void* params[] = {&args...};
+  return launch_kernel(kCudaImages_engine, name, 1, 1, stream, params);
+}
+
 ncclResult_t quantize(const Compute& c, const void* src, size_t n, ncclDataType_t type,
                       const CodecParams& p, uint8_t* wire) {
   return step("quantizing on the device", device_quantize(src, n, type, p, wire, c.stream));
@@ -195,10 +203,10 @@ ncclResult_t open_workspace(DeviceWorkspace& ws, int device, uint64_t next_call,
                                                       "call counter", err);
   if (res == ncclSuccess)
     res = step("starting the call counter",
-               launch("qnccl_set_calls", 1, stream, static_cast<uint64_t*>(calls), next_call));
+               launch_one("qnccl_set_calls", stream, static_cast<uint64_t*>(calls), next_call));
   if (res == ncclSuccess)
     res = step("starting the call counter",
-               launch("qnccl_set_calls", 1, stream, static_cast<uint64_t*>(calls) + 2,
+               launch_one("qnccl_set_calls", stream, static_cast<uint64_t*>(calls) + 2,
                       next_p2p_call));
   if (res != ncclSuccess) {
     if (calls != nullptr) made.async_alloc ? cudaFreeAsync(calls, stream) : cudaFree(calls);
@@ -240,7 +248,7 @@ ncclResult_t device_call_begin(DeviceWorkspace& ws, cudaStream_t stream, bool ca
   cudaError_t err = cudaStreamWaitEvent(stream, static_cast<cudaEvent_t>(ws.done),
                                         capturing ? cudaEventWaitExternal : 0);
   if (err != cudaSuccess) return cuda_failed("ordering after the communicator's previous call", err);
-  return step("taking the call number", launch("qnccl_take_call", 1, stream, counter));
+  return step("taking the call number", launch_one("qnccl_take_call", stream, counter));
 }
 
 ncclResult_t device_call_end(DeviceWorkspace& ws, cudaStream_t stream, bool capturing) {
@@ -248,6 +256,23 @@ ncclResult_t device_call_end(DeviceWorkspace& ws, cudaStream_t stream, bool capt
   const cudaError_t err = capturing ? cudaEventRecordWithFlags(done, stream, cudaEventRecordExternal)
                                     : cudaEventRecord(done, stream);
   return err == cudaSuccess ? ncclSuccess : cuda_failed("recording the end of the call", err);
+}
+
+ncclResult_t device_call_skipped(DeviceWorkspace& ws, bool point_to_point) {
+  int previous = -1;
+  QNCCL_CHECK(set_current_device(ws.device, &previous));
+  const cudaStream_t own = static_cast<cudaStream_t>(ws.stream);
+  const cudaEvent_t done = static_cast<cudaEvent_t>(ws.done);
+  cudaError_t err = cudaStreamWaitEvent(own, done, 0);
+  ncclResult_t res = err == cudaSuccess ? ncclSuccess
+                                        : cuda_failed("ordering after the previous call", err);
+  if (res == ncclSuccess)
+    res = step("counting a call on the host",
+               launch_one("qnccl_take_call", own, ws.calls + (point_to_point ? 2 : 0)));
+  if (res == ncclSuccess && (err = cudaEventRecord(done, own)) != cudaSuccess)
+    res = cuda_failed("recording the counted call", err);
+  restore_current_device(previous);
+  return res;
 }
 
 ncclResult_t device_lanes_make(DeviceWorkspace& ws, size_t lanes) {
@@ -377,10 +402,10 @@ ncclResult_t write_device_calls(DeviceWorkspace& ws, uint64_t next_call, uint64_
   const cudaError_t err = cudaStreamWaitEvent(own, done, 0);
   if (err != cudaSuccess) res = cuda_failed("ordering after the communicator's previous call", err);
   if (res == ncclSuccess)
-    res = step("setting the call counter", launch("qnccl_set_calls", 1, own, ws.calls, next_call));
+    res = step("setting the call counter", launch_one("qnccl_set_calls", own, ws.calls, next_call));
   if (res == ncclSuccess)
     res = step("setting the call counter",
-               launch("qnccl_set_calls", 1, own, ws.calls + 2, next_p2p_call));
+               launch_one("qnccl_set_calls", own, ws.calls + 2, next_p2p_call));
   if (res == ncclSuccess) {
     const cudaError_t recorded = cudaEventRecord(done, own);  // the next call waits for it
     if (recorded != cudaSuccess) res = cuda_failed("recording the counter's new value", recorded);

@@ -61,6 +61,8 @@ QNCCL_KERNEL qnccl_residual(const float* __restrict__ v, float* __restrict__ e, 
 
 /* A call counter of a workspace (it has two: the collectives' and the
  * point-to-point calls'): calls[0] the next number, calls[1] the current
- * call's (read by the codec's encode kernels). */
+ * call's (read by the codec's encode kernels). Each is one thread's work:
+ * compute_cuda.cc launches them as a single thread (with more, every thread
+ * would take a number). */
 QNCCL_KERNEL qnccl_set_calls(uint64_t* calls, uint64_t next) { calls[0] = next; }
 QNCCL_KERNEL qnccl_take_call(uint64_t* calls) { calls[1] = calls[0]++; }

@@ -354,7 +354,7 @@ ncclResult_t post_broadcast(const CommRef& comm, const void* send, void* recv, s
 /* ---- entry points, checked ---- */
 
 ncclResult_t all_reduce(const void* send, void* recv, size_t count, ncclDataType_t type,
-                        ncclRedOp_t op, ncclComm* handle) {
+                        ncclRedOp_t op, ncclComm* handle, cudaStream_t stream) {
   const char* fn = "ncclAllReduce";
   CommRef comm;
   QNCCL_CHECK(acquire_usable(handle, fn, &comm));
@@ -362,13 +362,15 @@ ncclResult_t all_reduce(const void* send, void* recv, size_t count, ncclDataType
   QNCCL_CHECK(check_reduce(comm.get(), type, op, count, 1, fn, &red));
   QNCCL_CHECK(check_buffer(send, count, "sendbuff", fn));
   QNCCL_CHECK(check_buffer(recv, count, "recvbuff", fn));
-  return submit_collective(comm, fn, [=](Posted* out) {
-    return post_all_reduce(comm, send, recv, count, red, out);
-  });
+  const size_t bytes = count * type_size(type);
+  return submit_collective(comm, fn, {send, bytes, recv, bytes}, stream,
+                           [=](const void* s, void* r, Posted* out) {
+                             return post_all_reduce(comm, s, r, count, red, out);
+                           });
 }
 
 ncclResult_t reduce(const void* send, void* recv, size_t count, ncclDataType_t type,
-                    ncclRedOp_t op, int root, ncclComm* handle) {
+                    ncclRedOp_t op, int root, ncclComm* handle, cudaStream_t stream) {
   const char* fn = "ncclReduce";
   CommRef comm;
   QNCCL_CHECK(acquire_usable(handle, fn, &comm));
@@ -377,13 +379,15 @@ ncclResult_t reduce(const void* send, void* recv, size_t count, ncclDataType_t t
   QNCCL_CHECK(check_root(comm.get(), root, fn));
   QNCCL_CHECK(check_buffer(send, count, "sendbuff", fn));
   QNCCL_CHECK(check_buffer(recv, comm->rank == root ? count : 0, "recvbuff", fn));
-  return submit_collective(comm, fn, [=](Posted* out) {
-    return post_reduce(comm, send, recv, count, red, root, out);
-  });
+  const size_t bytes = count * type_size(type);
+  return submit_collective(comm, fn, {send, bytes, recv, comm->rank == root ? bytes : 0}, stream,
+                           [=](const void* s, void* r, Posted* out) {
+                             return post_reduce(comm, s, r, count, red, root, out);
+                           });
 }
 
 ncclResult_t reduce_scatter(const void* send, void* recv, size_t recvcount, ncclDataType_t type,
-                            ncclRedOp_t op, ncclComm* handle) {
+                            ncclRedOp_t op, ncclComm* handle, cudaStream_t stream) {
   const char* fn = "ncclReduceScatter";
   CommRef comm;
   QNCCL_CHECK(acquire_usable(handle, fn, &comm));
@@ -391,9 +395,11 @@ ncclResult_t reduce_scatter(const void* send, void* recv, size_t recvcount, nccl
   QNCCL_CHECK(check_reduce(comm.get(), type, op, recvcount, comm->nranks, fn, &red));
   QNCCL_CHECK(check_buffer(send, recvcount, "sendbuff", fn));
   QNCCL_CHECK(check_buffer(recv, recvcount, "recvbuff", fn));
-  return submit_collective(comm, fn, [=](Posted* out) {
-    return post_reduce_scatter(comm, send, recv, recvcount, red, out);
-  });
+  const size_t bytes = recvcount * type_size(type);
+  return submit_collective(comm, fn, {send, bytes * comm->nranks, recv, bytes}, stream,
+                           [=](const void* s, void* r, Posted* out) {
+                             return post_reduce_scatter(comm, s, r, recvcount, red, out);
+                           });
 }
 
 // The checks of a collective that moves `count` values per rank without reducing them.
@@ -406,31 +412,34 @@ ncclResult_t check_move_call(const void* send, void* recv, size_t count, ncclDat
 }
 
 ncclResult_t all_gather(const void* send, void* recv, size_t count, ncclDataType_t type,
-                        ncclComm* handle) {
+                        ncclComm* handle, cudaStream_t stream) {
   const char* fn = "ncclAllGather";
   CommRef comm;
   MPI_Datatype mpi;
   QNCCL_CHECK(check_move_call(send, recv, count, type, handle, fn, &comm, &mpi));
   const size_t size = type_size(type);
-  return submit_collective(comm, fn, [=](Posted* out) {
-    return post_all_gather(comm, send, recv, count, mpi, size, out);
-  });
+  return submit_collective(comm, fn, {send, count * size, recv, count * size * comm->nranks},
+                           stream, [=](const void* s, void* r, Posted* out) {
+                             return post_all_gather(comm, s, r, count, mpi, size, out);
+                           });
 }
 
 ncclResult_t all_to_all(const void* send, void* recv, size_t count, ncclDataType_t type,
-                        ncclComm* handle) {
+                        ncclComm* handle, cudaStream_t stream) {
   const char* fn = "ncclAlltoAll";
   CommRef comm;
   MPI_Datatype mpi;
   QNCCL_CHECK(check_move_call(send, recv, count, type, handle, fn, &comm, &mpi));
   const size_t size = type_size(type);
-  return submit_collective(comm, fn, [=](Posted* out) {
-    return post_all_to_all(comm, send, recv, count, mpi, size, out);
-  });
+  const size_t bytes = count * size * comm->nranks;
+  return submit_collective(comm, fn, {send, bytes, recv, bytes}, stream,
+                           [=](const void* s, void* r, Posted* out) {
+                             return post_all_to_all(comm, s, r, count, mpi, size, out);
+                           });
 }
 
 ncclResult_t broadcast(const void* send, void* recv, size_t count, ncclDataType_t type, int root,
-                       ncclComm* handle, const char* fn) {
+                       ncclComm* handle, cudaStream_t stream, const char* fn) {
   CommRef comm;
   QNCCL_CHECK(acquire_usable(handle, fn, &comm));
   MPI_Datatype mpi;
@@ -439,9 +448,11 @@ ncclResult_t broadcast(const void* send, void* recv, size_t count, ncclDataType_
   QNCCL_CHECK(check_buffer(send, comm->rank == root ? count : 0, "sendbuff", fn));
   QNCCL_CHECK(check_buffer(recv, count, "recvbuff", fn));
   const size_t size = type_size(type);
-  return submit_collective(comm, fn, [=](Posted* out) {
-    return post_broadcast(comm, send, recv, count, mpi, size, root, out);
-  });
+  const size_t bytes = count * size;
+  return submit_collective(comm, fn, {send, comm->rank == root ? bytes : 0, recv, bytes}, stream,
+                           [=](const void* s, void* r, Posted* out) {
+                             return post_broadcast(comm, s, r, count, mpi, size, root, out);
+                           });
 }
 
 }  // namespace
@@ -450,49 +461,51 @@ ncclResult_t broadcast(const void* send, void* recv, size_t count, ncclDataType_
 
 using namespace qnccl::host;
 
-/* Streams are accepted and ignored: the work is done when the call returns
- * (or at the outermost ncclGroupEnd), or, on a nonblocking communicator, when
- * ncclCommGetAsyncError reports ncclSuccess. */
+/* On host memory the work is done when the call returns (or at the outermost
+ * ncclGroupEnd), or, on a nonblocking communicator, when
+ * ncclCommGetAsyncError reports ncclSuccess; on device memory it is ordered
+ * on `stream` (streams.cc). */
 
 QNCCL_EXPORT ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
                                         ncclDataType_t datatype, ncclRedOp_t op,
-                                        ncclComm_t comm, cudaStream_t /*stream*/) {
-  return note_group_error(all_reduce(sendbuff, recvbuff, count, datatype, op, comm));
+                                        ncclComm_t comm, cudaStream_t stream) {
+  return note_group_error(all_reduce(sendbuff, recvbuff, count, datatype, op, comm, stream));
 }
 
 QNCCL_EXPORT ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count,
                                      ncclDataType_t datatype, ncclRedOp_t op, int root,
-                                     ncclComm_t comm, cudaStream_t /*stream*/) {
-  return note_group_error(reduce(sendbuff, recvbuff, count, datatype, op, root, comm));
+                                     ncclComm_t comm, cudaStream_t stream) {
+  return note_group_error(reduce(sendbuff, recvbuff, count, datatype, op, root, comm, stream));
 }
 
 QNCCL_EXPORT ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff,
                                             size_t recvcount, ncclDataType_t datatype,
                                             ncclRedOp_t op, ncclComm_t comm,
-                                            cudaStream_t /*stream*/) {
-  return note_group_error(reduce_scatter(sendbuff, recvbuff, recvcount, datatype, op, comm));
+                                            cudaStream_t stream) {
+  return note_group_error(
+      reduce_scatter(sendbuff, recvbuff, recvcount, datatype, op, comm, stream));
 }
 
 QNCCL_EXPORT ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
                                         ncclDataType_t datatype, ncclComm_t comm,
-                                        cudaStream_t /*stream*/) {
-  return note_group_error(all_gather(sendbuff, recvbuff, sendcount, datatype, comm));
+                                        cudaStream_t stream) {
+  return note_group_error(all_gather(sendbuff, recvbuff, sendcount, datatype, comm, stream));
 }
 
 QNCCL_EXPORT ncclResult_t ncclAlltoAll(const void* sendbuff, void* recvbuff, size_t count,
                                        ncclDataType_t datatype, ncclComm_t comm,
-                                       cudaStream_t /*stream*/) {
-  return note_group_error(all_to_all(sendbuff, recvbuff, count, datatype, comm));
+                                       cudaStream_t stream) {
+  return note_group_error(all_to_all(sendbuff, recvbuff, count, datatype, comm, stream));
 }
 
 QNCCL_EXPORT ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count,
                                         ncclDataType_t datatype, int root, ncclComm_t comm,
-                                        cudaStream_t /*stream*/) {
+                                        cudaStream_t stream) {
   return note_group_error(
-      broadcast(sendbuff, recvbuff, count, datatype, root, comm, "ncclBroadcast"));
+      broadcast(sendbuff, recvbuff, count, datatype, root, comm, stream, "ncclBroadcast"));
 }
 
 QNCCL_EXPORT ncclResult_t ncclBcast(void* buff, size_t count, ncclDataType_t datatype, int root,
-                                    ncclComm_t comm, cudaStream_t /*stream*/) {
-  return note_group_error(broadcast(buff, buff, count, datatype, root, comm, "ncclBcast"));
+                                    ncclComm_t comm, cudaStream_t stream) {
+  return note_group_error(broadcast(buff, buff, count, datatype, root, comm, stream, "ncclBcast"));
 }

@@ -213,6 +213,7 @@ ncclResult_t gather_split_arguments(const CommRef& parent, int color, int key) {
  * goes to *newcomm, once every rank has arrived. */
 ncclResult_t split(const CommRef& parent, int color, int key, bool child_blocking,
                    ncclComm_t* newcomm) {
+  QNCCL_CHECK(wait_device_work(*parent, "ncclCommSplit"));  // its MPI calls come first
   QNCCL_CHECK(gather_split_arguments(parent, color, key));
   MPI_Comm mpi;
   QNCCL_CHECK(mpi_result(MPI_Comm_split(parent->mpi, color, key, &mpi), "ncclCommSplit",
@@ -231,12 +232,15 @@ ncclResult_t release(ncclComm_t handle, const char* fn, bool abort) {
   if (handle == nullptr) return ncclSuccess;  // as NCCL
   CommRef comm;
   QNCCL_CHECK(acquire(handle, fn, &comm));
+  // Work queued on device streams ends first (an abort ends it early instead).
+  const ncclResult_t waited = abort ? ncclSuccess : wait_device_work(*comm, fn);
   {
     std::lock_guard<std::mutex> lock(registry_mutex());
     registry().erase(handle);
   }
   if (abort) comm->aborted = true;  // waits on it, in any thread, end now
-  return ncclSuccess;
+  release_device_state(*comm);
+  return waited;
 }
 
 ncclResult_t check_out(const void* out, const char* name, const char* fn) {
@@ -438,6 +442,7 @@ QNCCL_EXPORT ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncc
 QNCCL_EXPORT ncclResult_t ncclCommFinalize(ncclComm_t comm) {
   CommRef ref;
   QNCCL_CHECK(acquire_ready(comm, "ncclCommFinalize", &ref));
+  QNCCL_CHECK(wait_device_work(*ref, "ncclCommFinalize"));
   ref->finalized = true;
   if (ref->blocking) return ncclSuccess;
   ref->state = ncclInProgress;

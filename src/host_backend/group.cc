@@ -35,26 +35,6 @@ namespace {
  * posting order per peer, which is NCCL's ordering rule. */
 constexpr int kP2pTag = 0;
 
-struct P2p {
-  CommRef comm;
-  bool send;
-  void* buf;
-  size_t count;
-  ncclDataType_t type;
-  MPI_Datatype mpi_type;
-  int peer;
-};
-
-struct Collective {
-  CommRef comm;
-  PostCollective post;
-};
-
-struct Work {
-  std::vector<P2p> p2p;
-  std::vector<Collective> collectives;
-};
-
 struct Group {
   int depth = 0;
   Work work;
@@ -150,7 +130,8 @@ ncclResult_t start(Flight& f) {
   for (size_t i = 0; i < f.work.p2p.size() && res == ncclSuccess; i++) res = post_p2p(f, i);
   f.posted.resize(f.work.collectives.size());
   for (size_t i = 0; i < f.work.collectives.size() && res == ncclSuccess; i++) {
-    res = f.work.collectives[i].post(&f.posted[i]);
+    const Collective& c = f.work.collectives[i];
+    res = c.post(c.buffers.send, c.buffers.recv, &f.posted[i]);
     for (MPI_Request r : f.posted[i].requests) {
       f.requests.push_back(r);
       f.owner.push_back(-1 - (long)i);
@@ -286,8 +267,9 @@ ncclResult_t check_still_usable(const Work& work, const char* fn) {
   return ncclSuccess;
 }
 
-/* Runs `work`: waits for it on blocking communicators, hands it to the
- * progress thread (ncclInProgress) on nonblocking ones. */
+/* Runs `work`: on device memory, queued on its streams; on host memory,
+ * waited for on blocking communicators, handed to the progress thread
+ * (ncclInProgress) on nonblocking ones. */
 ncclResult_t run(Work work, const char* fn) {
   QNCCL_CHECK(check_still_usable(work, fn));
   auto flight = std::make_unique<Flight>(std::move(work), fn);
@@ -298,16 +280,13 @@ ncclResult_t run(Work work, const char* fn) {
       return set_error(ncclInvalidArgument, "%s: blocking and nonblocking communicators are not "
                        "allowed in the same group (as in NCCL)", fn);
   }
-  QNCCL_CHECK(start(*flight));
-  if (blocking) {
-    for (Deadline pace(0);; pace.pause()) {
-      switch (step(*flight)) {
-        case Status::kDone: return ncclSuccess;
-        case Status::kFailed: return flight->error;
-        case Status::kPending: break;
-      }
-    }
+  if (on_device(flight->work)) {
+    QNCCL_CHECK(enqueue_on_streams(std::move(flight->work), fn));
+    return blocking ? ncclSuccess : ncclInProgress;  // (nothing left in progress: it is queued)
   }
+  for (const CommRef& comm : flight->comms) QNCCL_CHECK(wait_device_work(*comm, fn));
+  if (blocking) return complete(std::move(flight->work), fn);
+  QNCCL_CHECK(start(*flight));
   for (const CommRef& comm : flight->comms) {
     comm->pending++;
     ncclResult_t expected = ncclSuccess;
@@ -318,10 +297,10 @@ ncclResult_t run(Work work, const char* fn) {
 }
 
 ncclResult_t p2p(bool send, void* buf, size_t count, ncclDataType_t type, int peer,
-                 ncclComm* handle, const char* fn) {
+                 ncclComm* handle, cudaStream_t stream, const char* fn) {
   CommRef comm;
   QNCCL_CHECK(acquire_usable(handle, fn, &comm));
-  P2p op{comm, send, buf, count, type, MPI_DATATYPE_NULL, peer};
+  P2p op{comm, send, buf, count, type, MPI_DATATYPE_NULL, peer, stream};
   QNCCL_CHECK(mpi_type(type, fn, &op.mpi_type));
   if (peer < 0 || peer >= comm->nranks) {
     return set_error(ncclInvalidArgument, "%s: peer %d is outside 0..%d", fn, peer,
@@ -351,8 +330,23 @@ ncclResult_t note_group_error(ncclResult_t code) {
   return code;
 }
 
-ncclResult_t submit_collective(const CommRef& comm, const char* fn, PostCollective post) {
-  Collective c{comm, std::move(post)};
+ncclResult_t complete(Work work, const char* fn) {
+  QNCCL_CHECK(check_still_usable(work, fn));
+  Flight flight(std::move(work), fn);
+  if (flight.comms.empty()) return ncclSuccess;
+  QNCCL_CHECK(start(flight));
+  for (Deadline pace(0);; pace.pause()) {
+    switch (step(flight)) {
+      case Status::kDone: return ncclSuccess;
+      case Status::kFailed: return flight.error;
+      case Status::kPending: break;
+    }
+  }
+}
+
+ncclResult_t submit_collective(const CommRef& comm, const char* fn, const Buffers& buffers,
+                               cudaStream_t stream, PostCollective post) {
+  Collective c{comm, std::move(post), buffers, stream};
   if (group.depth > 0) {
     group.work.collectives.push_back(std::move(c));
     return ncclSuccess;
@@ -390,11 +384,12 @@ QNCCL_EXPORT ncclResult_t ncclGroupEnd(void) {
 }
 
 QNCCL_EXPORT ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype,
-                                   int peer, ncclComm_t comm, cudaStream_t /*stream*/) {
-  return note_group_error(p2p(true, (void*)sendbuff, count, datatype, peer, comm, "ncclSend"));
+                                   int peer, ncclComm_t comm, cudaStream_t stream) {
+  return note_group_error(
+      p2p(true, (void*)sendbuff, count, datatype, peer, comm, stream, "ncclSend"));
 }
 
 QNCCL_EXPORT ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype,
-                                   int peer, ncclComm_t comm, cudaStream_t /*stream*/) {
-  return note_group_error(p2p(false, recvbuff, count, datatype, peer, comm, "ncclRecv"));
+                                   int peer, ncclComm_t comm, cudaStream_t stream) {
+  return note_group_error(p2p(false, recvbuff, count, datatype, peer, comm, stream, "ncclRecv"));
 }

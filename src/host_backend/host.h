@@ -1,9 +1,10 @@
-/* Internals of the host backend: the NCCL API for host memory on top of MPI
+/* Internals of the host backend: the NCCL API on top of MPI
  * (docs/host-backend.md). A communicator is an MPI communicator whose ranks
- * are the NCCL ranks. Blocking communicators complete every call before it
- * returns (or at the outermost ncclGroupEnd inside a group); nonblocking ones
- * answer ncclInProgress and complete in the background, readiness showing in
- * ncclCommGetAsyncError, as NVIDIA's NCCL does. */
+ * are the NCCL ranks. On host memory, blocking communicators complete every
+ * call before it returns (or at the outermost ncclGroupEnd inside a group);
+ * nonblocking ones answer ncclInProgress and complete in the background,
+ * readiness showing in ncclCommGetAsyncError, as NVIDIA's NCCL does. Work on
+ * device memory is ordered on the caller's streams instead (streams.cc). */
 #ifndef QNCCL_HOST_BACKEND_HOST_H_
 #define QNCCL_HOST_BACKEND_HOST_H_
 
@@ -24,6 +25,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "host_backend/cuda.h"
 
 /* Per-communicator state of a PreMulSum op: the scalar, stored in its type. */
 struct PreMulSum {
@@ -53,6 +55,9 @@ struct ncclComm {
   std::string message;
   std::map<int, PreMulSum> premul_ops;  // ncclRedOp_t value -> op
   int next_op = ncclNumOps;  // index of the next PreMulSum op; its value is spread (datatypes.cc)
+  /* Recorded after the communicator's last work on device memory (streams.cc):
+   * its next work waits for it, so its MPI operations keep their issue order. */
+  qnccl::host::CuEvent device_event = nullptr;
 };
 
 namespace qnccl {
@@ -165,13 +170,73 @@ struct Posted {
   std::vector<std::shared_ptr<void>> keep;
 };
 
-/* Posts a collective's nonblocking MPI operations. */
-using PostCollective = std::function<ncclResult_t(Posted*)>;
+/* Posts a collective's nonblocking MPI operations on its buffers (the
+ * caller's, or host copies of them when they are device memory). */
+using PostCollective = std::function<ncclResult_t(const void* send, void* recv, Posted*)>;
+
+/* The bytes a collective reads (send) and writes (recv) on this rank. */
+struct Buffers {
+  const void* send;
+  size_t send_bytes;
+  void* recv;
+  size_t recv_bytes;
+};
+
+struct P2p {
+  CommRef comm;
+  bool send;
+  void* buf;
+  size_t count;
+  ncclDataType_t type;
+  MPI_Datatype mpi_type;
+  int peer;
+  CuStream stream;
+};
+
+struct Collective {
+  CommRef comm;
+  PostCollective post;
+  Buffers buffers;
+  CuStream stream;
+};
+
+/* The operations of a group (or of one call outside any). */
+struct Work {
+  std::vector<P2p> p2p;
+  std::vector<Collective> collectives;
+};
 
 /* Runs a collective of `comm` now, or at the outermost ncclGroupEnd inside a
  * group: on a blocking communicator it completes before this returns, on a
  * nonblocking one it returns ncclInProgress and completes in the background. */
-ncclResult_t submit_collective(const CommRef& comm, const char* fn, PostCollective post);
+ncclResult_t submit_collective(const CommRef& comm, const char* fn, const Buffers& buffers,
+                               cudaStream_t stream, PostCollective post);
+
+/* Posts every operation of `work` and waits for all of them on this thread:
+ * the group end of a blocking communicator, and the host function that runs
+ * device work (streams.cc). A failure makes the communicators unusable. */
+ncclResult_t complete(Work work, const char* fn);
+
+/* ---- device memory (streams.cc) ------------------------------------------ */
+
+/* Whether any buffer of `work` is device memory. */
+bool on_device(const Work& work);
+
+/* Queues `work` on its operations' streams, as NVIDIA's NCCL does: the
+ * device buffers are copied to pinned host memory on their streams, the MPI
+ * operations run in a host function, and what they received is copied back,
+ * all in stream order (and captured into a graph when the streams capture,
+ * where every replay runs them again). */
+ncclResult_t enqueue_on_streams(Work work, const char* fn);
+
+/* Waits on the host until the device work queued for `comm` is done: before
+ * MPI calls outside stream order (host-memory work, split, destroy), which
+ * must come after it on every rank. */
+ncclResult_t wait_device_work(ncclComm& comm, const char* fn);
+
+/* Lets go of the communicator's CUDA resources (from ncclCommDestroy or
+ * ncclCommAbort, on the calling thread). */
+void release_device_state(ncclComm& comm);
 
 /* Inside a group, records the first error of the group's calls: the group
  * then fails as a whole at ncclGroupEnd. Returns `code`. */

@@ -32,6 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <string>
@@ -82,7 +83,12 @@ struct DeviceBuffer {
     if (cuda_ok(cudaMalloc(&ptr, bytes), "cudaMalloc"))
       cuda_ok(cudaMemset(ptr, kGarbage, bytes), "cudaMemset");
   }
-  ~DeviceBuffer() { cudaFree(ptr); }
+  // cudaFree does not wait for queued work that still uses the memory (CUDA
+  // promises no synchronization there): the device is idle first.
+  ~DeviceBuffer() {
+    cudaDeviceSynchronize();
+    cudaFree(ptr);
+  }
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
   bool upload(const Bytes& b) {
@@ -333,7 +339,8 @@ bool capture(cudaStream_t stream, ncclComm_t comm, const DeviceBuffer& send,
 
 bool replay(cudaGraphExec_t exec, cudaStream_t stream, const DeviceBuffer& recv,
             const Bytes& want, const std::string& what) {
-  return cuda_ok(cudaMemset(recv.ptr, kGarbage, recv.bytes), "cudaMemset") &&
+  // On the replay's stream: the legacy stream does not order with a non-blocking one.
+  return cuda_ok(cudaMemsetAsync(recv.ptr, kGarbage, recv.bytes, stream), "cudaMemsetAsync") &&
          cuda_ok(cudaGraphLaunch(exec, stream), "cudaGraphLaunch") &&
          cuda_ok(cudaStreamSynchronize(stream), what) &&
          same_bytes(what, want, recv.download(), 4);
@@ -409,7 +416,9 @@ bool check_error_feedback_case(Case c, Twin& twin, cudaStream_t stream, int call
   bool ok = true;
   for (int call = 0; call < calls && ok; ++call) {
     const std::string what = name + " call " + std::to_string(call);
-    host = make_input(c.type, c.count, 31 * call + 5, call == 2);  // NaN/Inf once
+    // New values in the same buffers: residuals belong to a buffer's address.
+    const Bytes input = make_input(c.type, c.count, 31 * call + 5, call == 2);  // NaN/Inf once
+    std::copy(input.begin(), input.end(), host.begin());
     ok = device.upload(host) &&
          nccl_ok(qncclAllReduce(host.data(), host.data(), c.count, c.type, c.op, &c.config,
                                 twin.host, nullptr), what + " (host)") &&

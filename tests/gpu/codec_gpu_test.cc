@@ -76,7 +76,12 @@ struct DeviceBuffer {
   explicit DeviceBuffer(size_t n) : bytes(n + kGuard) {
     cuda_ok(cudaMalloc(&ptr, bytes), "cudaMalloc");
   }
-  ~DeviceBuffer() { cudaFree(ptr); }
+  // cudaFree does not wait for queued work that still uses the memory (CUDA
+  // promises no synchronization there): the device is idle first.
+  ~DeviceBuffer() {
+    cudaDeviceSynchronize();
+    cudaFree(ptr);
+  }
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
   uint8_t* at(size_t offset) const { return static_cast<uint8_t*>(ptr) + offset; }

@@ -62,6 +62,14 @@ void ancestors(const std::vector<Node*>& from, std::set<const Node*>* out) {
   }
 }
 
+/* A graph the API may use: a made one, or one a capture builds. */
+bool live_graph_locked(Graph* g) {
+  if (sim().graphs.count(g)) return true;
+  for (const auto& [id, c] : sim().captures)
+    if (c->graph.get() == g) return true;
+  return false;
+}
+
 void end_locked(Capture* c) {
   for (Stream* s : c->members) {
     s->capture = nullptr;
@@ -404,7 +412,7 @@ cudaError_t graph_retain_object(Graph* g, UserObject* o, unsigned count, unsigne
     return fail(cudaErrorInvalidValue, "cudaGraphRetainUserObject flags %#x; allowed: 0, "
                 "cudaGraphUserObjectMove", flags);
   Lock lock(sim().mutex);
-  if (!sim().graphs.count(g) || !sim().user_objects.count(o) || count == 0)
+  if (!live_graph_locked(g) || !sim().user_objects.count(o) || count == 0)
     return fail(cudaErrorInvalidValue, "cudaGraphRetainUserObject: not a live graph and user "
                 "object, or count 0");
   if (!(flags & cudaGraphUserObjectMove)) o->refs += count;  // else the caller's move over
@@ -415,8 +423,10 @@ cudaError_t graph_retain_object(Graph* g, UserObject* o, unsigned count, unsigne
 cudaError_t graph_release_object(Graph* g, UserObject* o, unsigned count) {
   {
     Lock lock(sim().mutex);
+    if (!live_graph_locked(g))
+      return fail(cudaErrorInvalidValue, "cudaGraphReleaseUserObject: not a live graph");
     auto it = g->objects.find(o);
-    if (!sim().graphs.count(g) || it == g->objects.end() || count == 0 || count > it->second)
+    if (it == g->objects.end() || count == 0 || count > it->second)
       return fail(cudaErrorInvalidValue, "cudaGraphReleaseUserObject: the graph holds fewer "
                   "references");
     if ((it->second -= count) == 0) g->objects.erase(it);

@@ -1,0 +1,90 @@
+#include "host_backend/cuda.h"
+
+#include <dlfcn.h>
+#include <stdio.h>
+
+#include <atomic>
+#include <mutex>
+
+namespace qnccl {
+namespace host {
+namespace {
+
+/* cuGetProcAddress_v2, which finds each function in the version of the
+ * ABI the backend was written for (CUDA 12.0). */
+using GetProcAddress = CuResult (*)(const char*, void**, int, uint64_t, int*);
+constexpr int kCudaVersion = 12000;
+
+template <class F>
+bool bind(GetProcAddress get, const char* name, F* fn) {
+  void* p = nullptr;
+  int status = 0;
+  if (get(name, &p, kCudaVersion, 0, &status) != 0 || p == nullptr) return false;
+  *fn = reinterpret_cast<F>(p);
+  return true;
+}
+
+const Cuda* load() {
+  // Only a driver the process already uses: loading one would start CUDA in
+  // a process that never asked for it.
+  void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  if (h == nullptr) return nullptr;
+  auto get = reinterpret_cast<GetProcAddress>(dlsym(h, "cuGetProcAddress_v2"));
+  if (get == nullptr) return nullptr;
+  static Cuda c;
+  const bool ok =
+      bind(get, "cuPointerGetAttributes", &c.pointerGetAttributes) &&
+      bind(get, "cuStreamGetCtx", &c.streamGetCtx) &&
+      bind(get, "cuCtxPushCurrent", &c.ctxPushCurrent) &&
+      bind(get, "cuCtxPopCurrent", &c.ctxPopCurrent) &&
+      bind(get, "cuMemcpyAsync", &c.memcpyAsync) &&
+      bind(get, "cuLaunchHostFunc", &c.launchHostFunc) &&
+      bind(get, "cuEventCreate", &c.eventCreate) &&
+      bind(get, "cuEventRecordWithFlags", &c.eventRecordWithFlags) &&
+      bind(get, "cuEventSynchronize", &c.eventSynchronize) &&
+      bind(get, "cuEventDestroy", &c.eventDestroy) &&
+      bind(get, "cuStreamWaitEvent", &c.streamWaitEvent) &&
+      bind(get, "cuMemHostAlloc", &c.memHostAlloc) &&
+      bind(get, "cuStreamGetCaptureInfo", &c.streamGetCaptureInfo) &&
+      bind(get, "cuThreadExchangeStreamCaptureMode", &c.threadExchangeStreamCaptureMode) &&
+      bind(get, "cuUserObjectCreate", &c.userObjectCreate) &&
+      bind(get, "cuGraphRetainUserObject", &c.graphRetainUserObject) &&
+      bind(get, "cuGetErrorString", &c.getErrorString);
+  return ok ? &c : nullptr;
+}
+
+}  // namespace
+
+const Cuda* cuda() {
+  // Until the process loads the driver there is no device memory; the first
+  // call after it does finds it (and it is never unloaded).
+  static std::atomic<const Cuda*> found{nullptr};
+  static std::mutex mutex;
+  if (const Cuda* c = found.load(std::memory_order_acquire)) return c;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (found.load() == nullptr) found.store(load(), std::memory_order_release);
+  return found.load();
+}
+
+int device_of(const void* p) {
+  const Cuda* c = cuda();
+  if (c == nullptr || p == nullptr) return -1;
+  unsigned type = 0;
+  int device = -1;
+  int attributes[2] = {kCuPointerAttributeMemoryType, kCuPointerAttributeDeviceOrdinal};
+  void* values[2] = {&type, &device};
+  // Never an error for memory CUDA does not know: its type is 0 then.
+  if (c->pointerGetAttributes(2, attributes, values, (uintptr_t)p) != 0) return -1;
+  return type == (unsigned)kCuMemoryTypeDevice ? device : -1;
+}
+
+const char* cuda_error(CuResult r) {
+  static thread_local char text[160];
+  const char* s = nullptr;
+  if (cuda() == nullptr || cuda()->getErrorString(r, &s) != 0 || s == nullptr) s = "unknown";
+  snprintf(text, sizeof text, "CUDA error %d (%s)", r, s);
+  return text;
+}
+
+}  // namespace host
+}  // namespace qnccl
