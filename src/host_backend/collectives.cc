@@ -176,20 +176,6 @@ void average_when_done(const CommRef& comm, const Reduction& red, void* result, 
   out->finish = [=] { divide(type, result, count, nranks); };
 }
 
-ncclResult_t post_all_reduce(const CommRef& comm, const void* send, void* recv, size_t count,
-                             const Reduction& red, Posted* out) {
-  const size_t size = type_size(red.type);
-  const void* input = reduce_input(red, send, recv, count, out);
-  QNCCL_CHECK(for_each_chunk(count, size, [&](size_t offset, int n) {
-    MPI_Request r;
-    const void* in = input == MPI_IN_PLACE ? MPI_IN_PLACE : at(input, offset, size);
-    return posted(MPI_Iallreduce(in, at(recv, offset, size), n, red.mpi_type, red.op, comm->mpi,
-                                 &r), &r, "ncclAllReduce", "MPI_Iallreduce", out);
-  }));
-  average_when_done(comm, red, recv, count, out);
-  return ncclSuccess;
-}
-
 /* result = ((b_0 op b_1) op b_2) ... op b_{n-1} of the `nranks` blocks of
  * `count` values at block[0..n-1], rounding to the type after each
  * operation. NCCL's result depends on its algorithm's order; the backend's
@@ -234,6 +220,50 @@ void reduce_when_done(const Reduction& red, std::vector<const char*> block, size
   };
 }
 
+/* ---- ranks in one process (clique.cc): each collective run by the last
+ * rank to post its part, with every rank's buffers. Reductions go in rank
+ * order into a temporary first, so in place needs nothing more. ---- */
+
+/* `red` of the ranks' blocks block(k), in rank order, into a temporary. */
+template <class Block>
+std::shared_ptr<char> reduce_together(const Reduction& red, size_t nranks, size_t count,
+                                      Block block) {
+  std::shared_ptr<char> sum = TemporaryPool::get().take(count * type_size(red.type));
+  std::vector<const char*> blocks;
+  for (size_t k = 0; k < nranks; k++) blocks.push_back(static_cast<const char*>(block(k)));
+  reduce_in_rank_order(red, blocks, count, sum.get());
+  return sum;
+}
+
+/* Allreduce (root < 0) or reduce to `root`: each rank's input, reduced. */
+ncclResult_t together_reduce(const CommRef& comm, const void* input, void* recv, size_t count,
+                             const Reduction& red, int root, Posted* out) {
+  QNCCL_CHECK(post_together(comm, {input, recv}, [=](const std::vector<Part>& parts) {
+    std::shared_ptr<char> sum = reduce_together(red, parts.size(), count,
+                                                [&](size_t k) { return parts[k].send; });
+    for (size_t r = 0; r < parts.size(); r++)
+      if (root < 0 || (int)r == root) memcpy(parts[r].recv, sum.get(), count * type_size(red.type));
+  }, out));
+  average_when_done(comm, red, comm->rank == root || root < 0 ? recv : nullptr, count, out);
+  return ncclSuccess;
+}
+
+ncclResult_t post_all_reduce(const CommRef& comm, const void* send, void* recv, size_t count,
+                             const Reduction& red, Posted* out) {
+  const size_t size = type_size(red.type);
+  const void* input = reduce_input(red, send, recv, count, out);
+  if (comm->clique)
+    return together_reduce(comm, input == MPI_IN_PLACE ? recv : input, recv, count, red, -1, out);
+  QNCCL_CHECK(for_each_chunk(count, size, [&](size_t offset, int n) {
+    MPI_Request r;
+    const void* in = input == MPI_IN_PLACE ? MPI_IN_PLACE : at(input, offset, size);
+    return posted(MPI_Iallreduce(in, at(recv, offset, size), n, red.mpi_type, red.op, comm->mpi,
+                                 &r), &r, "ncclAllReduce", "MPI_Iallreduce", out);
+  }));
+  average_when_done(comm, red, recv, count, out);
+  return ncclSuccess;
+}
+
 /* Every rank's `count` values of `in` gathered at `root` as rank-major blocks
  * of a temporary (other ranks: nullptr). */
 ncclResult_t post_gather(const CommRef& comm, const void* in, size_t count, const Reduction& red,
@@ -275,6 +305,7 @@ ncclResult_t post_block_exchange(const CommRef& comm, const void* in, const std:
 ncclResult_t post_reduce(const CommRef& comm, const void* send, void* recv, size_t count,
                          const Reduction& red, int root, Posted* out) {
   const void* input = reduce_input(red, send, nullptr, count, out);
+  if (comm->clique) return together_reduce(comm, input, recv, count, red, root, out);
   char* blocks = nullptr;
   QNCCL_CHECK(post_gather(comm, input, count, red, root, "ncclReduce", &blocks, out));
   if (comm->rank != root) return ncclSuccess;
@@ -294,6 +325,18 @@ ncclResult_t post_reduce_scatter(const CommRef& comm, const void* send, void* re
   const char* input =
       static_cast<const char*>(reduce_input(red, send, nullptr, recvcount * nranks, out));
   const size_t stride = recvcount * type_size(red.type);
+  if (comm->clique) {
+    QNCCL_CHECK(post_together(comm, {input, recv}, [=](const std::vector<Part>& parts) {
+      for (size_t r = 0; r < parts.size(); r++) {  // rank r's block of every rank's input
+        std::shared_ptr<char> sum = reduce_together(red, parts.size(), recvcount, [&](size_t k) {
+          return static_cast<const char*>(parts[k].send) + r * stride;
+        });
+        memcpy(parts[r].recv, sum.get(), stride);
+      }
+    }, out));
+    average_when_done(comm, red, recv, recvcount, out);
+    return ncclSuccess;
+  }
   const char* own = input + rank * stride;
   char* result = static_cast<char*>(recv);
   const bool direct = rank != 0 && own != result;
@@ -320,6 +363,16 @@ ncclResult_t post_reduce_scatter(const CommRef& comm, const void* send, void* re
 ncclResult_t post_all_gather(const CommRef& comm, const void* send, void* recv, size_t count,
                              MPI_Datatype type, size_t size, Posted* out) {
   const bool in_place = send == at(recv, comm->rank * count, size);
+  if (comm->clique) {  // each rank's block goes to every other rank's output
+    return post_together(comm, {send, recv}, [=](const std::vector<Part>& parts) {
+      const size_t bytes = count * size;
+      for (size_t r = 0; r < parts.size(); r++)
+        for (size_t k = 0; k < parts.size(); k++) {
+          char* to = static_cast<char*>(parts[r].recv) + k * bytes;
+          if (to != parts[k].send) memcpy(to, parts[k].send, bytes);
+        }
+    }, out);
+  }
   return for_each_chunk(count, size, [&](size_t offset, int n) {
     RankBlock block(type, n, count * size);  // MPI keeps what a posted call uses
     const void* in = in_place ? MPI_IN_PLACE : at(send, offset, size);
@@ -332,6 +385,17 @@ ncclResult_t post_all_gather(const CommRef& comm, const void* send, void* recv, 
 ncclResult_t post_all_to_all(const CommRef& comm, const void* send, void* recv, size_t count,
                              MPI_Datatype type, size_t size, Posted* out) {
   const bool in_place = send == recv;
+  if (comm->clique) {  // block r of rank k's input is block k of rank r's output
+    return post_together(comm, {send, recv}, [=](const std::vector<Part>& parts) {
+      const size_t n = parts.size(), bytes = count * size;
+      std::shared_ptr<char> inputs = TemporaryPool::get().take(n * n * bytes);  // (in place)
+      for (size_t k = 0; k < n; k++) memcpy(inputs.get() + k * n * bytes, parts[k].send, n * bytes);
+      for (size_t r = 0; r < n; r++)
+        for (size_t k = 0; k < n; k++)
+          memcpy(static_cast<char*>(parts[r].recv) + k * bytes,
+                 inputs.get() + (k * n + r) * bytes, bytes);
+    }, out);
+  }
   return for_each_chunk(count, size, [&](size_t offset, int n) {
     RankBlock block(type, n, count * size);
     const void* in = in_place ? MPI_IN_PLACE : at(send, offset, size);
@@ -343,6 +407,12 @@ ncclResult_t post_all_to_all(const CommRef& comm, const void* send, void* recv, 
 
 ncclResult_t post_broadcast(const CommRef& comm, const void* send, void* recv, size_t count,
                             MPI_Datatype type, size_t size, int root, Posted* out) {
+  if (comm->clique) {
+    return post_together(comm, {send, recv}, [=](const std::vector<Part>& parts) {
+      for (const Part& p : parts)
+        if (p.recv != parts[(size_t)root].send) memmove(p.recv, parts[(size_t)root].send, count * size);
+    }, out);
+  }
   if (comm->rank == root && send != recv) memmove(recv, send, count * size);
   return for_each_chunk(count, size, [&](size_t offset, int n) {
     MPI_Request r;

@@ -383,23 +383,36 @@ QNCCL_EXPORT ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks,
   return init_rank(comm, nranks, commId, rank, config, "ncclCommInitRankConfig");
 }
 
-/* One process drives one rank here, so only a communicator of one rank can be
- * made without an MPI launcher's other processes. */
-QNCCL_EXPORT ncclResult_t ncclCommInitAll(ncclComm_t* comm, int ndev, const int* /*devlist*/) {
+/* `ndev` ranks in this process, rank i on device devlist[i] (i without a
+ * list): one rank on MPI_COMM_SELF, several as a clique whose operations
+ * meet in this process (clique.cc). Blocking, as NCCL's are. */
+QNCCL_EXPORT ncclResult_t ncclCommInitAll(ncclComm_t* comm, int ndev, const int* devlist) {
   const char* fn = "ncclCommInitAll";
   QNCCL_CHECK(check_out(comm, "comm", fn));
   if (ndev < 1) return set_error(ncclInvalidArgument, "%s: ndev=%d: must be >= 1", fn, ndev);
-  if (ndev > 1) {
-    return set_error(ncclInvalidUsage, "%s: ndev=%d: the host backend runs one rank per process; "
-                     "start the ranks under an MPI launcher and use ncclCommInitRank (only "
-                     "ndev=1 works here)", fn, ndev);
-  }
   QNCCL_CHECK(ensure_mpi(fn));
   double timeout_s;
   QNCCL_CHECK(init_timeout(fn, &timeout_s));
-  MPI_Comm self;
-  QNCCL_CHECK(mpi_result(MPI_Comm_dup(MPI_COMM_SELF, &self), fn, "MPI_Comm_dup"));
-  *comm = make_comm(self, 0, 1, timeout_s, true).get();
+  if (ndev == 1) {
+    MPI_Comm self;
+    QNCCL_CHECK(mpi_result(MPI_Comm_dup(MPI_COMM_SELF, &self), fn, "MPI_Comm_dup"));
+    CommRef one = make_comm(self, 0, 1, timeout_s, true);
+    one->cuda_device = devlist != nullptr ? devlist[0] : 0;
+    comm[0] = one.get();
+    return ncclSuccess;
+  }
+  if (!mpi_thread_multiple())
+    return set_error(ncclInvalidUsage, "%s: ndev=%d: ranks in one process complete one another's "
+                     "operations from their threads, which needs MPI at MPI_THREAD_MULTIPLE; "
+                     "this process initialized MPI with a lower level", fn, ndev);
+  std::shared_ptr<Clique> clique = make_clique(ndev);
+  for (int i = 0; i < ndev; i++) {
+    CommRef c = make_comm(MPI_COMM_NULL, i, ndev, timeout_s, true);
+    c->clique = clique;
+    c->cuda_device = devlist != nullptr ? devlist[i] : i;
+    c->state = ncclSuccess;  // nothing to wait for: the ranks are here
+    comm[i] = c.get();
+  }
   return ncclSuccess;
 }
 
@@ -413,6 +426,10 @@ QNCCL_EXPORT ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncc
   const char* fn = "ncclCommSplit";
   CommRef parent;
   QNCCL_CHECK(acquire_usable(comm, fn, &parent));
+  if (parent->clique)
+    return set_error(ncclInvalidUsage, "%s: the communicator's ranks are in this process "
+                     "(ncclCommInitAll): the host backend splits only communicators of one rank "
+                     "per process (ncclCommInitRank under an MPI launcher)", fn);
   ncclResult_t arg_error = check_split(color, newcomm, config);
   bool child_blocking = parent->blocking;
   if (arg_error == ncclSuccess)
@@ -477,13 +494,14 @@ QNCCL_EXPORT ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank) {
   return ncclSuccess;
 }
 
-/* No CUDA device backs a host communicator: -1, which cudaSetDevice rejects,
- * so code that assumes a GPU fails loudly instead of using device 0. */
+/* The device ncclCommInitAll gave the rank; -1 for communicators of
+ * ncclCommInitRank, which no device backs (cudaSetDevice rejects it, so code
+ * that assumes a GPU fails loudly instead of using device 0). */
 QNCCL_EXPORT ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int* device) {
   CommRef ref;
   QNCCL_CHECK(acquire_ready(comm, "ncclCommCuDevice", &ref));
   QNCCL_CHECK(check_out(device, "device", "ncclCommCuDevice"));
-  *device = -1;
+  *device = ref->cuda_device;
   return ncclSuccess;
 }
 

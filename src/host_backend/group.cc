@@ -112,6 +112,13 @@ ncclResult_t fail(Flight& f, ncclResult_t code, const std::string& message) {
 ncclResult_t post_p2p(Flight& f, size_t index) {
   const P2p& op = f.work.p2p[index];
   const size_t size = type_size(op.type);
+  if (op.comm->clique) {
+    MPI_Request request;
+    QNCCL_CHECK(post_clique_message(op, static_cast<char*>(op.buf), op.count * size, &request));
+    f.requests.push_back(request);
+    f.owner.push_back((long)index);
+    return ncclSuccess;
+  }
   return for_each_chunk(op.count, size, [&](size_t offset, int n) {
     MPI_Request request;
     char* buf = (char*)op.buf + offset * size;

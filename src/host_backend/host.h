@@ -27,6 +27,12 @@
 #include "common/error.h"
 #include "host_backend/cuda.h"
 
+namespace qnccl {
+namespace host {
+class Clique;  // ranks of one communicator in this process (clique.cc)
+}  // namespace host
+}  // namespace qnccl
+
 /* Per-communicator state of a PreMulSum op: the scalar, stored in its type. */
 struct PreMulSum {
   ncclDataType_t type;
@@ -58,6 +64,10 @@ struct ncclComm {
   /* Recorded after the communicator's last work on device memory (streams.cc):
    * its next work waits for it, so its MPI operations keep their issue order. */
   qnccl::host::CuEvent device_event = nullptr;
+  /* The other ranks are in this process (ncclCommInitAll): operations meet
+   * in the clique instead of in MPI (`mpi` stays MPI_COMM_NULL). */
+  std::shared_ptr<qnccl::host::Clique> clique;
+  int cuda_device = -1;  // ncclCommCuDevice: the device ncclCommInitAll gave the rank
 };
 
 namespace qnccl {
@@ -216,6 +226,26 @@ ncclResult_t submit_collective(const CommRef& comm, const char* fn, const Buffer
  * the group end of a blocking communicator, and the host function that runs
  * device work (streams.cc). A failure makes the communicators unusable. */
 ncclResult_t complete(Work work, const char* fn);
+
+/* ---- ranks in one process (clique.cc) ------------------------------------ */
+
+std::shared_ptr<Clique> make_clique(int nranks);
+
+/* A send or receive of `bytes` at `buf` between ranks of a clique, matched
+ * with its peer's in posting order per (sender, receiver), as MPI's are. */
+ncclResult_t post_clique_message(const P2p& op, char* buf, size_t bytes, MPI_Request* out);
+
+/* One rank's buffers in a collective of a clique. */
+struct Part {
+  const void* send;
+  void* recv;
+};
+using RunTogether = std::function<void(const std::vector<Part>& parts)>;
+
+/* Posts this rank's part of the clique's next collective (each rank posts
+ * its collectives in the same order, as NCCL requires); the last rank to
+ * post runs `run` with every rank's part, which completes all of them. */
+ncclResult_t post_together(const CommRef& comm, Part part, RunTogether run, Posted* out);
 
 /* ---- device memory (streams.cc) ------------------------------------------ */
 

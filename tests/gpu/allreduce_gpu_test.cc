@@ -16,9 +16,11 @@
  *   5. error feedback: four calls on the same host and device buffers give
  *      the same bytes and leave the same residuals on both sides, for every
  *      algorithm and type, sum and avg;
- *   6. with two devices, two ranks (one thread each): both ranks' outputs are
- *      identical, and with an output folder (argv[1]) the inputs and outputs
- *      are written there with a manifest for the emulator to check;
+ *   6. with two devices, two ranks in this process (ncclCommInitAll), each
+ *      case one group of both ranks' interposed ncclAllReduce calls on their
+ *      devices' streams: both ranks' outputs are identical, and with an
+ *      output folder (argv[1]) the inputs and outputs are written there with
+ *      a manifest for the emulator to check;
  *   7. qncclReduceScatter (ring, SRA), qncclAllGather and qncclAlltoAll on
  *      device buffers write the host path's bytes too, in and out of place
  *      (one rank: the store, the encode and decode kernels, the copy).
@@ -34,6 +36,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <memory>
 #include <chrono>
 #include <string>
 #include <thread>
@@ -458,52 +461,10 @@ int check_error_feedback(Twin& twin, cudaStream_t stream) {
   return failed;
 }
 
-/* Part 6: two ranks, one thread and device each. */
-struct RankRun {
-  std::vector<Bytes> inputs, outputs;
-  bool ok = true;
-};
-
-std::vector<Case> two_rank_cases() {
-  std::vector<Case> cases;
-  for (int algo = qncclAlgoRing; algo <= qncclAlgoSra; ++algo)
-    for (ncclDataType_t type : {ncclFloat32, ncclBfloat16}) {
-      Case c;
-      c.config = {{4, 128, qncclRoundStochastic, 7}, (qncclAlgo_t)algo, 65536, 0, qncclAlgoAuto, 0, 0};
-      c.type = type;
-      c.op = type == ncclFloat32 ? ncclAvg : ncclSum;
-      c.count = 300007;
-      c.inplace = algo == qncclAlgoTree;
-      c.nonfinite = false;
-      cases.push_back(c);
-    }
-  return cases;
-}
-
-void run_rank(int rank, ncclUniqueId id, const std::vector<Case>& cases, RankRun* run) {
-  ncclComm_t comm = nullptr;
-  cudaStream_t stream = nullptr;
-  run->ok = cuda_ok(cudaSetDevice(rank), "cudaSetDevice") &&
-            cuda_ok(cudaStreamCreate(&stream), "cudaStreamCreate") &&
-            nccl_ok(ncclCommInitRank(&comm, 2, id, rank), "ncclCommInitRank");
-  for (size_t i = 0; i < cases.size() && run->ok; ++i) {
-    const Case& c = cases[i];
-    const Bytes input = make_input(c.type, c.count, 1000 * i + rank, false);
-    DeviceBuffer send(input.size()), recv(input.size());
-    run->ok = send.upload(input) &&
-              nccl_ok(qncclAllReduce(send.ptr, c.inplace ? send.ptr : recv.ptr, c.count, c.type,
-                                     c.op, &c.config, comm, stream),
-                      c.name() + " rank " + std::to_string(rank)) &&
-              cuda_ok(cudaStreamSynchronize(stream), c.name());
-    Bytes out = (c.inplace ? send : recv).download();
-    out.resize(input.size());
-    run->inputs.push_back(input);
-    run->outputs.push_back(out);
-  }
-  if (comm != nullptr) ncclCommDestroy(comm);
-  if (stream != nullptr) cudaStreamDestroy(stream);
-}
-
+/* Part 6: two devices in one process: ncclCommInitAll of two ranks, one
+ * device each, and per case one group of both ranks' interposed
+ * ncclAllReduce calls, each on its own device's stream (the QNCCL_* settings
+ * of the communicators: ring, tree and SRA in turn). */
 bool write_file(const std::string& path, const Bytes& bytes) {
   FILE* f = fopen(path.c_str(), "wb");
   const bool ok = f != nullptr && fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
@@ -512,44 +473,102 @@ bool write_file(const std::string& path, const Bytes& bytes) {
   return ok;
 }
 
+/* The cases of `algo`, each the call-th call of a new pair of communicators. */
+std::vector<Case> two_rank_cases(qncclAlgo_t algo) {
+  std::vector<Case> cases;
+  for (ncclDataType_t type : {ncclFloat32, ncclBfloat16}) {
+    Case c;
+    c.config = {{4, 128, qncclRoundStochastic, 7}, algo, 0, 0, qncclAlgoAuto, 0, 0};
+    c.type = type;
+    c.op = type == ncclFloat32 ? ncclAvg : ncclSum;
+    c.count = 300007;
+    c.inplace = algo == qncclAlgoTree;
+    c.nonfinite = false;
+    cases.push_back(c);
+  }
+  return cases;
+}
+
+/* Runs the cases of `algo` on both ranks: their inputs and outputs. */
+bool run_two_ranks(qncclAlgo_t algo, const std::vector<Case>& cases,
+                   std::vector<Bytes> (&inputs)[2], std::vector<Bytes> (&outputs)[2]) {
+  static const char* names[] = {"auto", "ring", "tree", "sra"};
+  setenv("QNCCL_ALGO", names[algo], 1);  // read when the communicators' state is made
+  setenv("QNCCL_BITS", "4", 1);
+  setenv("QNCCL_BUCKET_SIZE", "128", 1);
+  setenv("QNCCL_ROUNDING", "stochastic", 1);
+  setenv("QNCCL_SEED", "7", 1);
+  ncclComm_t comms[2] = {nullptr, nullptr};
+  cudaStream_t streams[2] = {nullptr, nullptr};
+  const int devices[2] = {0, 1};
+  bool ok = nccl_ok(ncclCommInitAll(comms, 2, devices), "ncclCommInitAll of two devices");
+  for (int r = 0; r < 2 && ok; ++r)
+    ok = cuda_ok(cudaSetDevice(r), "cudaSetDevice") &&
+         cuda_ok(cudaStreamCreate(&streams[r]), "cudaStreamCreate");
+  for (size_t i = 0; i < cases.size() && ok; ++i) {
+    const Case& c = cases[i];
+    std::unique_ptr<DeviceBuffer> send[2], recv[2];
+    for (int r = 0; r < 2 && ok; ++r) {
+      inputs[r].push_back(make_input(c.type, c.count, 1000 * i + r + 10 * algo, false));
+      ok = cuda_ok(cudaSetDevice(r), "cudaSetDevice");
+      send[r].reset(new DeviceBuffer(inputs[r].back().size()));
+      recv[r].reset(new DeviceBuffer(inputs[r].back().size()));
+      ok = ok && send[r]->upload(inputs[r].back());
+    }
+    ok = ok && nccl_ok(ncclGroupStart(), "ncclGroupStart");
+    for (int r = 0; r < 2 && ok; ++r)
+      ok = cuda_ok(cudaSetDevice(r), "cudaSetDevice") &&
+           nccl_ok(ncclAllReduce(send[r]->ptr, c.inplace ? send[r]->ptr : recv[r]->ptr, c.count,
+                                 c.type, c.op, comms[r], streams[r]),
+                   c.name() + " rank " + std::to_string(r));
+    ok = nccl_ok(ncclGroupEnd(), "ncclGroupEnd of both ranks' calls") && ok;
+    for (int r = 0; r < 2 && ok; ++r) {
+      ok = cuda_ok(cudaSetDevice(r), "cudaSetDevice") &&
+           cuda_ok(cudaStreamSynchronize(streams[r]), c.name());
+      Bytes out = (c.inplace ? *send[r] : *recv[r]).download();
+      out.resize(inputs[r].back().size());
+      outputs[r].push_back(out);
+    }
+  }
+  for (int r = 0; r < 2; ++r) {
+    cudaSetDevice(r);
+    if (comms[r] != nullptr) ncclCommDestroy(comms[r]);
+    if (streams[r] != nullptr) cudaStreamDestroy(streams[r]);
+  }
+  cudaSetDevice(0);
+  return ok;
+}
+
 bool check_two_ranks(const char* folder) {
-  ncclResult_t (*get_id)(ncclUniqueId*) = nullptr;
-  const char* path = getenv("QNCCL_NCCL_LIB");
-  if (void* h = dlopen(path != nullptr ? path : "libnccl.so.2", RTLD_NOW))
-    get_id = reinterpret_cast<ncclResult_t (*)(ncclUniqueId*)>(dlsym(h, "ncclGetUniqueId"));
-  ncclUniqueId id;
-  if (get_id == nullptr || !nccl_ok(get_id(&id), "ncclGetUniqueId")) return false;
-  const std::vector<Case> cases = two_rank_cases();
-  RankRun runs[2];
-  std::thread t0(run_rank, 0, id, std::cref(cases), &runs[0]);
-  std::thread t1(run_rank, 1, id, std::cref(cases), &runs[1]);
-  t0.join();
-  t1.join();
-  if (!runs[0].ok || !runs[1].ok) return false;
   FILE* manifest = nullptr;
   if (folder != nullptr) manifest = fopen((std::string(folder) + "/manifest.txt").c_str(), "w");
   bool ok = folder == nullptr || manifest != nullptr;
-  for (size_t i = 0; i < cases.size() && ok; ++i) {
-    const Case& c = cases[i];
-    if (runs[0].outputs[i] != runs[1].outputs[i]) {
-      printf("FAIL: 2 ranks, %s: the ranks' outputs differ\n", c.name().c_str());
-      ok = false;
-    } else if (manifest != nullptr) {
-      static const char* algos[] = {"auto", "ring", "tree", "sra"};
-      const std::string stem = std::string(folder) + "/case" + std::to_string(i);
-      ok = write_file(stem + ".in0", runs[0].inputs[i]) &&
-           write_file(stem + ".in1", runs[1].inputs[i]) &&
-           write_file(stem + ".out", runs[0].outputs[i]);
-      // name algo dtype op rounding bits bucket seed segment_values call count
-      fprintf(manifest, "case%zu %s %s %s %s %d %zu %llu %zu %zu %zu\n", i, algos[c.config.algo],
-              type_name(c.type), c.op == ncclAvg ? "avg" : "sum",
-              c.config.codec.rounding == qncclRoundStochastic ? "stochastic" : "nearest",
-              c.config.codec.bits, c.config.codec.bucketSize,
-              (unsigned long long)c.config.codec.seed, c.config.segmentValues, i, c.count);
+  size_t checked = 0;
+  for (int algo = qncclAlgoRing; algo <= qncclAlgoSra && ok; ++algo) {
+    const std::vector<Case> cases = two_rank_cases((qncclAlgo_t)algo);
+    std::vector<Bytes> inputs[2], outputs[2];
+    ok = run_two_ranks((qncclAlgo_t)algo, cases, inputs, outputs);
+    for (size_t i = 0; i < cases.size() && ok; ++i, ++checked) {
+      const Case& c = cases[i];
+      if (outputs[0][i] != outputs[1][i]) {
+        printf("FAIL: 2 ranks, %s: the ranks' outputs differ\n", c.name().c_str());
+        ok = false;
+      } else if (manifest != nullptr) {
+        static const char* algos[] = {"auto", "ring", "tree", "sra"};
+        const std::string stem = std::string(folder) + "/case" + std::to_string(checked);
+        ok = write_file(stem + ".in0", inputs[0][i]) && write_file(stem + ".in1", inputs[1][i]) &&
+             write_file(stem + ".out", outputs[0][i]);
+        // name algo dtype op rounding bits bucket seed segment_values call count
+        fprintf(manifest, "case%zu %s %s %s %s %d %zu %llu %zu %zu %zu\n", checked,
+                algos[c.config.algo], type_name(c.type), c.op == ncclAvg ? "avg" : "sum",
+                c.config.codec.rounding == qncclRoundStochastic ? "stochastic" : "nearest",
+                c.config.codec.bits, c.config.codec.bucketSize,
+                (unsigned long long)c.config.codec.seed, c.config.segmentValues, i, c.count);
+      }
     }
   }
   if (manifest != nullptr) fclose(manifest);
-  printf("2 ranks: %zu cases, %s\n", cases.size(), ok ? "ranks identical" : "FAILED");
+  printf("2 ranks: %zu cases, %s\n", checked, ok ? "ranks identical" : "FAILED");
   return ok;
 }
 

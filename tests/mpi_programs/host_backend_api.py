@@ -4,7 +4,8 @@ Every collective x every type x every op (and PreMulSum), in place and out of
 place, for several counts; grouped send/recv in both orders, nested groups,
 collectives inside a group, lone send/recv; ncclCommSplit; communicators of a
 subset of the world made from an id while the other ranks do nothing; the
-query functions. Inputs are small integers (times 0.5 for floats), so sums,
+query functions; the ranks of an ncclCommInitAll in this process (a clique),
+their collectives and messages in groups from one thread. Inputs are small integers (times 0.5 for floats), so sums,
 products and averages are exact or rounded once, whatever order MPI reduces
 in, and results must match numpy bit for bit.
 
@@ -282,14 +283,14 @@ def lone_send_recv(comm):
 
 # ---- communicators ----------------------------------------------------------
 
-def queries(comm, nranks, rank):
+def queries(comm, nranks, rank, device=-1):
     out = ffi.new("int*")
     check(lib.ncclCommCount(comm, out))
     F.expect(out[0] == nranks, f"ncclCommCount {out[0]} != {nranks}")
     check(lib.ncclCommUserRank(comm, out))
     F.expect(out[0] == rank, f"ncclCommUserRank {out[0]} != {rank}")
     check(lib.ncclCommCuDevice(comm, out))
-    F.expect(out[0] == -1, f"ncclCommCuDevice {out[0]} != -1")
+    F.expect(out[0] == device, f"ncclCommCuDevice {out[0]} != {device}")
     err = ffi.new("ncclResult_t*")
     check(lib.ncclCommGetAsyncError(comm, err))
     F.expect(err[0] == lib.ncclSuccess, "async error on a healthy communicator")
@@ -333,9 +334,113 @@ def subset(members, root):
 def init_all():
     comm = ffi.new("ncclComm_t*")
     check(lib.ncclCommInitAll(comm, 1, NULL), "ncclCommInitAll")
-    queries(comm[0], 1, 0)
+    queries(comm[0], 1, 0, device=0)
     sum_of_ranks(comm[0], (5, 5), "ncclCommInitAll(1)")
     check(lib.ncclCommDestroy(comm[0]))
+
+
+# ---- ranks in one process ---------------------------------------------------
+
+def clique(ndev=3):
+    """ncclCommInitAll of `ndev` ranks in this process (devices 4, 5, ...): every collective,
+    types and ops, in and out of place, and messages around a ring, each a group over all
+    the ranks' communicators from this one thread, against numpy; ncclCommSplit refused."""
+    comms = ffi.new("ncclComm_t[]", ndev)
+    devices = ffi.new("int[]", [4 + i for i in range(ndev)])
+    check(lib.ncclCommInitAll(comms, ndev, devices), "ncclCommInitAll (clique)")
+    for r in range(ndev):
+        queries(comms[r], ndev, r, device=4 + r)
+
+    def group(calls):
+        check(lib.ncclGroupStart())
+        for call in calls:
+            check(call(), "a call of the clique's group")
+        check(lib.ncclGroupEnd(), "ncclGroupEnd (clique)")
+
+    case = 10000
+    for name, count, in_place in ((n, c, p) for n in ("float32", "int32", "bfloat16")
+                                  for c in (1, 13, 3000) for p in (False, True)):
+        nccl_type = TYPES[name][0]
+        for op in ("sum", "avg", "max", "premul"):
+            case += 1
+            xs = [values(name, op, count * ndev, case, r) for r in range(ndev)]
+            ops = [red_op(comms[r], name, op) for r in range(ndev)]
+            sends = [x.copy() for x in xs]
+            recvs = [s if in_place else sentinel(count * ndev, name) for s in sends]
+            group([lambda r=r: lib.ncclAllReduce(ptr(sends[r]), ptr(recvs[r]), count * ndev,
+                                                 nccl_type, ops[r][0], comms[r], NULL)
+                   for r in range(ndev)])
+            want = reduce_expected(name, op, xs)
+            for r in range(ndev):
+                F.expect(same(recvs[r], want), f"clique allreduce {name} {op} count={count} "
+                                               f"in_place={in_place} rank {r}")
+            sends = [x.copy() for x in xs]
+            root = case % ndev
+            recvs = [s if in_place else sentinel(count * ndev, name) for s in sends]
+            group([lambda r=r: lib.ncclReduce(ptr(sends[r]), ptr(recvs[r]), count * ndev,
+                                              nccl_type, ops[r][0], root, comms[r], NULL)
+                   for r in range(ndev)])
+            F.expect(same(recvs[root], want), f"clique reduce {name} {op} root {root}")
+            sends = [x.copy() for x in xs]
+            outs = [sends[r][r * count:(r + 1) * count] if in_place else sentinel(count, name)
+                    for r in range(ndev)]
+            group([lambda r=r: lib.ncclReduceScatter(ptr(sends[r]), ptr(outs[r]), count,
+                                                     nccl_type, ops[r][0], comms[r], NULL)
+                   for r in range(ndev)])
+            for r in range(ndev):
+                F.expect(same(outs[r], reduce_expected(name, op, [x[r * count:(r + 1) * count]
+                                                                  for x in xs])),
+                         f"clique reduce-scatter {name} {op} count={count} rank {r}")
+            for _, done in ops:
+                done()
+        case += 1
+        xs = [values(name, "sum", count * ndev, case, r) for r in range(ndev)]
+        gathered = [sentinel(count * ndev, name) for _ in range(ndev)]
+        if in_place:
+            for r in range(ndev):
+                gathered[r][r * count:(r + 1) * count] = xs[r][:count]
+        ins = [ptr(gathered[r], r * count) if in_place else ptr(xs[r]) for r in range(ndev)]
+        group([lambda r=r: lib.ncclAllGather(ins[r], ptr(gathered[r]), count, nccl_type,
+                                             comms[r], NULL) for r in range(ndev)])
+        want = np.concatenate([x[:count] for x in xs])
+        for r in range(ndev):
+            F.expect(same(gathered[r], want), f"clique allgather {name} count={count} rank {r}")
+        sends = [x.copy() for x in xs]
+        recvs = [s if in_place else sentinel(count * ndev, name) for s in sends]
+        group([lambda r=r: lib.ncclAlltoAll(ptr(sends[r]), ptr(recvs[r]), count, nccl_type,
+                                            comms[r], NULL) for r in range(ndev)])
+        for r in range(ndev):
+            want = np.concatenate([x[r * count:(r + 1) * count] for x in xs])
+            F.expect(same(recvs[r], want), f"clique all-to-all {name} count={count} rank {r}")
+        root = case % ndev
+        sends = [x.copy() for x in xs]
+        recvs = [s if in_place else sentinel(count * ndev, name) for s in sends]
+        group([lambda r=r: lib.ncclBroadcast(ptr(sends[r]), ptr(recvs[r]), count * ndev,
+                                             nccl_type, root, comms[r], NULL)
+               for r in range(ndev)])
+        for r in range(ndev):
+            F.expect(same(recvs[r], xs[root]), f"clique broadcast {name} root {root} rank {r}")
+    # three messages from every rank to the next, received in order
+    xs = [[payload(r, tag) for tag in range(3)] for r in range(ndev)]
+    outs = [[np.zeros(257, np.float32) for _ in range(3)] for _ in range(ndev)]
+    calls = []
+    for r in range(ndev):
+        for tag in range(3):
+            calls.append(lambda r=r, tag=tag: lib.ncclRecv(ptr(outs[r][tag]), 257, lib.ncclFloat32,
+                                                           (r - 1) % ndev, comms[r], NULL))
+            calls.append(lambda r=r, tag=tag: lib.ncclSend(ptr(xs[r][tag]), 257, lib.ncclFloat32,
+                                                           (r + 1) % ndev, comms[r], NULL))
+    group(calls)
+    for r in range(ndev):
+        for tag in range(3):
+            F.expect(same(outs[r][tag], payload((r - 1) % ndev, tag)),
+                     f"clique message {tag} to rank {r}")
+    new = ffi.new("ncclComm_t*")
+    code = lib.ncclCommSplit(comms[0], 0, 0, new, ffi.NULL)
+    F.expect(code == lib.ncclInvalidUsage and b"ranks are in this process" in
+             ffi.string(lib.ncclGetLastError(comms[0])), f"ncclCommSplit of a clique: {code}")
+    for r in range(ndev):
+        check(lib.ncclCommDestroy(comms[r]))
 
 
 def main():
@@ -359,6 +464,7 @@ def main():
         subset(list(range(0, N, 2)), root=0)
         subset(list(range(1, N, 2)), root=N - 1)
     init_all()
+    clique()
     check(lib.ncclCommFinalize(comm), "ncclCommFinalize")
     check(lib.ncclCommDestroy(comm), "ncclCommDestroy")
     return F.report()
