@@ -44,7 +44,8 @@ struct DeviceWorkspace {
   void* fork = nullptr;
   size_t lanes = 0;
   /* Device memory: [0] the next call number, [1] the current one; [2] and
-   * [3] the same for point-to-point calls (CommState::p2p_calls). */
+   * [3] the same for point-to-point calls (CommState::p2p_calls), kept with
+   * their kP2pCall bit (engine.h), as the codec's kernels read them. */
   uint64_t* calls = nullptr;
   static constexpr size_t kCallCounters = 4;
   bool async_alloc = false;      // the device has stream-ordered allocation (cudaMallocAsync)

@@ -17,6 +17,7 @@
 #include "common/error.h"
 #include "engine/comm_state.h"
 #include "engine/compute.h"
+#include "engine/engine.h"
 
 namespace qnccl {
 namespace {
@@ -207,7 +208,7 @@ ncclResult_t open_workspace(DeviceWorkspace& ws, int device, uint64_t next_call,
   if (res == ncclSuccess)
     res = step("starting the call counter",
                launch_one("qnccl_set_calls", stream, static_cast<uint64_t*>(calls) + 2,
-                      next_p2p_call));
+                          kP2pCall | next_p2p_call));
   if (res != ncclSuccess) {
     if (calls != nullptr) made.async_alloc ? cudaFreeAsync(calls, stream) : cudaFree(calls);
     if (done != nullptr) cudaEventDestroy(done);
@@ -389,7 +390,7 @@ ncclResult_t read_device_calls(DeviceWorkspace& ws, uint64_t* next_call, uint64_
   uint64_t counters[DeviceWorkspace::kCallCounters];
   QNCCL_CHECK(copy_after_calls(ws, counters, ws.calls, sizeof counters));
   *next_call = counters[0];
-  *next_p2p_call = counters[2];
+  *next_p2p_call = counters[2] & ~kP2pCall;
   return ncclSuccess;
 }
 
@@ -405,7 +406,7 @@ ncclResult_t write_device_calls(DeviceWorkspace& ws, uint64_t next_call, uint64_
     res = step("setting the call counter", launch_one("qnccl_set_calls", own, ws.calls, next_call));
   if (res == ncclSuccess)
     res = step("setting the call counter",
-               launch_one("qnccl_set_calls", own, ws.calls + 2, next_p2p_call));
+               launch_one("qnccl_set_calls", own, ws.calls + 2, kP2pCall | next_p2p_call));
   if (res == ncclSuccess) {
     const cudaError_t recorded = cudaEventRecord(done, own);  // the next call waits for it
     if (recorded != cudaSuccess) res = cuda_failed("recording the counter's new value", recorded);
