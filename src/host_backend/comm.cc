@@ -33,12 +33,6 @@ std::unordered_map<const ncclComm*, CommRef>& registry() {
 
 int thread_level = MPI_THREAD_SINGLE;  // of the MPI this process runs (start_mpi)
 
-bool mpi_finalized() {
-  int finalized;
-  MPI_Finalized(&finalized);
-  return finalized != 0;
-}
-
 /* atexit: finalize MPI when the backend initialized it and nobody else did. */
 void finalize_mpi() {
   if (!mpi_finalized()) MPI_Finalize();
@@ -294,6 +288,12 @@ ncclResult_t ensure_mpi(const char* fn) {
 }
 
 bool mpi_thread_multiple() { return thread_level == MPI_THREAD_MULTIPLE; }
+
+bool mpi_finalized() {
+  int finalized;
+  MPI_Finalized(&finalized);
+  return finalized != 0;
+}
 
 ncclResult_t acquire(const ncclComm* handle, const char* fn, CommRef* out) {
   if (handle == nullptr) return set_error(ncclInvalidArgument, "%s: comm is NULL", fn);

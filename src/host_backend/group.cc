@@ -274,6 +274,20 @@ ncclResult_t check_still_usable(const Work& work, const char* fn) {
   return ncclSuccess;
 }
 
+/* Posts every operation of `work` and waits for all of them. */
+ncclResult_t run_flight(Work work, const char* fn) {
+  Flight flight(std::move(work), fn);
+  if (flight.comms.empty()) return ncclSuccess;
+  QNCCL_CHECK(start(flight));
+  for (Deadline pace(0);; pace.pause()) {
+    switch (step(flight)) {
+      case Status::kDone: return ncclSuccess;
+      case Status::kFailed: return flight.error;
+      case Status::kPending: break;
+    }
+  }
+}
+
 /* Runs `work`: on device memory, queued on its streams; on host memory,
  * waited for on blocking communicators, handed to the progress thread
  * (ncclInProgress) on nonblocking ones. */
@@ -339,16 +353,27 @@ ncclResult_t note_group_error(ncclResult_t code) {
 
 ncclResult_t complete(Work work, const char* fn) {
   QNCCL_CHECK(check_still_usable(work, fn));
-  Flight flight(std::move(work), fn);
-  if (flight.comms.empty()) return ncclSuccess;
-  QNCCL_CHECK(start(flight));
-  for (Deadline pace(0);; pace.pause()) {
-    switch (step(flight)) {
-      case Status::kDone: return ncclSuccess;
-      case Status::kFailed: return flight.error;
-      case Status::kPending: break;
-    }
+  return run_flight(std::move(work), fn);
+}
+
+ncclResult_t complete_queued(Work work, const char* fn) {
+  std::vector<CommRef> comms;
+  for (const P2p& op : work.p2p) comms.push_back(op.comm);
+  for (const Collective& c : work.collectives) comms.push_back(c.comm);
+  for (const CommRef& comm : comms) {
+    CommRef ref;
+    ncclResult_t res = acquire(comm.get(), fn, &ref);  // not destroyed or aborted since
+    const ncclResult_t state = res == ncclSuccess ? ref->state.load() : res;
+    if (state != ncclSuccess && state != ncclInProgress)
+      res = acquire_ready(comm.get(), fn, &ref);  // failed since: says why
+    if (res == ncclSuccess && mpi_finalized())
+      res = set_error(ncclSystemError, "%s: MPI is already finalized", fn);
+    if (res == ncclSuccess) continue;
+    // The peers' parts may wait for this one: each communicator says why.
+    for (const CommRef& c : comms) mark_unusable(c.get(), res, last_error());
+    return res;
   }
+  return run_flight(std::move(work), fn);
 }
 
 ncclResult_t submit_collective(const CommRef& comm, const char* fn, const Buffers& buffers,

@@ -109,6 +109,9 @@ void mark_unusable(ncclComm* comm, ncclResult_t code, const std::string& message
  * (nonblocking communicators) and MPI calls from a second thread need it. */
 bool mpi_thread_multiple();
 
+/* MPI_Finalize has run: no MPI call may follow. */
+bool mpi_finalized();
+
 /* Turns an MPI return code into ncclSystemError with MPI's message. */
 ncclResult_t mpi_result(int rc, const char* fn, const char* what);
 
@@ -223,9 +226,16 @@ ncclResult_t submit_collective(const CommRef& comm, const char* fn, const Buffer
                                cudaStream_t stream, PostCollective post);
 
 /* Posts every operation of `work` and waits for all of them on this thread:
- * the group end of a blocking communicator, and the host function that runs
- * device work (streams.cc). A failure makes the communicators unusable. */
+ * the group end of a blocking communicator. A failure makes the
+ * communicators unusable. */
 ncclResult_t complete(Work work, const char* fn);
+
+/* complete() for the host function of device work (streams.cc), which was
+ * checked when it was queued: its communicators may since be in progress
+ * with a nonblocking operation of their own (a split waits for this work
+ * before its MPI calls), but one destroyed, aborted or failed since fails it
+ * and makes all of them unusable, the error saying why. */
+ncclResult_t complete_queued(Work work, const char* fn);
 
 /* ---- ranks in one process (clique.cc) ------------------------------------ */
 

@@ -106,7 +106,7 @@ struct DeviceWork {
 /* Host functions (no CUDA call in them). */
 void run_work(void* arg) {
   const DeviceWork* w = static_cast<const DeviceWork*>(arg);
-  complete(w->work, w->fn);  // a failure marks the communicators unusable
+  complete_queued(w->work, w->fn);  // a failure marks the communicators unusable
 }
 
 void delete_work(void* arg) { delete static_cast<DeviceWork*>(arg); }
