@@ -5,7 +5,7 @@ it with SIMDEV_SCAN defined (`__global__` and `__launch_bounds__` left as
 written):
 
     gen_module.py --module codec --source src/codec/codec_kernels.cu \
-                  --scan build/simdev/gen/codec.scan.ii --out build/simdev/gen
+                  --scan build/simdev/modules/codec.scan.ii --out build/simdev/modules
 
   OUT/<module>_module.cc  the kernel source compiled as C++ (simdev/kernel.h
                           first) and the module's image: every

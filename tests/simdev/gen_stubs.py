@@ -7,7 +7,7 @@ using a call the simulator lacks fails there, saying which, instead of at
 load time or silently.
 
     gen_stubs.py --real .../libcudart.so.12 --header .../cuda_runtime_api.h \
-                 --defined build/simdev/obj/runtime.o --out build/simdev/gen/runtime_stubs.cc
+                 --defined build/simdev/obj/runtime.o --out build/simdev/modules/runtime_stubs.cc
 """
 import argparse
 import re

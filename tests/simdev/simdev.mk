@@ -8,6 +8,8 @@
 #                               the two above
 #   $(SIMDEV)/bin/*_gpu_test    tests/gpu's programs, linked against NVIDIA's libcudart.so.12:
 #                               LD_LIBRARY_PATH=$(SIMDEV) runs them on the simulated GPU unchanged
+#   $(SIMDEV)/bin/kernel_rules  the simulator's own kernels that break the GPU's rules
+#                               (checks/), loaded through the driver API
 #
 # `make simdev-asan` builds the same with AddressSanitizer and UBSan (kernels included) into
 # build/simdev-asan. The kernels need clang++: its -fno-strict-float-cast-overflow gives the GPU's
@@ -32,7 +34,8 @@ endif
 SIMDEV_CUDART_REAL = $(CUDA_ROOT)/cuda_runtime/lib/libcudart.so.12
 
 SIMDEV_LIBS := $(SIMDEV)/libcuda.so.1 $(SIMDEV)/libcudart.so.12 $(SIMDEV)/lib/libqnccl.so
-SIMDEV_BINS := $(SIMDEV)/bin/codec_gpu_test $(SIMDEV)/bin/allreduce_gpu_test
+SIMDEV_BINS := $(SIMDEV)/bin/codec_gpu_test $(SIMDEV)/bin/allreduce_gpu_test \
+               $(SIMDEV)/bin/kernel_rules
 
 .PHONY: simdev simdev-asan simdev-targets
 simdev:
@@ -40,7 +43,7 @@ simdev:
 	@$(MAKE) --no-print-directory -j$(JOBS) $(filter-out $(CU_OBJS),$(LIB_OBJS)) $(HOST_LIB) $(CDEF)
 	@$(MAKE) --no-print-directory -j$(JOBS) simdev-targets
 simdev-asan:
-	@$(MAKE) --no-print-directory -j$(JOBS) BUILD=build/simdev-asan SIMDEV=build/simdev-asan \
+	@$(MAKE) --no-print-directory -j$(JOBS) BUILD=build/simdev-asan/product SIMDEV=build/simdev-asan \
 	  SANITIZE=address,undefined SIMDEV_SANITIZED=1 simdev-targets
 simdev-targets: $(SIMDEV_LIBS) $(SIMDEV_BINS)
 
@@ -53,15 +56,15 @@ $(SIMDEV)/libcuda.so.1: $(SIMDEV_CORE_SRCS:$(SIMDEV_DIR)/%.cc=$(SIMDEV)/obj/simd
 	$(CXX) $(SAN_LDFLAGS) -shared -Wl,--no-undefined -Wl,-soname,libcuda.so.1 \
 	  -Wl,--version-script=$(SIMDEV_DIR)/libcuda.map -o $@ $(filter %.o,$^) -lpthread
 
-$(SIMDEV)/gen/runtime_stubs.cc: $(SIMDEV)/obj/simdev/runtime.o $(SIMDEV_DIR)/gen_stubs.py
+$(SIMDEV)/modules/runtime_stubs.cc: $(SIMDEV)/obj/simdev/runtime.o $(SIMDEV_DIR)/gen_stubs.py
 	$(PYTHON) $(SIMDEV_DIR)/gen_stubs.py --real $(SIMDEV_CUDART_REAL) \
 	  --header $(CUDA_INCLUDE)/cuda_runtime_api.h --defined $< --out $@
 
-$(SIMDEV)/obj/gen/runtime_stubs.o: $(SIMDEV)/gen/runtime_stubs.cc $(SIMDEV_HEADERS)
+$(SIMDEV)/obj/modules/runtime_stubs.o: $(SIMDEV)/modules/runtime_stubs.cc $(SIMDEV_HEADERS)
 	@mkdir -p $(dir $@)
 	$(CXX) $(SIMDEV_CXXFLAGS) -c $< -o $@
 
-$(SIMDEV)/libcudart.so.12: $(SIMDEV)/obj/simdev/runtime.o $(SIMDEV)/obj/gen/runtime_stubs.o \
+$(SIMDEV)/libcudart.so.12: $(SIMDEV)/obj/simdev/runtime.o $(SIMDEV)/obj/modules/runtime_stubs.o \
                            $(SIMDEV)/libcuda.so.1 $(SIMDEV_DIR)/libcudart.map
 	$(CXX) $(SAN_LDFLAGS) -shared -Wl,--no-undefined -Wl,-soname,libcudart.so.12 \
 	  -Wl,--version-script=$(SIMDEV_DIR)/libcudart.map -o $@ $(filter %.o,$^) \
@@ -70,30 +73,31 @@ $(SIMDEV)/libcudart.so.12: $(SIMDEV)/obj/simdev/runtime.o $(SIMDEV)/obj/gen/runt
 # Each kernel module: the kernels found in the source as the preprocessor sees it, then the
 # source compiled as C++ with simdev/kernel.h in front (clang++), and its image table.
 define simdev_module
-$(SIMDEV)/gen/$(1).scan.ii: $(KERNEL_SOURCE_$(1)) $(HEADERS) $(SIMDEV_HEADERS)
+$(SIMDEV)/modules/$(1).scan.ii: $(KERNEL_SOURCE_$(1)) $(HEADERS) $(SIMDEV_HEADERS)
 	@mkdir -p $$(dir $$@)
 	$(SIMDEV_KCXX) -E -P -x c++ -std=c++17 -DSIMDEV_SCAN -DQNCCL_WITH_CUDA -include simdev/kernel.h \
 	  $(SIMDEV_INCLUDES) -Isrc/include -Isrc $$< -o $$@
-$(SIMDEV)/gen/$(1)_module.cc $(SIMDEV)/gen/$(1)_images.cc &: $(SIMDEV)/gen/$(1).scan.ii \
+$(SIMDEV)/modules/$(1)_module.cc $(SIMDEV)/modules/$(1)_images.cc &: $(SIMDEV)/modules/$(1).scan.ii \
                                                             $(SIMDEV_DIR)/gen_module.py
 	$(PYTHON) $(SIMDEV_DIR)/gen_module.py --module $(1) --source $(KERNEL_SOURCE_$(1)) \
-	  --scan $$< --out $(SIMDEV)/gen
+	  --scan $$< --out $(SIMDEV)/modules
 endef
-$(foreach m,$(KERNEL_MODULES),$(eval $(call simdev_module,$(m))))
+KERNEL_SOURCE_checks := $(SIMDEV_DIR)/checks/rule_kernels.cu
+$(foreach m,$(KERNEL_MODULES) checks,$(eval $(call simdev_module,$(m))))
 
-$(SIMDEV)/obj/gen/%_module.o: $(SIMDEV)/gen/%_module.cc $(HEADERS) $(SIMDEV_HEADERS)
+$(SIMDEV)/obj/modules/%_module.o: $(SIMDEV)/modules/%_module.cc $(HEADERS) $(SIMDEV_HEADERS)
 	@mkdir -p $(dir $@)
 	$(SIMDEV_KCXX) $(SIMDEV_KFLAGS) -c $< -o $@
 
-$(SIMDEV)/obj/gen/%_images.o: $(SIMDEV)/gen/%_images.cc $(HEADERS) $(SIMDEV_HEADERS)
+$(SIMDEV)/obj/modules/%_images.o: $(SIMDEV)/modules/%_images.cc $(HEADERS) $(SIMDEV_HEADERS)
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) $(SIMDEV_INCLUDES) -c $< -o $@
 
 # libqnccl.so's own objects (those of the build this is part of), its kernels as simulator
 # modules in place of the NVRTC images, and the simulated runtime in place of the static one.
 SIMDEV_LIB_OBJS = $(filter-out $(CU_OBJS),$(LIB_OBJS)) \
-                  $(KERNEL_MODULES:%=$(SIMDEV)/obj/gen/%_module.o) \
-                  $(KERNEL_MODULES:%=$(SIMDEV)/obj/gen/%_images.o)
+                  $(KERNEL_MODULES:%=$(SIMDEV)/obj/modules/%_module.o) \
+                  $(KERNEL_MODULES:%=$(SIMDEV)/obj/modules/%_images.o)
 $(SIMDEV)/lib/libqnccl.so: $(SIMDEV_LIB_OBJS) $(SIMDEV)/libcudart.so.12 src/exports.map
 	@mkdir -p $(dir $@)
 	$(CXX) $(LDFLAGS) -Wl,--version-script=src/exports.map -o $@ $(SIMDEV_LIB_OBJS) \
@@ -104,3 +108,9 @@ $(SIMDEV)/bin/%_gpu_test: tests/gpu/%_gpu_test.cc $(SIMDEV)/lib/libqnccl.so $(HE
 	@mkdir -p $(dir $@)
 	$(CXX) $(filter-out -fvisibility=hidden,$(CXXFLAGS)) $(SAN_LDFLAGS) $< -o $@ \
 	  -L$(SIMDEV)/lib -lqnccl $(SIMDEV_CUDART_REAL) -Wl,-rpath,'$$ORIGIN/../lib'
+
+$(SIMDEV)/bin/kernel_rules: $(SIMDEV_DIR)/checks/kernel_rules.cc $(SIMDEV)/obj/modules/checks_module.o \
+                            $(SIMDEV)/libcuda.so.1 $(SIMDEV_HEADERS)
+	@mkdir -p $(dir $@)
+	$(CXX) $(SIMDEV_CXXFLAGS) $(SAN_LDFLAGS) $< $(SIMDEV)/obj/modules/checks_module.o -o $@ \
+	  -L$(SIMDEV) -l:libcuda.so.1 -Wl,-rpath,'$$ORIGIN/..'

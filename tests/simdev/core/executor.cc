@@ -105,7 +105,15 @@ void syncwarp(uint32_t mask, simdev_site where) {
   arrive(WarpOp{OpKind::kSyncwarp, where, mask, 0, 0, 0, 0});
 }
 
-const simdev_hooks kHooks = {shfl_xor, syncwarp};
+[[noreturn]] void misaligned(const void* address, unsigned alignment, const char* type) {
+  Fault f;
+  f.address = (uintptr_t)address;
+  f.misaligned_type = type;
+  f.alignment = alignment;
+  raise_fault(f);
+}
+
+const simdev_hooks kHooks = {shfl_xor, syncwarp, misaligned};
 
 void lane_main(void* arg) {
   Lane* lane = static_cast<Lane*>(arg);
@@ -324,17 +332,28 @@ cudaError_t execute(const Launch& launch) {
         Fault fault;
         if (!run_protected(run_block_protected, &ok, &fault)) {
           reclaim();
-          const std::string where = Memory::get().describe(fault.address);
+          std::string what;
+          if (fault.misaligned_type != nullptr) {
+            char text[160];
+            snprintf(text, sizeof text, "accessed a %s at %p, which is not %u-byte aligned",
+                     fault.misaligned_type, (void*)fault.address, fault.alignment);
+            what = text;
+          } else if (fault.protection) {
+            what = "made a general-protection fault: a misaligned vector access or a "
+                   "non-canonical address";
+          } else {
+            what = std::string(fault.signal == SIGBUS ? "made a bus-faulting access at "
+                                                      : "touched memory the device may not use: ") +
+                   Memory::get().describe(fault.address);
+          }
+          const bool misaligned = fault.misaligned_type != nullptr || fault.protection;
           const Lane* l = b.current;
           result = fail_loudly(
-              cudaErrorIllegalAddress,
+              misaligned ? cudaErrorMisalignedAddress : cudaErrorIllegalAddress,
               "kernel %s (grid %u,%u,%u, block %u,%u,%u) on device %d: block (%u,%u,%u) thread "
-              "(%u,%u,%u) %s %s", name, g.x, g.y, g.z, d.x, d.y, d.z, launch.device, bx, by, bz,
+              "(%u,%u,%u) %s", name, g.x, g.y, g.z, d.x, d.y, d.z, launch.device, bx, by, bz,
               l ? l->info.thread_idx.x : 0, l ? l->info.thread_idx.y : 0,
-              l ? l->info.thread_idx.z : 0,
-              fault.signal == SIGBUS ? "made a misaligned or bus-faulting access at"
-                                     : "touched memory the device may not use:",
-              where.c_str());
+              l ? l->info.thread_idx.z : 0, what.c_str());
         } else if (!ok) {
           reclaim();
           result = fail_loudly(cudaErrorLaunchFailure, "kernel %s (grid %u,%u,%u, block %u,%u,%u) "

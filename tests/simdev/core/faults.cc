@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <mutex>
@@ -36,6 +37,7 @@ void on_fault(int sig, siginfo_t* info, void* context) {
   if (recovery != nullptr) {  // device work on a worker: end it, report it
     pending->signal = sig;
     pending->address = (uintptr_t)info->si_addr;
+    pending->protection = sig == SIGSEGV && info->si_code == SI_KERNEL;
     sigjmp_buf* to = recovery;
     recovery = nullptr;
     siglongjmp(*to, 1);
@@ -67,12 +69,27 @@ void install() {
 void prepare_worker_thread() {
   static std::once_flag once;
   std::call_once(once, install);
+  // Whole pages of its own (AddressSanitizer unmaps a thread's signal stack when the
+  // thread ends); it lives as long as the thread.
   const size_t bytes = 256 << 10;
+  void* stack = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (stack == MAP_FAILED) return;  // faults then end the process instead of the kernel
   stack_t ss;
-  ss.ss_sp = malloc(bytes);  // lives as long as the thread (workers never end before exit)
+  ss.ss_sp = stack;
   ss.ss_size = bytes;
   ss.ss_flags = 0;
   sigaltstack(&ss, nullptr);
+}
+
+void raise_fault(const Fault& fault) {
+  if (recovery == nullptr) {
+    fprintf(stderr, "simdev: a device fault outside device work (a simulator bug)\n");
+    abort();
+  }
+  *pending = fault;
+  sigjmp_buf* to = recovery;
+  recovery = nullptr;
+  siglongjmp(*to, 1);
 }
 
 bool run_protected(void (*fn)(void*), void* arg, Fault* fault) {

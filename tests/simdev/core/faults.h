@@ -15,7 +15,18 @@ namespace simdev {
 struct Fault {
   int signal = 0;
   uintptr_t address = 0;
+  /* A general-protection fault, which has no address: on x86-64 an aligned
+   * vector instruction on a misaligned address (the GPU's misaligned
+   * address), or a non-canonical address. */
+  bool protection = false;
+  /* A vector type at a misaligned address (the kernels' own check). */
+  const char* misaligned_type = nullptr;
+  unsigned alignment = 0;
 };
+
+/* Ends the device work running on this thread with `fault`, as a signal
+ * would (back to run_protected). Outside device work it aborts. */
+[[noreturn]] void raise_fault(const Fault& fault);
 
 /* Runs fn(arg) and returns true, or false with *fault when it faulted
  * (fn may switch fibers; the fault comes back here from any of them). */

@@ -47,6 +47,10 @@ typedef struct simdev_hooks {
                        simdev_site site);
   /* __syncwarp */
   void (*syncwarp)(uint32_t mask, simdev_site site);
+  /* A vector type (`type`, `alignment` bytes) read or written at `address`,
+   * which is not aligned to it: the GPU's misaligned address. Does not
+   * return: the launch fails. */
+  void (*misaligned)(const void* address, unsigned alignment, const char* type);
 } simdev_hooks;
 
 /* A kernel: `run` calls it with the arguments packed in `params` (each at

@@ -10,7 +10,10 @@
  *   __shared__                            one block's storage, in a section
  *                                         the executor fills with garbage
  *                                         before each block
- *   __fdiv_rn, __float_as_uint, __uint_as_float, uint2/uint4/float4
+ *   __fdiv_rn, __float_as_uint, __uint_as_float
+ *   uint2/uint4/float4                    loaded and stored whole: a copy from
+ *                                         or to a misaligned address fails
+ *                                         the launch, as on the GPU
  * The compiler flags do the rest: clang's -fno-strict-float-cast-overflow
  * makes float-to-integer conversions saturate (NaN to 0) as the GPU's cvt
  * does, -ffp-contract=off keeps multiplies and adds apart as -fmad=false
@@ -36,8 +39,11 @@
 #define __launch_bounds__(...)
 #endif
 /* Function-scope __shared__ variables go to one section per module; a block
- * runs at a time, and the executor fills the section with garbage first. */
-#define __shared__ static __attribute__((section("simdev_shared")))
+ * runs at a time, and the executor fills the section with garbage first.
+ * `used` keeps the compiler from folding a read of one it never sees
+ * written into its zero initializer (a kernel that reads shared memory
+ * before writing it must read the garbage). */
+#define __shared__ static __attribute__((section("simdev_shared"), used))
 
 /* The lane running on this thread (set by the executor before it switches
  * into a lane) and the executor's warp operations: each module's own
@@ -85,19 +91,51 @@ inline float __uint_as_float(unsigned u) {
   return f;
 }
 
-/* CUDA's vector types, with their alignment: a load through a misaligned
- * one is what -fsanitize=alignment reports (the GPU's misaligned address). */
+/* CUDA's vector types, with their alignment. A GPU loads and stores them
+ * whole, and faults on an address that is not a multiple of their size; so
+ * does every copy of one here (a load from memory, a store to it), which
+ * plain C++ would do in pieces whatever the address. */
+namespace simdev {
+template <class V>
+inline void check_aligned(const V* p, const char* type) {
+  uintptr_t address = reinterpret_cast<uintptr_t>(p);
+  asm("" : "+r"(address));  // the compiler assumes a V* aligned: it may not know this one
+  if (address % alignof(V) != 0) simdev_module_hooks->misaligned(p, (unsigned)alignof(V), type);
+}
+}  // namespace simdev
+
+#define SIMDEV_VECTOR_COPY(name, ...)     \
+  name(const name& o) {                   \
+    ::simdev::check_aligned(&o, #name);   \
+    __VA_ARGS__;                          \
+  }                                       \
+  name& operator=(const name& o) {        \
+    ::simdev::check_aligned(this, #name); \
+    ::simdev::check_aligned(&o, #name);   \
+    __VA_ARGS__;                          \
+    return *this;                         \
+  }
+
 struct __attribute__((aligned(8))) uint2 {
   unsigned x, y;
+  uint2() = default;
+  uint2(unsigned x_, unsigned y_) : x(x_), y(y_) {}
+  SIMDEV_VECTOR_COPY(uint2, x = o.x, y = o.y)
 };
 struct __attribute__((aligned(16))) uint4 {
   unsigned x, y, z, w;
+  uint4() = default;
+  uint4(unsigned x_, unsigned y_, unsigned z_, unsigned w_) : x(x_), y(y_), z(z_), w(w_) {}
+  SIMDEV_VECTOR_COPY(uint4, x = o.x, y = o.y, z = o.z, w = o.w)
 };
 struct __attribute__((aligned(16))) float4 {
   float x, y, z, w;
+  float4() = default;
+  float4(float x_, float y_, float z_, float w_) : x(x_), y(y_), z(z_), w(w_) {}
+  SIMDEV_VECTOR_COPY(float4, x = o.x, y = o.y, z = o.z, w = o.w)
 };
-inline uint2 make_uint2(unsigned x, unsigned y) { return uint2{x, y}; }
-inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return uint4{x, y, z, w}; }
-inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
+inline uint2 make_uint2(unsigned x, unsigned y) { return uint2(x, y); }
+inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return uint4(x, y, z, w); }
+inline float4 make_float4(float x, float y, float z, float w) { return float4(x, y, z, w); }
 
 #endif
