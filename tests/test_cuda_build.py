@@ -114,3 +114,56 @@ def test_default_build_targets_every_supported_gpu():
     assert re.search(r"^CUDA_ARCHS \?= (.*)$", makefile, re.M).group(1).split() == DEFAULT_SASS
     assert re.search(r"^CUDA_PTX \?= (.*)$", makefile, re.M).group(1) == \
         "$(lastword $(CUDA_ARCHS))" and DEFAULT_PTX == DEFAULT_SASS[-1:]
+
+
+# PTX opcodes whose float results differ from the host codec's (codec_math.h computes every
+# value with separately rounded IEEE operations): a fused multiply-add (fma, or mad on a
+# float type), flushed subnormals (.ftz), approximate functions (.approx, rcp, div.full).
+INEXACT = re.compile(r"^(fma\b|mad\.\S*f(16|32|64)|rcp\b|div\.full\b)|\.(ftz|approx)\b")
+# A float add, sub or mul without an explicit rounding mode may be contracted into an FMA
+# by ptxas, the machine-code compiler; with one (.rn) it may not (PTX ISA, "Floating Point
+# Instructions"). So every one of them must name its rounding.
+ROUNDED = re.compile(r"^(add|sub|mul)\.(f16|bf16|f32|f64)\b")
+
+
+def changes_results(op):
+    """Whether a PTX opcode (with its modifiers) may compute other floats than codec_math.h."""
+    return bool(INEXACT.search(op) or (ROUNDED.match(op) and
+                                       not re.search(r"\.(rn|rz|rm|rp)\b", op)))
+
+
+def opcodes(ptx):
+    """Each instruction of a PTX text: (line number, opcode with its modifiers)."""
+    for number, line in enumerate(ptx.splitlines(), 1):
+        m = re.match(r"\s*(?:@!?%\w+\s+)?([a-z][\w.]*)\s", line)
+        if m and not line.lstrip().startswith((".", "//")):
+            yield number, m.group(1)
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_ptx_keeps_the_host_codecs_float_semantics(module):
+    """The kernels compute the host codec's bytes only if NVRTC keeps codec_math.h's
+    operations as written (--fmad=false --prec-div=true --ftz=false): the generated PTX has
+    no fused, flushed or approximate float instruction, and every float add, sub and mul
+    names its rounding mode, so the machine-code compiler may not fuse them either. (The
+    simulated GPU runs the same source with the same semantics on the CPU; what it cannot
+    see, NVRTC's code generation, this checks.)"""
+    ptxs = sorted((BUILD / "gen").glob(f"{module}.compute_*.ptx"))
+    assert ptxs, f"no PTX of {module} in {BUILD / 'gen'}: build with `make`"
+    for ptx in ptxs:
+        text = ptx.read_bytes().rstrip(b"\0").decode("ascii")
+        ops = list(opcodes(text))
+        assert any(op.startswith("ld.") for _, op in ops), f"{ptx}: no instruction parsed"
+        bad = [f"line {n}: {op}" for n, op in ops if changes_results(op)]
+        assert not bad, f"{ptx}: instructions that change the float results: {bad[:10]}"
+
+
+@pytest.mark.parametrize("op, inexact", [
+    ("fma.rn.f32", True), ("mad.rn.f32", True), ("mad.lo.s32", False), ("rcp.rn.f32", True),
+    ("div.full.f32", True), ("div.rn.f32", False), ("ex2.approx.f32", True),
+    ("add.rn.ftz.f32", True), ("cvt.rzi.s32.f32", False), ("mul.rn.f32", False),
+    ("mul.f32", True), ("sub.f16", True), ("add.s32", False)])
+def test_ptx_check_recognizes_inexact_instructions(op, inexact):
+    """The check above on single instructions, so that it cannot pass by matching nothing."""
+    assert changes_results(op) == inexact
+    assert list(opcodes(f"\t{op} \t%f1, %f2, %f3;\n\t@%p1 {op} %f1, %f2;")) == [(1, op), (2, op)]

@@ -22,27 +22,33 @@ POLICY = ["--collectives", "allgather,reducescatter,sendrecv", "--allgather-bits
           "--reducescatter-bits", "4", "--sendrecv-bits", "3", "--min-bytes", "16K"]
 
 
-@pytest.fixture(scope="module")
-def program(tmp_path_factory):
+def compile_program(build, *flags):
+    """programs/fsdp_step.c built against QNCCL's nccl.h (its ABI header) and the host backend,
+    with `flags` (-DFSDP_DEVICE and the CUDA runtime's: test_simdev_engine.py)."""
     mpicc = shutil.which("mpicc") or pytest.fail("mpicc not found: run `make setup`")
-    build = tmp_path_factory.mktemp("fsdp")
     (build / "include").mkdir()
     (build / "include" / "nccl.h").write_text(
         f'#include "{REPO / "src" / "include" / "nccl_abi.h"}"\n')
     exe = build / "fsdp_step"
     compiled = subprocess.run([mpicc, "-std=c11", "-O2", "-ffp-contract=off", "-Wall", "-Wextra",
                                "-Werror", f"-I{build / 'include'}", str(SOURCE), "-o", str(exe),
-                               f"-L{HOST_NCCL.parent}", "-lnccl"], capture_output=True, text=True)
+                               f"-L{HOST_NCCL.parent}", "-lnccl", *flags], capture_output=True,
+                              text=True)
     if compiled.returncode != 0:
         pytest.fail(f"compiling {SOURCE.name} failed:\n{compiled.stderr}")
     return exe
 
 
-def run(program, outdir, nranks, flags):
+@pytest.fixture(scope="module")
+def program(tmp_path_factory):
+    return compile_program(tmp_path_factory.mktemp("fsdp"))
+
+
+def run(program, outdir, nranks, flags, env=None):
     argv = [str(program), str(outdir), str(STEPS)]
     if flags is not None:
         argv = [sys.executable, "-m", "qnccl", "run", *flags, "--", *argv]
-    mpi.run(nranks, argv, timeout=300, env={"LD_LIBRARY_PATH": str(HOST_NCCL.parent)})
+    mpi.run(nranks, argv, timeout=300, env=env or {"LD_LIBRARY_PATH": str(HOST_NCCL.parent)})
 
     def load(step, what, dtype):
         return [np.fromfile(outdir / f"s{step}.{what}.r{r}", dtype) for r in range(nranks)]
@@ -57,7 +63,12 @@ def same(got, want, what):
 
 @pytest.mark.parametrize("nranks", [2, 4])
 def test_quantized_step_matches_the_emulator(program, tmp_path, nranks):
-    load = run(program, tmp_path, nranks, POLICY)
+    check_quantized_step(program, tmp_path, nranks)
+
+
+def check_quantized_step(program, tmp_path, nranks, env=None):
+    """The program under POLICY: every step's outputs are the emulator's."""
+    load = run(program, tmp_path, nranks, POLICY, env)
     kw = dict(bucket_size=128, rounding="stochastic", seed=0)
     for step in range(STEPS):
         shards = load(step, "shard", np.float32)

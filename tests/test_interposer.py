@@ -632,10 +632,10 @@ PG_BUCKETS = (("b0", "float32", 70001), ("b1", "float16", 40000), ("b2", "bfloat
 PG_MIN_BYTES = 16 << 10
 
 
-def run_process_group(nprocs, mode, outdir):
+def run_process_group(nprocs, mode, outdir, env=None):
     argv = [*QNCCL, "run", "--bits", "4", "--min-bytes", "16K", "--", sys.executable,
             str(PROCESS_GROUP), mode, str(outdir)]
-    result = mpi.run(nprocs, argv, timeout=180)
+    result = mpi.run(nprocs, argv, timeout=180, env=env)
     assert f"SUMMARY process group ({mode}): {nprocs} ranks, 0 failures" in result.stdout, \
         result.stdout[-6000:]
     return int(re.search(r"ncclInProgress answers: (\d+)", result.stdout).group(1))
@@ -658,10 +658,16 @@ def test_process_group_nonblocking_matches_blocking(interposer, tmp_path, nprocs
     are the emulator's bytes (call numbers in issue order per communicator);
     the PreMulSum average is exact (passed through); the host backend answered
     ncclInProgress during the nonblocking run."""
+    check_process_group(tmp_path, nprocs)
+
+
+def check_process_group(tmp_path, nprocs, env=None):
+    """The process-group job in both modes (in `env`: the simulated GPU's device buffers in
+    test_simdev_engine.py), checked as the test above says."""
     runs = {}
     for mode in ("blocking", "nonblocking"):
         (tmp_path / mode).mkdir()
-        runs[mode] = run_process_group(nprocs, mode, tmp_path / mode)
+        runs[mode] = run_process_group(nprocs, mode, tmp_path / mode, env)
     assert runs["blocking"] == 0 and runs["nonblocking"] >= 10 * nprocs, runs
 
     def inputs(label, step, name, dtype, count):

@@ -334,8 +334,9 @@ ncclResult_t qncclCommGetStats(ncclComm_t comm, qncclStats_t* stats);
 /* ---- Error feedback (docs/allreduce.md, "Error feedback") ----------------- */
 
 /* Frees every residual of `comm`: the next call on each buffer starts again
- * from zero (as after a change of model or optimizer state). Device memory is
- * freed with cudaFree, which waits for the device's queued work. */
+ * from zero (as after a change of model or optimizer state). Returns at once:
+ * device memory is released in stream order, after the communicator's calls
+ * already queued on the device. */
 ncclResult_t qncclCommResetErrorFeedback(ncclComm_t comm);
 
 /* The same for every communicator of the process: for frameworks that do not

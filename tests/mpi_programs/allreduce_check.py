@@ -5,6 +5,7 @@
     mpirun -np N python allreduce_check.py misuse
     mpirun -np N python allreduce_check.py calls
     mpirun -np N python allreduce_check.py counts
+    QNCCL_TEST_MEMORY=device mpirun -np N python allreduce_check.py graphs
     mpirun -np N python allreduce_check.py hier      (on several nodes: perf/netlab --nodes,
                                                       or --ranks-per-node K on one host)
 
@@ -37,6 +38,10 @@ counts    the compute steps and real NCCL groups one call of one segment costs e
           rank (qncclCommGetStats' computeSteps and groups), for ring, tree and SRA x
           sum/avg, against the counts of docs/allreduce.md ("Steps per call"); each
           call also matches the emulator.
+graphs    (device buffers) an interposed call captured into a CUDA graph, replayed: each
+          replay the emulator's next call, nothing allocated during the capture.
+released  a residual and a communicator released while calls using them are queued:
+          the calls complete with the emulator's bytes.
 hier      the hierarchical algorithm on the job's node layout (host names, or
           NCCL_HOSTID): qncclCommTopology against the gathered host names, then
           inter ring/tree/SRA/auto x types x shapes x exact or quantized intra
@@ -68,6 +73,7 @@ from mpi import BUILD  # noqa: E402  (the build under test)
 
 HOST_NCCL = BUILD / "host" / "libnccl.so.2"
 
+from buffers import Memory  # noqa: E402  (host or device buffers: QNCCL_TEST_MEMORY)
 from conftest import from_float32, make_values, widen  # noqa: E402  (the codec tests' data)
 from qnccl import _lib  # noqa: E402
 from qnccl.emulate import allreduce as emulate_allreduce  # noqa: E402
@@ -88,6 +94,25 @@ NODES = None  # hier: the node of each rank (the emulator's nodes=)
 ROUNDINGS = {"nearest": lib.qncclRoundNearest, "stochastic": lib.qncclRoundStochastic}
 OPS = {"sum": lib.ncclSum, "avg": lib.ncclAvg}
 UNWRITTEN = 0xA5  # out of place, the output buffer starts as these bytes
+# With QNCCL_TEST_MEMORY=device every call's buffers are device memory on a stream (the
+# simulated GPU in CI): ptr() gives a call's pointers, synced() brings the results back.
+MEMORY = Memory()
+STREAM = MEMORY.cuda_stream(ffi)
+
+
+def ptr(array):
+    return MEMORY.ptr(array, ffi)
+
+
+def synced(*arrays):
+    MEMORY.sync(*arrays)
+
+
+def residual(comm, array, dtype=None):
+    """This rank's error-feedback residual of the send buffer `array` on `comm`."""
+    import qnccl.comm
+    return qnccl.comm.residual(comm, MEMORY.address(array), count=array.size,
+                               dtype=dtype or np.dtype(array.dtype).name)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,10 +195,11 @@ def call_allreduce(comm, case, x):
     """(result, message, output, send buffer afterwards) of qncclAllReduce on this rank."""
     send = x.copy()
     recv = send if case.inplace else np.full(x.nbytes, UNWRITTEN, np.uint8).view(x.dtype)
-    result = lib.qncclAllReduce(ffi.from_buffer(send), ffi.from_buffer(recv), case.count,
-                                NCCL_TYPES[case.dtype], OPS[case.op], make_config(case), comm,
-                                ffi.NULL)
+    result = lib.qncclAllReduce(ptr(send), ptr(recv), case.count, NCCL_TYPES[case.dtype],
+                                OPS[case.op], make_config(case), comm, STREAM)
     message = "" if result == lib.ncclSuccess else ffi.string(lib.qncclGetLastError()).decode()
+    if result == lib.ncclSuccess:
+        synced(send, recv)
     return result, message, recv, send
 
 
@@ -284,10 +310,13 @@ def matrix_cases():
             itertools.product(("ring", "tree", "sra", "auto"), ("float32", "float16", "bfloat16"),
                               shapes)):
         rounding, op, inplace = combos[(i * 5) % len(combos)]
-        # Shapes of several segments also run on 2 and 3 lanes (pipelined segments).
+        # Shapes of several segments run on 1, 2 and 3 lanes (pipelined segments) and on
+        # the default (0: one lane on host buffers, two on device buffers), each shape on
+        # each in turn through the algorithms and types.
+        lanes = (0, 1, 2, 3)[i // len(shapes) % 4]
         cases.append(Case(algo, dtype, count, rounding, op, inplace, bits=1 + (i * 3) % 8,
                           bucket=bucket, segment_values=segment_values,
-                          seed=(1000 + i) * 0x9E3779B97F4A7C15 % 2**64, lanes=(0, 2, 3)[i % 3]))
+                          seed=(1000 + i) * 0x9E3779B97F4A7C15 % 2**64, lanes=lanes))
     for i, (algo, dtype) in enumerate(itertools.product(("ring", "tree", "sra", "auto"),
                                                         ("float32", "float16", "bfloat16"))):
         cases.append(Case(algo, dtype, 4099, ("nearest", "stochastic")[i % 2], ("sum", "avg")[
@@ -485,10 +514,10 @@ def grouped(failures, algo, lanes=0):
              for case, send in zip(cases, sends)]
     check_nccl(lib.ncclGroupStart(), "ncclGroupStart")
     for comm, case, send, recv in zip(comms, cases, sends, recvs):
-        check_nccl(lib.ncclAllReduce(ffi.from_buffer(send), ffi.from_buffer(recv), case.count,
-                                     NCCL_TYPES[case.dtype], OPS[case.op], comm, ffi.NULL),
-                   "ncclAllReduce")
+        check_nccl(lib.ncclAllReduce(ptr(send), ptr(recv), case.count, NCCL_TYPES[case.dtype],
+                                     OPS[case.op], comm, STREAM), "ncclAllReduce")
     check_nccl(lib.ncclGroupEnd(), "ncclGroupEnd")
+    synced(*sends, *recvs)
     for case, x, send, recv in zip(cases, inputs, sends, recvs):
         send_ok = case.inplace or np.array_equal(bits_of(send), bits_of(x))
         gathered = COMM.gather((recv, send_ok), root=0)
@@ -548,6 +577,120 @@ def hier(comm, failures):
     return len(cases) + 2
 
 
+def graphs(comm, failures):
+    """Device buffers (QNCCL_TEST_MEMORY=device): an interposed ncclAllReduce captured into a
+    CUDA graph in global mode, after one eager call sized the workspace, then replayed with
+    new inputs: every replay is the emulator's next call (each takes a new number from the
+    device's counter), and so is an eager call after the replays; the capture allocated
+    nothing (the simulated GPU counts it). For ring, tree and SRA, on new communicators."""
+    if not MEMORY.device_mode:
+        failures.add("graphs", "run with QNCCL_TEST_MEMORY=device")
+        return 1
+    seed, count, replays = 4242, 40000, 3
+    checked = 0
+    for algo in ("ring", "tree", "sra"):
+        os.environ.update(QNCCL_ALGO=algo, QNCCL_BITS="4", QNCCL_BUCKET_SIZE="128",
+                          QNCCL_ROUNDING="stochastic", QNCCL_SEED=str(seed), QNCCL_MIN_BYTES="0")
+        c = init_comm()
+        case = Case(algo, "float32", count, seed=seed)
+        send = rank_input(case, RANK)
+        recv = np.zeros_like(send)
+        pointers = (ptr(send), ptr(recv))  # uploaded now: nothing pageable during the capture
+
+        def allreduce():
+            check_nccl(lib.ncclAllReduce(*pointers, count, NCCL_TYPES["float32"], OPS["sum"], c,
+                                         STREAM), "ncclAllReduce")
+
+        def check(call, label):
+            gathered = COMM.gather(recv.copy(), root=0)
+            if RANK != 0:
+                return
+            inputs = COMM_INPUTS[call]
+            want = emulate_allreduce(inputs, algo=algo, bits=4, bucket_size=128,
+                                     rounding="stochastic", seed=seed, call=call)[0]
+            for r, got in enumerate(gathered):
+                diff = first_difference(case, got, want, "float32",
+                                        f"{label}: rank {r} differs from the emulator's call {call}")
+                if diff:
+                    failures.add(f"graphs {algo}", diff)
+
+        def new_input(call):
+            x = rank_input(dataclasses.replace(case, seed=seed + call), RANK)
+            send[:] = x
+            everyone = COMM.gather(x, root=0)
+            if RANK == 0:
+                COMM_INPUTS[call] = everyone
+            ptr(send)  # the upload, on the stream the replay follows
+
+        COMM_INPUTS = {}
+        new_input(0)
+        allreduce()
+        synced(recv)
+        check(0, "the eager call before the capture")
+        before = MEMORY.simulator_counters()
+        graph = MEMORY.capture(allreduce)
+        after = MEMORY.simulator_counters()
+        if before is not None and after["allocationsInCapture"] != before["allocationsInCapture"]:
+            failures.add(f"graphs {algo}", f"{after['allocationsInCapture'] - before['allocationsInCapture']} "
+                         "allocations during a global-mode capture")
+        for call in range(1, replays + 1):
+            new_input(call)
+            MEMORY.replay(graph)
+            synced(recv)
+            check(call, f"replay {call}")
+        new_input(replays + 1)
+        allreduce()
+        synced(recv)
+        check(replays + 1, "the eager call after the replays")
+        check_nccl(lib.ncclCommDestroy(c), "ncclCommDestroy")
+        checked += replays + 2
+    return checked
+
+
+def released(comm, failures):
+    """Memory released while calls that use it are still queued, as a program may: on new
+    communicators (ring and SRA, several segments on 2 lanes, error feedback), two calls on
+    one buffer with qncclCommResetErrorFeedback after each (the first call's residual
+    released), then ncclCommDestroy (the workspace released), all before the stream is
+    synchronized. Both calls must be the emulator's bytes: each release waits, on the
+    device, for the calls before it (with device buffers, the simulated GPU's lazy schedule
+    runs the calls after the releases return)."""
+    checked = 0
+    for algo in ("ring", "sra"):
+        case = Case(algo, "float32", 30011, rounding="stochastic", bits=3, bucket=64,
+                    segment_values=4000, lanes=2, seed=777)
+        c = init_comm()
+        config = make_config(case)
+        config.errorFeedback = 1
+        send = rank_input(case, RANK)
+        outs = [np.zeros_like(send), np.zeros_like(send)]
+        pointers = ptr(send)
+        for out in outs:
+            check_nccl(lib.qncclAllReduce(pointers, ptr(out), case.count,
+                                          NCCL_TYPES[case.dtype], OPS[case.op], config, c,
+                                          STREAM), "qncclAllReduce")
+            check_nccl(lib.qncclCommResetErrorFeedback(c), "qncclCommResetErrorFeedback")
+        check_nccl(lib.ncclCommDestroy(c), "ncclCommDestroy")
+        synced(*outs)
+        gathered = COMM.gather(outs, root=0)
+        inputs = COMM.gather(send, root=0)
+        if RANK == 0:
+            for call in range(2):  # each call starts from a zero residual
+                residuals = [np.zeros(case.count, np.float32) for _ in range(NRANKS)]
+                want = emulate_allreduce(inputs, algo=algo, bits=case.bits,
+                                         bucket_size=case.bucket, rounding=case.rounding,
+                                         seed=case.seed, call=call,
+                                         segment_values=case.segment_values,
+                                         residuals=residuals)[0]
+                for r, got in enumerate(gathered):
+                    diff = first_difference(case, got[call], want, "float32",
+                                            f"rank {r} differs from the emulator's call {call}")
+                    if diff:
+                        failures.add(f"released {algo}", diff)
+        checked += 2
+    return checked
+
+
 def finish(comm, failures, program, cases):
     """Ends the job's communicator, prints the summary; the exit status (1: failures)."""
     # libqnccl's ncclCommDestroy: it also ends the communicators QNCCL split off
@@ -560,8 +703,8 @@ def finish(comm, failures, program, cases):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("program",
-                        choices=("matrix", "ordering", "misuse", "calls", "counts", "hier"))
+    parser.add_argument("program", choices=("matrix", "ordering", "misuse", "calls", "counts",
+                                            "hier", "graphs", "released"))
     parser.add_argument("--ranks-per-node", type=int, default=0,
                         help="hier on one host: NCCL_HOSTID=node<rank // K> for each rank")
     args = parser.parse_args()
@@ -570,7 +713,7 @@ def main():
     comm = init_comm()
     failures = Failures()
     programs = {"matrix": matrix, "ordering": ordering, "misuse": misuse, "calls": calls,
-                "counts": counts, "hier": hier}
+                "counts": counts, "hier": hier, "graphs": graphs, "released": released}
     cases = programs[args.program](comm, failures)
     return finish(comm, failures, args.program, cases)
 

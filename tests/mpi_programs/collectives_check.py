@@ -55,9 +55,9 @@ import sys
 
 import numpy as np
 
-from allreduce_check import (COMM, NCCL_TYPES, NRANKS, OPS, RANK, UNWRITTEN, Case,
+from allreduce_check import (COMM, NCCL_TYPES, NRANKS, OPS, RANK, STREAM, UNWRITTEN, Case,
                              Failures, bits_of, check_nccl, ffi, finish, init_comm, lib,
-                             make_config, nccl, rank_input)
+                             make_config, nccl, ptr, rank_input, synced)
 from qnccl import emulate
 
 # kind: (its name in QNCCL_COLLECTIVES, chunks of `count` values in the input, in the output)
@@ -82,7 +82,7 @@ def buffers(kind, case, x):
 def issue(api, kind, send, recv, case, comm, config=None):
     """One call of `kind` through `api`: the library's qncclXxx (with config) or an NCCL
     library's ncclXxx (lib: the interposed one; nccl: the real one)."""
-    args = [ffi.from_buffer(send), ffi.from_buffer(recv), case.count, NCCL_TYPES[case.dtype]]
+    args = [ptr(send), ptr(recv), case.count, NCCL_TYPES[case.dtype]]
     if kind in ("ar", "rs"):
         args.append(OPS[case.op])
     if config is not None:
@@ -91,7 +91,7 @@ def issue(api, kind, send, recv, case, comm, config=None):
     name = {"ar": prefix, "rs": prefix.replace("AllReduce", "ReduceScatter"),
             "ag": prefix.replace("AllReduce", "AllGather"),
             "a2a": prefix.replace("AllReduce", "AlltoAll")}[kind]
-    return getattr(api, name)(*args, comm, ffi.NULL)
+    return getattr(api, name)(*args, comm, STREAM)
 
 
 def call_library(kind, comm, case, x):
@@ -100,6 +100,8 @@ def call_library(kind, comm, case, x):
     send, recv = buffers(kind, case, x)
     result = issue(lib, kind, send, recv, case, comm, make_config(case))
     message = "" if result == lib.ncclSuccess else ffi.string(lib.qncclGetLastError()).decode()
+    if result == lib.ncclSuccess:
+        synced(send, recv)
     return result, message, recv.copy(), send.copy()
 
 
@@ -324,6 +326,7 @@ def interposed(comm, failures):
             issued.append((c, kind, case, x, recv, send))  # a group reads send at its end
         if len(group) > 1:
             check_nccl(lib.ncclGroupEnd(), "ncclGroupEnd")
+        synced(*[b for *_, recv, send in issued for b in (recv, send)])
         for c, kind, case, x, recv, _ in issued:
             name = KINDS[kind][0]
             quantized = name in policy and case.count * x.itemsize >= min_bytes
@@ -331,6 +334,7 @@ def interposed(comm, failures):
             if not quantized:  # the real NCCL's own result, bytes and all
                 send, want = buffers(kind, case, x)
                 check_nccl(issue(nccl, kind, send, want, case, c), f"the real {kind}")
+                synced(send, want)
                 real = bits_of(want).tobytes()
             outs = COMM.gather((bits_of(recv).tobytes(), real), root=0)
             if RANK == 0:
@@ -374,9 +378,10 @@ def sendrecv(comm, failures):
         check_nccl(nccl.ncclGroupStart(), "ncclGroupStart")
         for send, buf, peer in ops:
             fn = nccl.ncclSend if send else nccl.ncclRecv
-            check_nccl(fn(ffi.from_buffer(buf), buf.size, NCCL_TYPES[dtype_name(buf)], peer, comm,
-                          ffi.NULL), "the real send/recv")
+            check_nccl(fn(ptr(buf), buf.size, NCCL_TYPES[dtype_name(buf)], peer, comm, STREAM),
+                       "the real send/recv")
         check_nccl(nccl.ncclGroupEnd(), "ncclGroupEnd")
+        synced(*[buf for _, buf, _ in ops])
 
     # PyTorch's all_to_all_single: a send and a receive per rank, itself included
     for dtype, count in (("float32", 20000), ("bfloat16", 40000), ("float16", 700)):
@@ -386,11 +391,12 @@ def sendrecv(comm, failures):
         check_nccl(lib.ncclGroupStart(), "ncclGroupStart")
         for r in range(NRANKS):
             chunk = slice(r * count, (r + 1) * count)
-            check_nccl(lib.ncclSend(ffi.from_buffer(x[chunk]), count, NCCL_TYPES[dtype], r, comm,
-                                    ffi.NULL), "ncclSend")
-            check_nccl(lib.ncclRecv(ffi.from_buffer(recv[chunk]), count, NCCL_TYPES[dtype], r,
-                                    comm, ffi.NULL), "ncclRecv")
+            check_nccl(lib.ncclSend(ptr(x[chunk]), count, NCCL_TYPES[dtype], r, comm, STREAM),
+                       "ncclSend")
+            check_nccl(lib.ncclRecv(ptr(recv[chunk]), count, NCCL_TYPES[dtype], r, comm, STREAM),
+                       "ncclRecv")
         check_nccl(lib.ncclGroupEnd(), "ncclGroupEnd")
+        synced(x, recv)
         eligible = quantized and count * x.itemsize >= min_bytes and NRANKS > 1
         if eligible:
             inputs = [rank_input(case, r) for r in range(NRANKS)]
@@ -415,13 +421,14 @@ def sendrecv(comm, failures):
     ar_out = np.zeros_like(ar)
     check_nccl(lib.ncclGroupStart(), "ncclGroupStart")
     for v, out in zip((a, b, c), got):
-        check_nccl(lib.ncclSend(ffi.from_buffer(v), v.size, NCCL_TYPES[dtype_name(v)], right,
-                                comm, ffi.NULL), "ncclSend")
-        check_nccl(lib.ncclRecv(ffi.from_buffer(out), v.size, NCCL_TYPES[dtype_name(v)], left,
-                                comm, ffi.NULL), "ncclRecv")
-    check_nccl(lib.ncclAllReduce(ffi.from_buffer(ar), ffi.from_buffer(ar_out), ar.size,
-                                 lib.ncclFloat32, lib.ncclSum, comm, ffi.NULL), "ncclAllReduce")
+        check_nccl(lib.ncclSend(ptr(v), v.size, NCCL_TYPES[dtype_name(v)], right, comm, STREAM),
+                   "ncclSend")
+        check_nccl(lib.ncclRecv(ptr(out), v.size, NCCL_TYPES[dtype_name(v)], left, comm, STREAM),
+                   "ncclRecv")
+    check_nccl(lib.ncclAllReduce(ptr(ar), ptr(ar_out), ar.size, lib.ncclFloat32, lib.ncclSum, comm,
+                                 STREAM), "ncclAllReduce")
     check_nccl(lib.ncclGroupEnd(), "ncclGroupEnd")
+    synced(*got, ar_out)
     sent = [rank_input(Case("auto", dtype_name(v), v.size, seed=s + left), left)
             for v, s in ((a, 50), (b, 60), (c, 70))]
     if quantized:
@@ -446,11 +453,12 @@ def sendrecv(comm, failures):
         y = np.zeros_like(x)
         for sender in (min(RANK, pair), max(RANK, pair)):
             if sender == RANK:
-                check_nccl(lib.ncclSend(ffi.from_buffer(x), x.size, lib.ncclFloat32, pair, comm,
-                                        ffi.NULL), "ncclSend")
+                check_nccl(lib.ncclSend(ptr(x), x.size, lib.ncclFloat32, pair, comm, STREAM),
+                           "ncclSend")
             else:
-                check_nccl(lib.ncclRecv(ffi.from_buffer(y), y.size, lib.ncclFloat32, pair, comm,
-                                        ffi.NULL), "ncclRecv")
+                check_nccl(lib.ncclRecv(ptr(y), y.size, lib.ncclFloat32, pair, comm, STREAM),
+                           "ncclRecv")
+        synced(y)
         theirs = rank_input(Case("auto", "float32", 20000, seed=90 + pair), pair)
         if quantized:  # the pair's first lone call is its send or its receive, by rank
             call = p2p_calls + (pair > RANK)

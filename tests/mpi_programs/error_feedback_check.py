@@ -45,8 +45,9 @@ import sys
 import numpy as np
 
 import allreduce_check
-from allreduce_check import (COMM, NCCL_TYPES, NRANKS, OPS, RANK, Case, Failures, bits_of,
-                             check_nccl, ffi, init_comm, lib, make_config, rank_input)
+from allreduce_check import (COMM, NCCL_TYPES, NRANKS, OPS, RANK, STREAM, Case, Failures,
+                             bits_of, check_nccl, ffi, init_comm, lib, make_config, ptr,
+                             rank_input, residual, synced)
 import qnccl.comm
 from qnccl import QncclError
 from qnccl.emulate import allreduce as emulate_allreduce
@@ -70,18 +71,18 @@ def run_call(comm, case, t, send, recv, config, op=None, interposed=False):
     x = rank_input(case.at_call(t), RANK)
     send[:] = x
     if interposed:
-        result = lib.ncclAllReduce(ffi.from_buffer(send), ffi.from_buffer(recv), case.count,
-                                   NCCL_TYPES[case.dtype], op, comm, ffi.NULL)
+        result = lib.ncclAllReduce(ptr(send), ptr(recv), case.count, NCCL_TYPES[case.dtype], op,
+                                   comm, STREAM)
     else:
-        result = lib.qncclAllReduce(ffi.from_buffer(send), ffi.from_buffer(recv), case.count,
-                                    NCCL_TYPES[case.dtype], OPS[case.op], config, comm,
-                                    ffi.NULL)
+        result = lib.qncclAllReduce(ptr(send), ptr(recv), case.count, NCCL_TYPES[case.dtype],
+                                    OPS[case.op], config, comm, STREAM)
     if result != lib.ncclSuccess:  # the other ranks would wait for us: stop the job
         print(f"FAIL [N={NRANKS}] {case}: rank {RANK}: call {t} returned {result}: "
               f"{ffi.string(lib.qncclGetLastError()).decode()}", flush=True)
         COMM.Abort(1)
+    synced(send, recv)
     send_ok = case.inplace or np.array_equal(bits_of(send), bits_of(x))
-    e = qnccl.comm.residual(comm, send, dtype=case.dtype)
+    e = residual(comm, send, dtype=case.dtype)
     return x, recv.copy(), e, send_ok
 
 
@@ -204,11 +205,11 @@ def bookkeeping(comm, failures):
             for t in range(calls):
                 x = rank_input(case.at_call(t), RANK)
                 send[:] = x
-                check_nccl(lib.qncclAllReduce(ffi.from_buffer(send), ffi.from_buffer(recv),
-                                              case.count, NCCL_TYPES["float32"], OPS[op], config,
-                                              comm, ffi.NULL), f"{case} call {t}")
-                e = (qnccl.comm.residual(comm, send)
-                     if feedback else np.zeros(case.count, np.float32))
+                check_nccl(lib.qncclAllReduce(ptr(send), ptr(recv), case.count,
+                                              NCCL_TYPES["float32"], OPS[op], config, comm,
+                                              STREAM), f"{case} call {t}")
+                synced(send, recv)
+                e = residual(comm, send) if feedback else np.zeros(case.count, np.float32)
                 gathered = COMM.gather((x, e), root=0)
                 if RANK != 0:
                     continue

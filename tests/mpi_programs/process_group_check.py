@@ -25,7 +25,9 @@ QNCCL_BITS=4 and QNCCL_MIN_BYTES=16K set by the test:
 
 Each rank writes every output to OUTDIR/<name>.r<rank>.bin; the test checks
 them bit for bit across ranks, against the other MODE's run and against the
-emulator. Prints the number of ncclInProgress answers seen.
+emulator. Prints the number of ncclInProgress answers seen. With
+QNCCL_TEST_MEMORY=device the buckets are device memory on a stream, as
+PyTorch's are (the simulated GPU in CI).
 
 `fault`: rank 1 alone has QNCCL_HOST_ISA set to a name no CPU has, so its
 quantized call fails before any transfer; the others must fail with a message
@@ -43,7 +45,7 @@ from pathlib import Path
 
 import numpy as np
 
-from allreduce_check import COMM, NRANKS, RANK, ffi, lib, nccl
+from allreduce_check import COMM, NRANKS, RANK, STREAM, ffi, lib, nccl, ptr, synced
 from conftest import nccl_config
 
 SUCCESS, IN_PROGRESS = lib.ncclSuccess, lib.ncclInProgress
@@ -150,13 +152,14 @@ def coalesced_step(comms, step, outdir):
         COMM.Abort(1)
     for label, comm in comms.items():
         for (name, dtype, count), x in zip(BUCKETS, buffers[label]):
-            code = lib.ncclAllReduce(ffi.from_buffer(x), ffi.from_buffer(x), count,
-                                     TYPES[dtype][0], lib.ncclAvg, comm, ffi.NULL)
+            code = lib.ncclAllReduce(ptr(x), ptr(x), count, TYPES[dtype][0], lib.ncclAvg, comm,
+                                     STREAM)
             if code != SUCCESS:
                 fail(f"grouped ncclAllReduce {label} {name}: {code}")
     answered(lib.ncclGroupEnd(), "ncclGroupEnd")
     for label, comm in comms.items():
         wait_ready(comm, f"{label} step {step}")
+        synced(*buffers[label])  # device buffers: the stream's work, then the bytes
         for (name, _, _), x in zip(BUCKETS, buffers[label]):
             x.tofile(outdir / f"{label}.s{step}.{name}.r{RANK}.bin")
 
@@ -167,9 +170,10 @@ def premul_average(comm, label, nranks, outdir):
     answered(nccl.ncclRedOpCreatePreMulSum(op, ffi.from_buffer(scalar), lib.ncclFloat32,
                                           lib.ncclScalarHostImmediate, comm), "PreMulSum")
     x = values("premul", "float32", 40000, 0, RANK)
-    answered(lib.ncclAllReduce(ffi.from_buffer(x), ffi.from_buffer(x), x.size, lib.ncclFloat32,
-                               op[0], comm, ffi.NULL), "PreMulSum ncclAllReduce")
+    answered(lib.ncclAllReduce(ptr(x), ptr(x), x.size, lib.ncclFloat32, op[0], comm, STREAM),
+             "PreMulSum ncclAllReduce")
     wait_ready(comm, f"{label} PreMulSum")
+    synced(x)
     x.tofile(outdir / f"{label}.premul.r{RANK}.bin")
     if lib.ncclRedOpDestroy(op[0], comm) != SUCCESS:
         fail("ncclRedOpDestroy")

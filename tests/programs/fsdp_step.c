@@ -19,8 +19,11 @@
  *      ncclSend and an ncclRecv for every rank, itself included.
  * For step s and rank r it writes OUTDIR/s<s>.<what>.r<r> (raw bytes): shard
  * (before the update), params, grads, grad_shard, emb_in, emb_out. Buffers
- * are host memory (the NCCL under it is QNCCL's host backend). Exits
- * non-zero, naming the call, when any NCCL call fails.
+ * are host memory (the NCCL under it is QNCCL's host backend); built with
+ * -DFSDP_DEVICE they are device memory, every NCCL call on a stream, the
+ * program's own arithmetic on host copies (a CUDA program of the runtime
+ * API: the simulated GPU runs it in CI). Exits non-zero, naming the call,
+ * when any NCCL or CUDA call fails.
  */
 #include <mpi.h>
 #include <nccl.h>
@@ -63,6 +66,49 @@ static void* allocate(size_t bytes) {
   return p;
 }
 
+/* Where the NCCL calls' buffers are: the host arrays themselves, or device
+ * twins that the arrays are copied to and from on `stream`. */
+#ifdef FSDP_DEVICE
+#include <cuda_runtime_api.h>
+
+#define CUDA_CHECK(call)                                                               \
+  do {                                                                                 \
+    cudaError_t e_ = (call);                                                           \
+    if (e_ != cudaSuccess) {                                                           \
+      fprintf(stderr, "rank %d: %s failed: %s\n", rank, #call, cudaGetErrorString(e_)); \
+      MPI_Abort(MPI_COMM_WORLD, 1);                                                    \
+    }                                                                                  \
+  } while (0)
+
+static cudaStream_t stream;
+
+static void* twin(void* host, size_t bytes) {
+  void* p = NULL;
+  (void)host;
+  CUDA_CHECK(cudaMalloc(&p, bytes));
+  return p;
+}
+
+static void upload(void* device, const void* host, size_t bytes) {
+  CUDA_CHECK(cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, stream));
+}
+
+/* After the stream's work: the device's bytes in `host`. */
+static void download(void* host, const void* device, size_t bytes) {
+  CUDA_CHECK(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, stream));
+  CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+#else
+static const cudaStream_t stream = NULL;
+static void* twin(void* host, size_t bytes) { (void)bytes; return host; }
+static void upload(void* device, const void* host, size_t bytes) {
+  (void)device, (void)host, (void)bytes;
+}
+static void download(void* host, const void* device, size_t bytes) {
+  (void)host, (void)device, (void)bytes;
+}
+#endif
+
 static void save(const char* dir, int step, const char* what, const void* data, size_t bytes) {
   char path[4096];
   snprintf(path, sizeof path, "%s/s%d.%s.r%d", dir, step, what, rank);
@@ -97,14 +143,28 @@ int main(int argc, char** argv) {
   float* grad_shard = allocate(SHARD * sizeof(float));
   uint16_t* emb_in = allocate(emb * sizeof(uint16_t));
   uint16_t* emb_out = allocate(emb * sizeof(uint16_t));
+#ifdef FSDP_DEVICE
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+#endif
+  float* d_shard = twin(shard, SHARD * sizeof(float));
+  float* d_params = twin(params, full * sizeof(float));
+  float* d_grads = twin(grads, full * sizeof(float));
+  float* d_grad_shard = twin(grad_shard, SHARD * sizeof(float));
+  uint16_t* d_emb_in = twin(emb_in, emb * sizeof(uint16_t));
+  uint16_t* d_emb_out = twin(emb_out, emb * sizeof(uint16_t));
   uint64_t state = 0x9E3779B97F4A7C15ULL + (uint64_t)rank;
   for (size_t i = 0; i < SHARD; i++) shard[i] = (float)uniform(&state, 23);
 
   for (int step = 0; step < steps; step++) {
-    NCCL_CHECK(ncclAllGather(shard, params, SHARD, ncclFloat32, comm, NULL));
+    upload(d_shard, shard, SHARD * sizeof(float));
+    NCCL_CHECK(ncclAllGather(d_shard, d_params, SHARD, ncclFloat32, comm, stream));
+    download(params, d_params, full * sizeof(float));
     for (size_t i = 0; i < full; i++)  /* d/dw of 0.5 (w - t)^2 with a rank's target t */
       grads[i] = params[i] - (float)uniform(&state, 23) * 0.5f;
-    NCCL_CHECK(ncclReduceScatter(grads, grad_shard, SHARD, ncclFloat32, ncclAvg, comm, NULL));
+    upload(d_grads, grads, full * sizeof(float));
+    NCCL_CHECK(ncclReduceScatter(d_grads, d_grad_shard, SHARD, ncclFloat32, ncclAvg, comm,
+                                 stream));
+    download(grad_shard, d_grad_shard, SHARD * sizeof(float));
     save(dir, step, "shard", shard, SHARD * sizeof(float));
     save(dir, step, "params", params, full * sizeof(float));
     save(dir, step, "grads", grads, full * sizeof(float));
@@ -118,16 +178,24 @@ int main(int argc, char** argv) {
       emb_in[i] = (uint16_t)(bits >> 16);
     }
     memset(emb_out, 0xA5, emb * sizeof(uint16_t));
+    upload(d_emb_in, emb_in, emb * sizeof(uint16_t));
+    upload(d_emb_out, emb_out, emb * sizeof(uint16_t));
     NCCL_CHECK(ncclGroupStart());
     for (int peer = 0; peer < nranks; peer++) {
-      NCCL_CHECK(ncclSend(emb_in + (size_t)peer * EMB, EMB, ncclBfloat16, peer, comm, NULL));
-      NCCL_CHECK(ncclRecv(emb_out + (size_t)peer * EMB, EMB, ncclBfloat16, peer, comm, NULL));
+      NCCL_CHECK(ncclSend(d_emb_in + (size_t)peer * EMB, EMB, ncclBfloat16, peer, comm, stream));
+      NCCL_CHECK(ncclRecv(d_emb_out + (size_t)peer * EMB, EMB, ncclBfloat16, peer, comm, stream));
     }
     NCCL_CHECK(ncclGroupEnd());
+    download(emb_out, d_emb_out, emb * sizeof(uint16_t));
     save(dir, step, "emb_in", emb_in, emb * sizeof(uint16_t));
     save(dir, step, "emb_out", emb_out, emb * sizeof(uint16_t));
   }
   NCCL_CHECK(ncclCommDestroy(comm));
+#ifdef FSDP_DEVICE
+  void* twins[] = {d_shard, d_params, d_grads, d_grad_shard, d_emb_in, d_emb_out};
+  for (size_t i = 0; i < sizeof twins / sizeof twins[0]; i++) CUDA_CHECK(cudaFree(twins[i]));
+  CUDA_CHECK(cudaStreamDestroy(stream));
+#endif
   free(shard);
   free(params);
   free(grads);

@@ -1,0 +1,105 @@
+"""The engine's device path on the simulated GPU (docs/simulated-gpu.md), through real MPI
+jobs: every rank's buffers are device memory (tests/buffers.py), its calls run the
+library's kernels on its stream, and its communicators are the host backend's, which
+stages device buffers through pinned memory in stream order. The check programs are the
+host path's (mpi_programs/): every output bit for bit qnccl.emulate on every rank, as
+there.
+
+- qncclAllReduce: ring, tree, SRA and auto x float32/float16/bfloat16 x counts 0 to 786k,
+  sum and avg, in and out of place, bits 1..8, 1 to 3 pipeline lanes, NaN/Inf (the matrix
+  of test_allreduce.py) on 1, 2, 3, 4 and 8 ranks; the hierarchical algorithm on two
+  emulated nodes; error feedback call after call;
+- reduce-scatter, allgather and all-to-all, and quantized grouped sends and receives;
+- the interposer: a plain NCCL program's collectives under a policy, PyTorch's
+  ProcessGroupNCCL pattern (nonblocking communicators, watchdog, coalesced buckets,
+  PreMulSum, abort), an FSDP step of a C program of the CUDA runtime API;
+- CUDA graphs: a captured quantized call replayed with new inputs, each replay the
+  emulator's next call, nothing allocated during the global-mode capture."""
+import subprocess
+
+import pytest
+
+import mpi
+import simulated
+from test_fsdp_program import check_quantized_step, compile_program
+from test_interposer import check_process_group
+
+PROGRAMS = mpi.REPO / "tests" / "mpi_programs"
+RANKS = [1, 2, 3, 4, 8]
+
+
+def run_check(nprocs, program, *args, timeout=300, **env):
+    return mpi.run_checks(nprocs, PROGRAMS / program, *args, timeout=timeout,
+                          env=simulated.env(**env))
+
+
+@pytest.mark.parametrize("nprocs", RANKS)
+def test_allreduce(nprocs):
+    run_check(nprocs, "allreduce_check.py", "matrix")
+
+
+def test_allreduce_eager_schedule():
+    """The same matrix with every stream's work run as soon as it can (the lazy schedule's
+    opposite): a result that depends on the schedule shows as a difference."""
+    run_check(4, "allreduce_check.py", "matrix", SIMDEV_SCHEDULE="eager")
+
+
+def test_hierarchical_on_two_emulated_nodes():
+    run_check(4, "allreduce_check.py", "hier", "--ranks-per-node", "2")
+
+
+@pytest.mark.parametrize("nprocs", RANKS)
+@pytest.mark.parametrize("kind", ["reducescatter", "allgather", "alltoall"])
+def test_collectives(kind, nprocs):
+    run_check(nprocs, "collectives_check.py", kind)
+
+
+@pytest.mark.parametrize("nprocs", RANKS)
+def test_grouped_sends_and_receives(nprocs):
+    run_check(nprocs, "collectives_check.py", "sendrecv", QNCCL_COLLECTIVES="sendrecv,allreduce")
+
+
+@pytest.mark.parametrize("nprocs", RANKS)
+def test_error_feedback(nprocs):
+    run_check(nprocs, "error_feedback_check.py", "emulator")
+
+
+def test_call_counters_across_checkpoints():
+    """qncclCommGetCallCounts/SetCallCounts read and set the device's counters."""
+    run_check(3, "error_feedback_check.py", "call_counts")
+
+
+def test_communicators_count_their_own_calls():
+    run_check(3, "allreduce_check.py", "calls")
+
+
+@pytest.mark.parametrize("nprocs", [2, 4])
+def test_graph_replays(nprocs):
+    run_check(nprocs, "allreduce_check.py", "graphs")
+
+
+@pytest.mark.parametrize("nprocs", [1, 3])
+def test_memory_released_under_queued_calls(nprocs):
+    run_check(nprocs, "allreduce_check.py", "released")
+
+
+def test_interposed_collectives_under_a_policy():
+    run_check(3, "collectives_check.py", "interposed",
+              QNCCL_COLLECTIVES="reducescatter,allgather,alltoall", QNCCL_ALLGATHER_BITS="8",
+              QNCCL_ALLTOALL_BITS="3")
+
+
+@pytest.mark.parametrize("nprocs", [1, 2, 4])
+def test_process_group(tmp_path, nprocs):
+    check_process_group(tmp_path, nprocs, simulated.env())
+
+
+@pytest.fixture(scope="module")
+def fsdp_program(tmp_path_factory):
+    return compile_program(tmp_path_factory.mktemp("fsdp_device"), "-DFSDP_DEVICE",
+                           *simulated.cuda_program_flags())
+
+
+@pytest.mark.parametrize("nranks", [2, 4])
+def test_fsdp_step_of_a_cuda_program(fsdp_program, tmp_path, nranks):
+    check_quantized_step(fsdp_program, tmp_path, nranks, simulated.env())
