@@ -193,6 +193,7 @@ setup:
 # Both build on every core first (the CUDA and per-ISA objects are slow alone).
 test: setup
 	@$(MAKE) --no-print-directory -j$(JOBS) all
+	@$(MAKE) --no-print-directory simdev
 	$(PYTHON) -m pytest tests
 	@$(MAKE) --no-print-directory sanitize
 
@@ -214,6 +215,7 @@ sanitize: setup
 	  $(SAN_TARGETS:%=build/tsan/%)
 	@$(MAKE) --no-print-directory -j$(JOBS) BUILD=build/asan SANITIZE=address,undefined \
 	  $(SAN_TARGETS:%=build/asan/%)
+	@$(MAKE) --no-print-directory simdev-asan
 	@bash scripts/sanitize.sh
 
 clean:

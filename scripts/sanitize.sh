@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # make sanitize: runs the tests that exercise QNCCL's threads under
-# ThreadSanitizer, and the interposer's tests under AddressSanitizer + UBSan,
-# each against its own instrumented build (build/tsan, build/asan; `make
-# sanitize` builds them first). pytest and every MPI rank preload the
+# ThreadSanitizer, the interposer's tests under AddressSanitizer + UBSan, and
+# the simulated GPU's kernel and runtime tests under AddressSanitizer + UBSan,
+# each against its own instrumented build (build/tsan, build/asan,
+# build/simdev-asan; `make sanitize` builds them first). pytest and every MPI rank preload the
 # sanitizer's runtime (Python itself is not instrumented; mpirun does not);
 # a report fails its process, so the test fails with the report in its output.
 set -euo pipefail
@@ -49,3 +50,17 @@ UBSAN_OPTIONS="print_stacktrace=1 halt_on_error=1" \
   run build/asan "$(runtime libasan.so)" tests/test_interposer.py tests/test_collectives.py \
   -k "(not ld_preload and not matches_the_emulator and not match_the_emulator) or \
 (quantized_sends and 3)"
+
+# The simulated GPU with AddressSanitizer + UBSan (build/simdev-asan: `make sanitize` builds
+# it), the library's kernels and the simulator included: the codec kernels against the host
+# codec, the plain CUDA program, CUDA's rules and the executor's (but the misaligned load,
+# which UBSan reports itself, ending the program: its case checks the plain build's answer).
+# The simulator's own SIGSEGV handler turns a kernel's fault into CUDA's error, so ASan
+# leaves SIGSEGV to it.
+echo "[sanitize] build/simdev-asan: the simulated GPU"
+ASAN_OPTIONS="detect_leaks=0 verify_asan_link_order=0 abort_on_error=1 handle_segv=0 \
+allow_user_segv_handler=1" \
+UBSAN_OPTIONS="print_stacktrace=1 halt_on_error=1" \
+QNCCL_TEST_SIMDEV=$PWD/build/simdev-asan LD_PRELOAD="$(runtime libasan.so)" \
+  "$PYTHON" -m pytest -p no:cacheprovider -q tests/test_simdev_runtime.py \
+  tests/test_simdev_kernels.py -k "not device_path and not misaligned"

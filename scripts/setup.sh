@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # make setup: install what building and testing QNCCL need, idempotently.
 #
-#   system packages   g++, make, OpenMPI, iproute2, python3 venv (apt, only when missing)
+#   system packages   g++, clang, make, OpenMPI, iproute2, python3 venv (apt, only when missing)
 #   .venv             pinned Python tools (torch included), the CUDA 12 toolkit wheels the
 #                     kernels build with, + `pip install -e .` of qnccl
 #   .venv/nccl-reference/include/nccl.h
@@ -88,28 +88,36 @@ rm -f "$STAMP"  # a run that fails below must not leave an old stamp that looks 
 # ---- system packages ----------------------------------------------------------
 missing=()
 need_pkg() { dpkg -s "$1" 2>/dev/null | grep -q '^Status: install ok installed' || missing+=("$1"); }
+apt_install() {  # the packages in `missing`, once
+  [ ${#missing[@]} -gt 0 ] || return 0
+  step "installing system packages: ${missing[*]}"
+  SUDO=""
+  if [ "$(id -u)" != 0 ]; then
+    command -v sudo >/dev/null ||
+      { echo "[setup] not root and no sudo: as root run apt-get install ${missing[*]}" >&2; exit 1; }
+    SUDO=sudo
+  fi
+  HINT="check network access to the apt mirror, then: apt-get install ${missing[*]}"
+  [ -n "${APT_UPDATED:-}" ] || $SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -q
+  APT_UPDATED=1
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+  missing=()
+}
 if command -v dpkg >/dev/null; then
-  for p in g++ make libopenmpi-dev openmpi-bin iproute2 ca-certificates; do need_pkg "$p"; done
+  # clang: the simulated GPU compiles the kernels with it (docs/simulated-gpu.md)
+  for p in g++ clang make libopenmpi-dev openmpi-bin iproute2 ca-certificates; do need_pkg "$p"; done
   if ! command -v "$PYTHON3" >/dev/null; then
     missing+=(python3 python3-venv)
   elif ! "$PYTHON3" -c 'import ensurepip, venv' 2>/dev/null; then
     missing+=(python3-venv)  # Debian splits venv/ensurepip out of python3
   fi
-  if [ ${#missing[@]} -gt 0 ]; then
-    step "installing system packages: ${missing[*]}"
-    SUDO=""
-    if [ "$(id -u)" != 0 ]; then
-      command -v sudo >/dev/null ||
-        { echo "[setup] not root and no sudo: as root run apt-get install ${missing[*]}" >&2; exit 1; }
-      SUDO=sudo
-    fi
-    HINT="check network access to the apt mirror, then: apt-get install ${missing[*]}"
-    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -q
-    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
-  fi
+  apt_install
+  # clang's sanitizer files (make simdev-asan), packaged per clang version
+  need_pkg "libclang-rt-$(clang -dumpversion | cut -d. -f1)-dev"
+  apt_install
 else
   # Not Debian-like: only check, the user installs with their package manager.
-  for c in g++ make mpicc mpirun "$PYTHON3"; do command -v "$c" >/dev/null || missing+=("$c"); done
+  for c in g++ clang make mpicc mpirun "$PYTHON3"; do command -v "$c" >/dev/null || missing+=("$c"); done
   if [ ${#missing[@]} -gt 0 ]; then
     echo "[setup] missing: ${missing[*]} (no dpkg/apt here; install them, plus Open MPI headers)" >&2
     exit 1
