@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -208,3 +209,49 @@ def test_qnccl_h_compiles_after_nvidia_nccl_h(tmp_path, language):
     build([compiler, "-Wall", "-Wextra", "-Werror", f"-I{reference_include()}",
            f"-I{cuda_include()}", f"-I{OURS_INCLUDE}", "-c", str(source), "-o",
            str(tmp_path / "explicit.o")])
+
+
+HOST_CUDA_H = REPO / "src" / "host_backend" / "cuda.h"
+ABI_CHECK = """#include <cuda.h>
+#include <type_traits>
+#include "host_backend/cuda.h"
+
+using namespace qnccl::host;
+
+/* Passed the same way: integers and enums of one size, pointers, in the same positions. */
+template <class T>
+constexpr int kind() {
+  return std::is_pointer_v<T> ? 0 : std::is_integral_v<T> || std::is_enum_v<T> ? 1 : 2;
+}
+template <class A, class B>
+constexpr bool same() { return sizeof(A) == sizeof(B) && kind<A>() == kind<B>(); }
+template <class... A, class... B>
+constexpr bool same_abi(CUresult (*)(A...), CuResult (*)(B...)) {
+  if constexpr (sizeof...(A) != sizeof...(B)) return false;
+  else return (same<A, B>() && ...);
+}
+"""
+
+
+def test_host_backend_cuda_declarations_match_cuda_h(tmp_path):
+    """src/host_backend/cuda.h declares the driver's values and function types by hand (the
+    backend builds without CUDA): each value equals cuda.h's, each function pointer has the
+    parameters of cuda.h's function (count, sizes, pointer or integer), against the CUDA 12
+    headers `make setup` installs (the ABI version the backend asks cuGetProcAddress for)."""
+    include = next((Path(p) / "nvidia" / "cuda_runtime" / "include"
+                    for p in sys.path
+                    if (Path(p) / "nvidia" / "cuda_runtime" / "include" / "cuda.h").is_file()),
+                   None)
+    if include is None:
+        pytest.fail("the CUDA 12 runtime wheel's cuda.h is missing: run `make setup`")
+    text = HOST_CUDA_H.read_text()
+    values = re.findall(r"(kCu\w+) = \d+,\s*// (CU_\w+)", text)
+    struct = text[text.index("struct Cuda {"):text.index("};", text.index("struct Cuda {"))]
+    functions = re.findall(r"CuResult \(\*(\w+)\)\(", struct)
+    assert len(values) >= 10 and len(functions) >= 15, (values, functions)
+    checks = [f'static_assert({k} == {cu}, "{k} is not {cu}");' for k, cu in values]
+    checks += [f'static_assert(same_abi(&cu{f[0].upper()}{f[1:]}, decltype(Cuda::{f}){{}}), '
+               f'"Cuda::{f} is not declared as cu{f[0].upper()}{f[1:]}");' for f in functions]
+    source = tmp_path / "cuda_abi.cc"
+    source.write_text(ABI_CHECK + "\n".join(checks) + "\n")
+    build([CXX, "-std=c++17", "-fsyntax-only", f"-I{include}", f"-I{REPO / 'src'}", str(source)])

@@ -12,8 +12,9 @@
 - the executor's rules on kernels of its own (simdev/checks/rule_kernels.cu, loaded through
   the driver API): warp operations that do not meet, lanes that leave early, parameter blocks
   above 4 KiB, reads past an allocation and vector loads from misaligned addresses end the
-  launch with the GPU's error; legal half-warp masks and shuffles give the right values; shared memory starts
-  as garbage; float-to-integer conversions saturate; subnormals are not flushed."""
+  launch with the GPU's error; legal half-warp masks and shuffles give the right values;
+  shared memory starts as garbage; float-to-integer conversions saturate; subnormals are not
+  flushed."""
 import re
 import shutil
 import subprocess
@@ -145,11 +146,12 @@ KERNELS = {
                    r"big_params: 4408 bytes of parameters, more than 4096"),
     "read-past-end": (["cuLaunchKernel -> CUDA_SUCCESS",
                        "cuStreamSynchronize -> CUDA_ERROR_ILLEGAL_ADDRESS"],
-                      r"kernel read_past_end .* \d+ bytes past the end of 4096 bytes from cuMemAlloc"),
+                      r"kernel read_past_end .* \d+ bytes past the end of 4096 bytes from "
+                      r"cuMemAlloc"),
     "misaligned": (["cuLaunchKernel -> CUDA_SUCCESS",
                     "cuStreamSynchronize -> CUDA_ERROR_MISALIGNED_ADDRESS"],
-                   r"kernel misaligned_vector .* thread \(\d+,0,0\) accessed a float4 at 0x[0-9a-f]+, "
-                   r"which is not 16-byte aligned"),
+                   r"kernel misaligned_vector .* thread \(\d+,0,0\) accessed a float4 at "
+                   r"0x[0-9a-f]+, which is not 16-byte aligned"),
     "divergent-syncwarp": (["cuLaunchKernel -> CUDA_SUCCESS", LAUNCH_FAILED],
                            r"lanes of a warp operation disagree: lane 0 is at rule_kernels.cu:26 "
                            r"\(__syncwarp, mask 0xffffffff\), lane 16 is at rule_kernels.cu:28"),

@@ -409,8 +409,9 @@ ncclResult_t post_broadcast(const CommRef& comm, const void* send, void* recv, s
                             MPI_Datatype type, size_t size, int root, Posted* out) {
   if (comm->clique) {
     return post_together(comm, {send, recv}, [=](const std::vector<Part>& parts) {
+      const void* from = parts[(size_t)root].send;
       for (const Part& p : parts)
-        if (p.recv != parts[(size_t)root].send) memmove(p.recv, parts[(size_t)root].send, count * size);
+        if (p.recv != from) memmove(p.recv, from, count * size);
     }, out);
   }
   if (comm->rank == root && send != recv) memmove(recv, send, count * size);

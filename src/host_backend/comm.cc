@@ -450,7 +450,8 @@ QNCCL_EXPORT ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncc
     const ncclResult_t res = split(parent, mpi_color, key, child_blocking, slot ? slot : &ignored);
     finish_background(parent.get(), res);
   }).detach();
-  return arg_error == ncclSuccess ? ncclInProgress : set_error(arg_error, "%s", arg_message.c_str());
+  return arg_error == ncclSuccess ? ncclInProgress
+                                   : set_error(arg_error, "%s", arg_message.c_str());
 }
 
 /* No operation of a blocking communicator is ever pending; a nonblocking one

@@ -264,7 +264,8 @@ ncclResult_t enqueue_on_streams(Work work, const char* fn) {
   for (Collective& col : work.collectives) {
     use(col.comm, col.stream);
     Buffers& b = col.buffers;
-    QNCCL_CHECK(stage(*w, col.stream, b.send, b.send_bytes, b.recv, b.recv_bytes, &b.send, &b.recv));
+    QNCCL_CHECK(
+        stage(*w, col.stream, b.send, b.send_bytes, b.recv, b.recv_bytes, &b.send, &b.recv));
   }
   w->work = std::move(work);
   const CuStream g = streams.front();

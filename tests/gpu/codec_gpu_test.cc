@@ -340,7 +340,8 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     if (strcmp(argv[i], "--wrap") == 0) {
       wrap = true;
-    } else if (strcmp(argv[i], "--counts") == 0 && i + 1 < argc && parse_counts(argv[i + 1], &counts)) {
+    } else if (strcmp(argv[i], "--counts") == 0 && i + 1 < argc &&
+               parse_counts(argv[i + 1], &counts)) {
       ++i;
     } else {
       printf("usage: %s [--counts N,N,...] [--wrap]\n", argv[0]);

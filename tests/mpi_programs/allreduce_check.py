@@ -609,8 +609,9 @@ def graphs(comm, failures):
             want = emulate_allreduce(inputs, algo=algo, bits=4, bucket_size=128,
                                      rounding="stochastic", seed=seed, call=call)[0]
             for r, got in enumerate(gathered):
-                diff = first_difference(case, got, want, "float32",
-                                        f"{label}: rank {r} differs from the emulator's call {call}")
+                diff = first_difference(
+                    case, got, want, "float32",
+                    f"{label}: rank {r} differs from the emulator's call {call}")
                 if diff:
                     failures.add(f"graphs {algo}", diff)
 
@@ -630,9 +631,10 @@ def graphs(comm, failures):
         before = MEMORY.simulator_counters()
         graph = MEMORY.capture(allreduce)
         after = MEMORY.simulator_counters()
-        if before is not None and after["allocationsInCapture"] != before["allocationsInCapture"]:
-            failures.add(f"graphs {algo}", f"{after['allocationsInCapture'] - before['allocationsInCapture']} "
-                         "allocations during a global-mode capture")
+        made = None if before is None else \
+            after["allocationsInCapture"] - before["allocationsInCapture"]
+        if made:
+            failures.add(f"graphs {algo}", f"{made} allocations during a global-mode capture")
         for call in range(1, replays + 1):
             new_input(call)
             MEMORY.replay(graph)

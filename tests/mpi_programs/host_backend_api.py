@@ -5,9 +5,10 @@ place, for several counts; grouped send/recv in both orders, nested groups,
 collectives inside a group, lone send/recv; ncclCommSplit; communicators of a
 subset of the world made from an id while the other ranks do nothing; the
 query functions; the ranks of an ncclCommInitAll in this process (a clique),
-their collectives and messages in groups from one thread. Inputs are small integers (times 0.5 for floats), so sums,
-products and averages are exact or rounded once, whatever order MPI reduces
-in, and results must match numpy bit for bit.
+their collectives and messages in groups from one thread. Inputs are small
+integers (times 0.5 for floats), so sums, products and averages are exact or
+rounded once, whatever order MPI reduces in, and results must match numpy bit
+for bit.
 
 Usage (under tests/mpi.py): host_backend_api.py
 """

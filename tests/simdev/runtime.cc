@@ -597,7 +597,8 @@ cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* pGraph) {
   return ret(e);
 }
 
-cudaError_t cudaStreamIsCapturing(cudaStream_t stream, enum cudaStreamCaptureStatus* pCaptureStatus) {
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream,
+                                  enum cudaStreamCaptureStatus* pCaptureStatus) {
   ENTER("cudaStreamIsCapturing");
   RETURN_IF(checked_out(pCaptureStatus, "pCaptureStatus", "cudaStreamIsCapturing"));
   Stream* s;

@@ -24,7 +24,8 @@ SIMDEV_INCLUDES := -I$(SIMDEV_DIR) -I$(SIMDEV_DIR)/include
 SIMDEV_CXXFLAGS = $(filter-out -fvisibility=hidden,$(CXXFLAGS)) $(SIMDEV_INCLUDES)
 # Kernels as the GPU computes: no contraction, IEEE division, saturating conversions.
 SIMDEV_KFLAGS := -std=c++17 -O2 -g -fPIC -ffp-contract=off -fno-fast-math \
-                 -fno-strict-float-cast-overflow -fvisibility=hidden -Wall -Wextra -Werror -Wno-pass-failed \
+                 -fno-strict-float-cast-overflow -fvisibility=hidden -Wall -Wextra -Werror \
+                 -Wno-pass-failed \
                  -DQNCCL_WITH_CUDA $(SIMDEV_INCLUDES) -Isrc/include -Isrc
 ifneq ($(strip $(SANITIZE)),)
   # (saturating conversions are defined on the GPU: UBSan must not call them overflow)
@@ -39,7 +40,8 @@ SIMDEV_BINS := $(SIMDEV)/bin/codec_gpu_test $(SIMDEV)/bin/allreduce_gpu_test \
 
 .PHONY: simdev simdev-asan simdev-targets
 simdev:
-	@test -n "$(CUDA_ROOT)" || { echo "make simdev: the CUDA 12 wheels are missing: run make setup" >&2; exit 1; }
+	@test -n "$(CUDA_ROOT)" || \
+	  { echo "make simdev: the CUDA 12 wheels are missing: run make setup" >&2; exit 1; }
 	@$(MAKE) --no-print-directory -j$(JOBS) $(filter-out $(CU_OBJS),$(LIB_OBJS)) $(HOST_LIB) $(CDEF)
 	@$(MAKE) --no-print-directory -j$(JOBS) simdev-targets
 simdev-asan:
@@ -77,8 +79,8 @@ $(SIMDEV)/modules/$(1).scan.ii: $(KERNEL_SOURCE_$(1)) $(HEADERS) $(SIMDEV_HEADER
 	@mkdir -p $$(dir $$@)
 	$(SIMDEV_KCXX) -E -P -x c++ -std=c++17 -DSIMDEV_SCAN -DQNCCL_WITH_CUDA -include simdev/kernel.h \
 	  $(SIMDEV_INCLUDES) -Isrc/include -Isrc $$< -o $$@
-$(SIMDEV)/modules/$(1)_module.cc $(SIMDEV)/modules/$(1)_images.cc &: $(SIMDEV)/modules/$(1).scan.ii \
-                                                            $(SIMDEV_DIR)/gen_module.py
+$(SIMDEV)/modules/$(1)_module.cc $(SIMDEV)/modules/$(1)_images.cc &: \
+    $(SIMDEV)/modules/$(1).scan.ii $(SIMDEV_DIR)/gen_module.py
 	$(PYTHON) $(SIMDEV_DIR)/gen_module.py --module $(1) --source $(KERNEL_SOURCE_$(1)) \
 	  --scan $$< --out $(SIMDEV)/modules
 endef
@@ -109,8 +111,9 @@ $(SIMDEV)/bin/%_gpu_test: tests/gpu/%_gpu_test.cc $(SIMDEV)/lib/libqnccl.so $(HE
 	$(CXX) $(filter-out -fvisibility=hidden,$(CXXFLAGS)) $(SAN_LDFLAGS) $< -o $@ \
 	  -L$(SIMDEV)/lib -lqnccl $(SIMDEV_CUDART_REAL) -Wl,-rpath,'$$ORIGIN/../lib'
 
-$(SIMDEV)/bin/kernel_rules: $(SIMDEV_DIR)/checks/kernel_rules.cc $(SIMDEV)/obj/modules/checks_module.o \
-                            $(SIMDEV)/libcuda.so.1 $(SIMDEV_HEADERS)
+$(SIMDEV)/bin/kernel_rules: $(SIMDEV_DIR)/checks/kernel_rules.cc \
+                            $(SIMDEV)/obj/modules/checks_module.o $(SIMDEV)/libcuda.so.1 \
+                            $(SIMDEV_HEADERS)
 	@mkdir -p $(dir $@)
 	$(CXX) $(SIMDEV_CXXFLAGS) $(SAN_LDFLAGS) $< $(SIMDEV)/obj/modules/checks_module.o -o $@ \
 	  -L$(SIMDEV) -l:libcuda.so.1 -Wl,-rpath,'$$ORIGIN/..'

@@ -22,7 +22,8 @@ unsigned long number(const char* name, unsigned long dflt, unsigned long lo, uns
   errno = 0;
   const unsigned long n = strtoul(v, &end, 10);
   if (errno != 0 || *end != '\0' || *v == '-' || n < lo || n > hi) {
-    const std::string allowed = "an integer from " + std::to_string(lo) + " to " + std::to_string(hi);
+    const std::string allowed =
+        "an integer from " + std::to_string(lo) + " to " + std::to_string(hi);
     bad(name, v, allowed.c_str());
   }
   return n;

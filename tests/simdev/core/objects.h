@@ -175,7 +175,8 @@ struct Counters {
 
 struct Sim {
   std::mutex mutex;
-  std::condition_variable progress;  // an operation completed, or something a worker waits on changed
+  // an operation completed, or something a worker waits on changed
+  std::condition_variable progress;
   std::vector<std::unique_ptr<Device>> devices;
   std::set<Stream*> streams;         // live handles
   std::set<Event*> events;

@@ -149,7 +149,8 @@ void report_hang_locked(const char* what) {
         snprintf(line, sizeof line, "\n  device %d stream %lu: %zu queued; next: %s, waiting for "
                  "%zu other operation(s)%s%s", d->ordinal, (unsigned long)s->id, s->queue.size(),
                  op.work.what.c_str(), waiting, s->running ? "; running one" : "",
-                 op.work.kind == Work::kHost ? " (host functions of a device run one at a time)" : "");
+                 op.work.kind == Work::kHost ? " (host functions of a device run one at a time)"
+                                             : "");
       }
       text += line;
     }

@@ -76,7 +76,8 @@ inline void syncwarp(simdev_site site, unsigned mask = 0xffffffffu) {
 }  // namespace simdev
 
 #define SIMDEV_SITE (simdev_site{__FILE__, __LINE__})
-#define __shfl_xor_sync(mask, value, ...) ::simdev::shfl_xor((mask), (value), SIMDEV_SITE, __VA_ARGS__)
+#define __shfl_xor_sync(mask, value, ...) \
+  ::simdev::shfl_xor((mask), (value), SIMDEV_SITE, __VA_ARGS__)
 #define __syncwarp(...) ::simdev::syncwarp(SIMDEV_SITE, ##__VA_ARGS__)
 
 inline float __fdiv_rn(float a, float b) { return a / b; }  // IEEE division, round to nearest
@@ -135,7 +136,9 @@ struct __attribute__((aligned(16))) float4 {
   SIMDEV_VECTOR_COPY(float4, x = o.x, y = o.y, z = o.z, w = o.w)
 };
 inline uint2 make_uint2(unsigned x, unsigned y) { return uint2(x, y); }
-inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return uint4(x, y, z, w); }
+inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) {
+  return uint4(x, y, z, w);
+}
 inline float4 make_float4(float x, float y, float z, float w) { return float4(x, y, z, w); }
 
 #endif
