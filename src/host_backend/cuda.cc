@@ -1,6 +1,8 @@
 #include "host_backend/cuda.h"
 
 #include <dlfcn.h>
+#include <link.h>
+#include <stddef.h>
 #include <stdio.h>
 
 #include <atomic>
@@ -53,16 +55,39 @@ const Cuda* load() {
   return ok ? &c : nullptr;
 }
 
+/* A number that changes whenever the process loads a shared object (glibc's
+ * dlpi_adds), read without touching the file system, unlike a dlopen. */
+unsigned long long objects_loaded() {
+  static std::atomic<unsigned long long> unknown{0};
+  unsigned long long adds = 0;
+  const int known = dl_iterate_phdr(
+      [](dl_phdr_info* info, size_t size, void* out) {
+        if (size < offsetof(dl_phdr_info, dlpi_adds) + sizeof info->dlpi_adds) return 0;
+        *static_cast<unsigned long long*>(out) = info->dlpi_adds;
+        return 1;  // the first object carries the count
+      },
+      &adds);
+  return known ? adds : ++unknown;  // (an old loader: every call looks again)
+}
+
 }  // namespace
 
 const Cuda* cuda() {
   // Until the process loads the driver there is no device memory; the first
-  // call after it does finds it (and it is never unloaded).
+  // call after it does finds it (and it is never unloaded). Host-memory calls
+  // of a process without CUDA ask this every time: they look again only when
+  // the process has loaded something since (a dlopen costs ~20 us).
   static std::atomic<const Cuda*> found{nullptr};
+  static std::atomic<unsigned long long> looked_at{~0ull};
   static std::mutex mutex;
   if (const Cuda* c = found.load(std::memory_order_acquire)) return c;
+  const unsigned long long now = objects_loaded();
+  if (now == looked_at.load(std::memory_order_relaxed)) return nullptr;
   std::lock_guard<std::mutex> lock(mutex);
-  if (found.load() == nullptr) found.store(load(), std::memory_order_release);
+  if (found.load() == nullptr) {
+    found.store(load(), std::memory_order_release);
+    if (found.load() == nullptr) looked_at.store(now, std::memory_order_relaxed);
+  }
   return found.load();
 }
 
