@@ -83,6 +83,16 @@ def test_memory_released_under_queued_calls(nprocs):
     run_check(nprocs, "allreduce_check.py", "released")
 
 
+def test_memory_released_without_memory_pools():
+    """A device without stream-ordered allocation: the workspace and residuals come from
+    cudaMalloc, and cudaFree must wait for the calls queued before it."""
+    run_check(3, "allreduce_check.py", "released", SIMDEV_MEMORY_POOLS="0")
+
+
+def test_allreduce_without_memory_pools():
+    run_check(2, "allreduce_check.py", "matrix", SIMDEV_MEMORY_POOLS="0")
+
+
 def test_interposed_collectives_under_a_policy():
     run_check(3, "collectives_check.py", "interposed",
               QNCCL_COLLECTIVES="reducescatter,allgather,alltoall", QNCCL_ALLGATHER_BITS="8",

@@ -343,13 +343,17 @@ ncclResult_t alloc_device_residual(DeviceWorkspace& ws, size_t count, cudaStream
 
 namespace {
 
-/* Frees `memory` on the workspace's stream after its calls (current device
- * set by the caller). */
+/* Frees `memory` after the calls queued on the workspace's stream (current
+ * device set by the caller): in stream order, or, without memory pools,
+ * once they are done (cudaFree promises no order with queued work). */
 void free_after_calls(const DeviceWorkspace& ws, void* memory) {
-  if (ws.async_alloc)
-    cudaFreeAsync(memory, static_cast<cudaStream_t>(ws.stream));
-  else
-    cudaFree(memory);
+  const cudaStream_t own = static_cast<cudaStream_t>(ws.stream);
+  if (ws.async_alloc) {
+    cudaFreeAsync(memory, own);
+    return;
+  }
+  cudaStreamSynchronize(own);
+  cudaFree(memory);
 }
 
 /* Runs `f` with the workspace's device current. At process exit the runtime

@@ -99,7 +99,7 @@ void properties(int ordinal, cudaDeviceProp* p) {
   p->managedMemory = 1;
   p->concurrentManagedAccess = 1;
   p->pageableMemoryAccess = 0;
-  p->memoryPoolsSupported = 1;
+  p->memoryPoolsSupported = config().memory_pools;
   p->hostNativeAtomicSupported = 0;
   p->cooperativeLaunch = 1;
 }

@@ -35,6 +35,7 @@ Config read() {
   c.seed = number("SIMDEV_SEED", 1, 0, ~0ul);
   c.lazy_ms = (unsigned)number("SIMDEV_LAZY_MS", 200, 1, 600000);
   c.hang_report_s = (unsigned)number("SIMDEV_HANG_REPORT_S", 60, 0, 86400);
+  c.memory_pools = number("SIMDEV_MEMORY_POOLS", 1, 0, 1) != 0;
   const char* order = getenv("SIMDEV_LANE_ORDER");
   if (order == nullptr || *order == '\0' || strcmp(order, "forward") == 0)
     c.lane_order = LaneOrder::kForward;

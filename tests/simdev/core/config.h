@@ -27,6 +27,8 @@ struct Config {
   uint64_t seed;          // SIMDEV_SEED: of the random lane order and the shared-memory garbage
   Schedule schedule;      // SIMDEV_SCHEDULE: lazy (default) | eager
   unsigned lazy_ms;       // SIMDEV_LAZY_MS: unforced work starts after this long (default 200)
+  bool memory_pools;      // SIMDEV_MEMORY_POOLS: 1 (default), or 0: devices without
+                          // stream-ordered allocation (cudaMallocAsync fails, as there)
   unsigned hang_report_s; // SIMDEV_HANG_REPORT_S: a host wait without progress this long
                           // prints what every stream waits for (default 60; 0: never)
 };

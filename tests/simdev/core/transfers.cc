@@ -5,6 +5,7 @@
  * freed before then gives what a GPU would: other bytes, or a fault. */
 #include <string.h>
 
+#include "core/config.h"
 #include "core/core.h"
 #include "core/errors.h"
 #include "core/executor.h"
@@ -113,6 +114,10 @@ cudaError_t device_free(void* p, const char* api) {
 
 cudaError_t async_alloc(Stream* s, size_t bytes, void** out) {
   *out = nullptr;
+  if (!config().memory_pools)
+    return fail(cudaErrorNotSupported, "cudaMallocAsync: device %d has no memory pools "
+                "(SIMDEV_MEMORY_POOLS=0; cudaDevAttrMemoryPoolsSupported says so)",
+                s->device->ordinal);
   {
     Lock lock(sim().mutex);
     if (s->capture != nullptr)
