@@ -8,7 +8,9 @@
  * its own. On blocking communicators the caller then waits for the flight; on
  * nonblocking ones the call answers ncclInProgress and the backend's progress
  * thread completes it, the communicators reporting ncclInProgress until then
- * (ncclCommGetAsyncError). A group may not mix the two kinds, as in NCCL.
+ * (ncclCommGetAsyncError). A group may not mix the two kinds, as in NCCL. A
+ * group on device memory is queued on its streams instead (streams.cc), and
+ * its flight runs in a host function there (complete_queued).
  *
  * A flight fails, cancelling what it still waits for and making its
  * communicators unusable, when its sends and receives make no progress for
