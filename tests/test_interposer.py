@@ -133,14 +133,14 @@ class Call:
         return self.count * np.dtype(STORAGE[self.dtype]).itemsize
 
 
-def load_run(directory):
+def load_run(directory, nranks=NRANKS):
     calls = []
     for line in (directory / "manifest.tsv").read_text().splitlines():
         _, name, dtype, op, count, inplace, depth = line.split("\t")
 
         def read(kind):
             return [np.fromfile(directory / f"{name}.r{r}.{kind}", STORAGE[dtype])
-                    for r in range(NRANKS)]
+                    for r in range(nranks)]
         calls.append(Call(name, dtype, op, int(count), inplace == "1", int(depth), read("in"),
                           read("out")))
     return calls
@@ -313,6 +313,38 @@ def test_disable_passes_everything_through(program, plain, tmp_path):
             assert same_bytes(call.outputs[rank], before.outputs[rank]), (call.name, rank)
     assert stats_lines(result.stdout) == {
         rank: (0, len(plain.calls), 0, 0) for rank in range(NRANKS)}, result.stdout[-4000:]
+
+
+@pytest.mark.parametrize("nprocs, flags, why", [
+    (1, [], "one rank: nothing crosses a link"),
+    (NRANKS, ["--algo", "hier"], "hierarchical on one node: nothing crosses a node link")])
+def test_nothing_is_quantized_where_nothing_crosses_a_link(program, tmp_path, nprocs, flags,
+                                                           why):
+    """A 1-rank job, and the hierarchical algorithm with every rank on one node: quantizing
+    would add error and save nothing, so every call is the real NCCL's, bit for bit the
+    plain run's, and the INFO lines and statistics say so."""
+    runs = {}
+    for name, qnccl_flags in (("plain", None), ("preloaded", RUN_FLAGS + flags)):
+        outdir = tmp_path / name
+        outdir.mkdir()
+        output = run_program(program, outdir, qnccl_flags, nprocs=nprocs).stdout
+        runs[name] = Run(load_run(outdir, nprocs), output)
+    plain_calls, calls = runs["plain"].calls, runs["preloaded"].calls
+    assert sum(map(eligible, calls)) >= 8
+    for before, call in zip(plain_calls, calls):
+        for rank in range(nprocs):
+            assert same_bytes(call.outputs[rank], before.outputs[rank]), (call.name, rank)
+    output = runs["preloaded"].output
+    decided = re.findall(rf"{INFO}: ncclAllReduce (\w+) (\w+): (compressed|passed through) "
+                         rf"\(([^)]*)\)$", output, re.M)
+    eligible_kinds = {(c.dtype, c.op) for c in calls if eligible(c)}
+    for rank in range(nprocs):
+        mine = {(dtype, op, decision, detail) for r, dtype, op, decision, detail in decided
+                if int(r) == rank}
+        assert {kind + ("passed through", why) for kind in eligible_kinds} <= mine, (rank, mine)
+        assert not any(decision == "compressed" for _, _, decision, _ in mine), (rank, mine)
+    assert stats_lines(output) == {
+        rank: (0, len(calls), 0, 0) for rank in range(nprocs)}, output[-4000:]
 
 
 @pytest.mark.parametrize("variable, value, message", [

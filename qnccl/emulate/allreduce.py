@@ -110,9 +110,11 @@ def auto_algo(count, dtype, nranks):
 def quantizations_per_value(algo, nranks):
     """How many quantizations one input value passes through on its way to the
     output (docs/allreduce.md): N for ring, depth + 1 <= floor(log2 N) + 1 for
-    tree (the deepest rank's), 2 for SRA (1 for N = 1, where SRA sends
-    nothing). Every output element is touched by N quantizations in all three
+    tree (the deepest rank's), 2 for SRA (for N = 1 the call runs exact: 0).
+    Every output element is touched by N quantizations in all three
     algorithms; what differs is how many of them an input value compounds."""
+    if algo in _ALGORITHMS and nranks == 1:
+        return 0
     if algo == "ring":
         return nranks
     if algo == "tree":
@@ -236,6 +238,10 @@ def _plan(algo, nodes, inter_algo, intra_bits, count, name, nranks):
     if not (isinstance(intra_bits, int) and 0 <= intra_bits <= 8):
         raise ValueError(f"intra_bits must be 0 (exact) or 1..8, got {intra_bits!r}")
     lay = None if nodes is None else hierarchical.layout(nodes, nranks)
+    if nranks == 1 or (algo == "hier" and lay is not None and len(lay.members) == 1):
+        if algo not in ("auto", "hier") and algo not in _ALGORITHMS:
+            raise ValueError(f"algo must be one of auto, {', '.join(ALGOS)}, hier, got {algo!r}")
+        return "exact", None
     if algo == "auto":
         algo = "hier" if lay is not None and lay.hierarchical else auto_algo(count, name, nranks)
     if algo != "hier":
@@ -291,6 +297,8 @@ def allreduce(inputs: Sequence[np.ndarray], algo: str = "auto", bits: int = 4,
     x, name, out_dtype, shape = _inputs(inputs, dtype)
     nranks, count = x.shape
     algo, hier = _plan(algo, nodes, inter_algo, intra_bits, count, name, nranks)
+    if algo == "exact":
+        return _exact(inputs, x, name, out_dtype, shape, op, return_bounds)
     cfg = _Config(nranks, bits, bucket_size, rounding, operator.index(seed),
                   operator.index(call), op == "avg", return_bounds)
     flat = e = None
@@ -312,6 +320,33 @@ def allreduce(inputs: Sequence[np.ndarray], algo: str = "auto", bits: int = 4,
     with np.errstate(invalid="ignore"):
         finite = np.isfinite(codec.to_float32(out.reshape(-1), name)) & np.isfinite(bound)
     return outputs, np.where(finite, bound, np.inf).reshape(shape)
+
+
+def _exact(inputs, x, name, out_dtype, shape, op, return_bounds):
+    """A call whose quantized bytes would cross no link (one rank; the hierarchical
+    algorithm on one node) is the real library's exact allreduce: on one rank the
+    input itself, bit for bit (avg: divided by 1 in float32); on one node the correctly rounded sum (or average),
+    which the real library's own summation order may miss by its rounding."""
+    if len(inputs) == 1 and op == "sum":
+        out = np.array(inputs[0], copy=True)
+    elif len(inputs) == 1:  # the division by 1 quiets a signalling NaN
+        with np.errstate(invalid="ignore"):
+            out = codec.from_float32(x[0] / F32(1), name).view(out_dtype).reshape(shape)
+    else:
+        with np.errstate(invalid="ignore", over="ignore"):
+            total = x.astype(np.float64).sum(axis=0)
+            if op == "avg":
+                total /= len(inputs)
+        out = codec.from_float32(total.astype(F32), name).view(out_dtype).reshape(shape)
+    outputs = [out.copy() for _ in range(len(inputs))]
+    if not return_bounds:
+        return outputs
+    rel, tiny = _STORE_SLACK[name]
+    with np.errstate(invalid="ignore", over="ignore"):
+        y = codec.to_float32(out.reshape(-1), name).astype(np.float64)
+        slack = 0.0 if len(inputs) == 1 else len(inputs) * 2.0 ** -24 * np.abs(x).sum(axis=0)
+        bound = slack + rel * np.abs(y) + tiny
+    return outputs, np.where(np.isfinite(y) & np.isfinite(bound), bound, np.inf).reshape(shape)
 
 
 # ---- quantizations of rows of values --------------------------------------------------
@@ -565,8 +600,10 @@ def run(x, algo, cfg, segment_values, residuals=None, hier=None):
     with residuals (N x n float32, updated in place) the call runs with error feedback
     (docs/allreduce.md, Error feedback)."""
     nranks, count = x.shape
-    out = np.empty(count, F32)
     bound = np.zeros(count) if cfg.bounds else None
+    if nranks == 1:  # nothing crosses a link: exact, residuals untouched (allreduce's _exact)
+        return x[0].copy(), bound
+    out = np.empty(count, F32)
     if hier is None and residuals is not None:
         with np.errstate(invalid="ignore", over="ignore"):
             x = x + residuals  # z_r = widen(x_r) + e_r; a hierarchical call's stages add them

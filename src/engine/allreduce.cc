@@ -205,7 +205,25 @@ ncclResult_t begin_call(Segment& s, const char* what, ncclComm_t comm, cudaStrea
   return ncclSuccess;
 }
 
+/* A call whose quantized bytes would cross no link is the real library's
+ * exact call: quantizing gains nothing there and only adds error. It takes
+ * no call number and leaves error feedback's residuals untouched. */
+ncclResult_t run_exact(Segment& s, const QuantizedCall& c, CommState& state, const char* why,
+                       bool& reported) {
+  if (!reported) {  // once per communicator and reason
+    reported = true;
+    info(s.comm, state.debug, ": %s: quantized calls run exact (the real NCCL's)", why);
+  }
+  state.stats.callsPassedThrough++;
+  if (const ncclResult_t res = c.pass_through(); res != ncclSuccess)
+    return set_error(res, "quantized %s (%s): the exact call of %s failed (%d)", c.what, why,
+                     s.nccl->path, (int)res);
+  return ncclSuccess;
+}
+
 ncclResult_t run_quantized(Segment& s, QuantizedCall c, CommState& state) {
+  if (s.nranks == 1)
+    return run_exact(s, c, state, "one rank, nothing crosses a link", state.reported_one_rank);
   int device = -1;  // of the buffers (the checks made sure both are on the same side)
 #ifdef QNCCL_WITH_CUDA
   if (c.count > 0) {
@@ -361,8 +379,15 @@ ncclResult_t run_call(Segment& s, const void* sendbuff, void* recvbuff, size_t c
                        "use a flat algorithm (QNCCL_ALGO=auto picks one)",
                        state.topology.host.c_str(), state.topology.local_ranks, s.nranks);
     }
-    QNCCL_CHECK(make_hierarchy(*s.nccl, comm, s.rank, state));
     const Topology& t = state.topology;
+    if (t.nodes == 1) {
+      const QuantizedCall exact = {
+          "allreduce", algo, nullptr, {}, sendbuff, recvbuff, count, count * s.type_size, &config,
+          [&] { return s.nccl->allReduce(sendbuff, recvbuff, count, datatype, op, comm, stream); }};
+      return run_exact(s, exact, state, "hierarchical on one node, nothing crosses a node link",
+                       state.reported_one_node);
+    }
+    QNCCL_CHECK(make_hierarchy(*s.nccl, comm, s.rank, state));
     plan.topology = &t;
     plan.inter_algo = resolve_inter_algo(config.interAlgo, count, datatype, t.local_ranks, t.nodes);
     plan.inter = algorithm(plan.inter_algo);

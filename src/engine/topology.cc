@@ -67,8 +67,8 @@ void report(ncclComm_t comm, const CommState& state, int nranks) {
     info(comm, state.debug, ": nodes hold different numbers of ranks (this one, %s: %d of %d): "
          "auto runs a flat algorithm, which needs none", t.host.c_str(), t.local_ranks, nranks);
   else if (t.nodes == 1)
-    info(comm, state.debug, ": all %d ranks on one node (%s): auto runs a flat algorithm",
-         nranks, t.host.c_str());
+    info(comm, state.debug, ": all %d ranks on one node (%s): auto runs a flat algorithm, "
+         "a hierarchical call runs exact", nranks, t.host.c_str());
   else
     info(comm, state.debug, ": %d nodes with one rank each: auto runs a flat algorithm",
          t.nodes);

@@ -39,15 +39,18 @@ bool reduces(qncclCollective_t kind) {
 }
 
 Decision decide(ShimComm& st, qncclCollective_t kind, size_t count, ncclDataType_t type,
-                ncclRedOp_t op) {
+                ncclRedOp_t op, int nranks) {
   Decision d;
+  d.reduction = op;
   const qncclEnvConfig_t& c = st.config;
   const int bits = quantization_bits(st, kind);
   auto quantized = kind == qncclCollAllReduce ? st.ops.find((int)op) : st.ops.end();
-  if (quantized != st.ops.end()) {  // an explicit request: the environment does not apply
+  if (quantized != st.ops.end()) d.reduction = quantized->second.reduction;
+  if (nranks == 1) {  // quantizing would only add error
+    snprintf(d.why, sizeof d.why, "one rank: nothing crosses a link");
+  } else if (quantized != st.ops.end()) {  // an explicit request: the environment does not apply
     d.compress = true;
     d.config = quantized->second.allreduce;
-    d.reduction = quantized->second.reduction;
   } else if (!c.enable) {
     snprintf(d.why, sizeof d.why, "QNCCL_ENABLE=0");
   } else if (bits == 0) {
@@ -68,7 +71,6 @@ Decision decide(ShimComm& st, qncclCollective_t kind, size_t count, ncclDataType
   } else {
     d.compress = true;
     d.config = quantized_config(c, kind, bits);
-    d.reduction = op;
   }
   return d;
 }
@@ -189,7 +191,10 @@ ncclResult_t collective(qncclCollective_t kind, const void* send, void* recv, si
   std::shared_ptr<ShimComm> shim;
   std::shared_ptr<CommState> st;
   if (states_of(comm, &shim, &st) != ncclSuccess) return fail(ncclInvalidArgument);
-  const Decision d = decide(*shim, kind, count, type, op);
+  int rank = 0, nranks = 0;
+  nccl->commUserRank(comm, &rank);
+  nccl->commCount(comm, &nranks);
+  Decision d = decide(*shim, kind, count, type, op, nranks);
   if (d.compress &&
       check_call(kind, send, recv, count, type, d.reduction, d.config, comm) != ncclSuccess)
     return fail(ncclInvalidArgument);
@@ -197,19 +202,22 @@ ncclResult_t collective(qncclCollective_t kind, const void* send, void* recv, si
     // Outside a group the node layout can be found now (a collective, as the
     // call itself), so the report names the algorithm auto picks.
     const bool layout = d.config.algo == qncclAlgoAuto || d.config.algo == qncclAlgoHier;
-    if (layout && group_depth == 0 && !st->topology.known) {
-      int rank = 0, nranks = 0;
-      nccl->commUserRank(comm, &rank);
-      nccl->commCount(comm, &nranks);
+    if (layout && group_depth == 0 && !st->topology.known)
       if (const ncclResult_t res = discover_topology(*nccl, comm, rank, nranks, *st);
           res != ncclSuccess)
         return fail(res);
+    // (Inside a group the engine finds the layout and runs such a call exact.)
+    const Topology& t = st->topology;
+    if (t.known && t.nodes == 1 &&
+        resolve_algo(d.config.algo, count, type, nranks, &t) == qncclAlgoHier) {
+      d.compress = false;
+      snprintf(d.why, sizeof d.why, "hierarchical on one node: nothing crosses a node link");
     }
   }
   report_kind(comm, *shim, *st, kind, type, op, d, count, *nccl);
   if (!d.compress) {
     st->stats.callsPassedThrough++;
-    return pass_through(*nccl, kind, send, recv, count, type, op, comm, stream);
+    return pass_through(*nccl, kind, send, recv, count, type, d.reduction, comm, stream);
   }
   const CollectiveCall call = {kind,     send, recv, count, type, d.reduction, d.config,
                                comm,     stream, {}};
@@ -238,7 +246,7 @@ ncclResult_t point_to_point(bool send, void* buffer, size_t count, ncclDataType_
   int rank = -1, nranks = 0;
   nccl->commUserRank(comm, &rank);
   nccl->commCount(comm, &nranks);
-  Decision d = decide(*shim, qncclCollSendRecv, count, type, ncclSum);
+  Decision d = decide(*shim, qncclCollSendRecv, count, type, ncclSum, nranks);
   if (d.compress && peer == rank) {
     d.compress = false;
     snprintf(d.why, sizeof d.why, "to or from itself");
