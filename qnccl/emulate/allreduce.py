@@ -325,8 +325,9 @@ def allreduce(inputs: Sequence[np.ndarray], algo: str = "auto", bits: int = 4,
 def _exact(inputs, x, name, out_dtype, shape, op, return_bounds):
     """A call whose quantized bytes would cross no link (one rank; the hierarchical
     algorithm on one node) is the real library's exact allreduce: on one rank the
-    input itself, bit for bit (avg: divided by 1 in float32); on one node the correctly rounded sum (or average),
-    which the real library's own summation order may miss by its rounding."""
+    input itself, bit for bit (avg: divided by 1 in float32); on one node the correctly
+    rounded sum (or average), which the real library's own summation order may miss by
+    its rounding."""
     if len(inputs) == 1 and op == "sum":
         out = np.array(inputs[0], copy=True)
     elif len(inputs) == 1:  # the division by 1 quiets a signalling NaN
