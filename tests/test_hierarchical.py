@@ -52,6 +52,16 @@ def test_hierarchical_on_host_ids_matches_the_emulator():
     assert re.search(r"SUMMARY hier: 4 ranks, \d+ cases, 0 failures", out), out[-6000:]
 
 
+def test_hierarchical_on_one_node_runs_exact():
+    """All 4 ranks on one node (NCCL_HOSTID): an explicit hierarchical call, alone or in a
+    group, with or without error feedback, crosses no node link and is the real library's
+    exact allreduce (docs/allreduce.md, "Where nothing crosses a link")."""
+    out = mpi.run(4, [sys.executable, str(PROGRAMS / "allreduce_check.py"), "hier",
+                      "--ranks-per-node", "4"], timeout=300).stdout
+    assert "layout: ['node0', 'node0', 'node0', 'node0']" in out
+    assert re.search(r"SUMMARY hier: 4 ranks, 6 cases, 0 failures", out), out[-6000:]
+
+
 @needs_netns
 @pytest.mark.parametrize("nodes, ranks", [(2, 4), (2, 6)])
 def test_hierarchical_error_feedback_matches_the_emulator(nodes, ranks):

@@ -50,7 +50,9 @@ hier      the hierarchical algorithm on the job's node layout (host names, or
           interposed ncclAllReduce (pipelined segments inside the lock-step of
           the group's calls). On a layout whose nodes differ, auto runs flat and
           an explicit hier fails on every rank with ncclInvalidUsage naming the
-          layout. --ranks-per-node K makes the layout on one host (NCCL_HOSTID).
+          layout; on one node an explicit hier runs exact (alone, in a group, with
+          error feedback). --ranks-per-node K makes the layout on one host
+          (NCCL_HOSTID).
 
 Prints one line per failure, then a summary; exits non-zero on any failure.
 """
@@ -551,6 +553,8 @@ def hier(comm, failures):
             failures.add(f"topology rank {rank}", line)
     if RANK == 0:
         print(f"layout: {NODES}", flush=True)
+    if len(set(NODES)) == 1:
+        return one_node(comm, failures)
     if len(sizes) == 1:
         cases = hier_cases()
         run_cases(comm, cases, failures)
@@ -577,6 +581,49 @@ def hier(comm, failures):
                                    (False, True)))]
     run_cases(comm, cases, failures)
     return len(cases) + 2
+
+
+def one_node(comm, failures):
+    """Every rank on one node: an explicit hier (alone, in a group, with error feedback,
+    every type, sum and avg) crosses no node link and runs exact, the real library's
+    allreduce: within its float rounding of the exact sum, counted as passed through, no
+    codec work, no residual."""
+    import qnccl.comm
+    cases = [Case("hier", dtype, 30011, op=op, seed=6000 + i, bits=3)
+             for i, (dtype, op) in enumerate(itertools.product(
+                 ("float32", "float16", "bfloat16"), ("sum", "avg")))]
+    unit = {"float32": 2.0**-24, "float16": 2.0**-11, "bfloat16": 2.0**-8}
+    for i, case in enumerate(cases):
+        x = rank_input(case, RANK)
+        out = np.zeros_like(x)
+        config = make_config(case)
+        config.errorFeedback = i % 2
+        before = qnccl.comm.stats(comm)
+        grouped_call = i % 3 == 0
+        if grouped_call:
+            check_nccl(lib.ncclGroupStart(), "ncclGroupStart")
+        result = lib.qncclAllReduce(ffi.from_buffer(x), ffi.from_buffer(out), x.size,
+                                    NCCL_TYPES[case.dtype], OPS[case.op], config, comm, ffi.NULL)
+        if grouped_call:
+            check_nccl(lib.ncclGroupEnd(), "ncclGroupEnd")
+        check_nccl(result, "qncclAllReduce (hier on one node)")
+        after = qnccl.comm.stats(comm)
+        inputs = COMM.allgather(widen(x, case.dtype).astype(np.float64))
+        exact = np.sum(inputs, axis=0) / (NRANKS if case.op == "avg" else 1)
+        bound = (NRANKS + 1) * unit[case.dtype] * np.sum(np.abs(inputs), axis=0)
+        error = np.abs(widen(out, case.dtype) - exact)
+        lines = []
+        if not np.all(error <= bound):
+            lines.append(f"error up to {error.max():.3g}, beyond an exact sum's {bound.max():.3g}")
+        moved = {k: after[k] - before[k] for k in ("calls_compressed", "calls_passed_through",
+                                                   "compute_steps", "residual_buffers")}
+        if moved != {"calls_compressed": 0, "calls_passed_through": 1, "compute_steps": 0,
+                     "residual_buffers": 0}:
+            lines.append(f"statistics moved by {moved}; expected one call passed through")
+        for rank, rank_lines in enumerate(COMM.gather(lines, root=0) or []):
+            for line in rank_lines:
+                failures.add(case, f"rank {rank}: {line}")
+    return len(cases)
 
 
 def graphs(comm, failures):
