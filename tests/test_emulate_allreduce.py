@@ -60,8 +60,6 @@ def literal_allreduce(inputs, algo, bits, bucket, rounding, seed, op, call, segm
     """Every rank's output, computed as the page reads: per-rank accumulators,
     messages handed from sender to receiver step by step, every chunk
     (empty ones too: zero values quantize to zero bytes)."""
-    if len(inputs) == 1:  # the page: nothing crosses a link, the call is exact
-        return [np.array(inputs[0], copy=True)]
     x = np.stack([emu.to_float32(np.asarray(a).reshape(-1), dtype) for a in inputs])
     n_ranks, n = x.shape
     width = max(bucket, (segment_values or 2**22) // bucket * bucket)
@@ -207,46 +205,43 @@ def test_emulator_is_the_literal_algorithm_bit_for_bit(rng, algo, nranks, count,
                 f"{storage_bits(expected[r])[differ[0]]:#x}")
 
 
-@pytest.mark.parametrize("algo", ALGOS + ("auto", "hier"))
+@pytest.mark.parametrize("algo,step", [("ring", 0), ("tree", 1), ("sra", 1)])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_one_rank_is_exact(rng, algo, dtype):
-    """N = 1: nothing crosses a link, so the call is the real library's exact one: the
-    input bit for bit (NaN and Inf too), error feedback's residuals untouched, a bound of
-    nothing but the store into the type; ring, tree and SRA quantize nothing."""
+def test_one_rank_quantizes_once(rng, algo, step, dtype):
+    """N = 1: the output is D(Q(x)) with the stream of the one quantization
+    (ring: step N-1 = 0, tree: the root's step 1, SRA: step N = 1), per segment."""
     x = make_values(rng, 3000, dtype, 64, specials=True)
-    residual = rng.standard_normal(3000).astype(F32)
-    kept = residual.copy()
-    nodes = ["a"] if algo == "hier" else None
-    (got,) = allreduce([x], algo=algo, bits=3, bucket_size=64, seed=11, call=4, dtype=dtype,
-                       residuals=[residual], nodes=nodes)
-    assert np.array_equal(storage_bits(got), storage_bits(x))
-    assert np.array_equal(residual, kept)
-    (avg,) = allreduce([x], algo=algo, bits=3, dtype=dtype, nodes=nodes, op="avg")
-    nan = np.isnan(widen(x, dtype))  # x / 1: the same, but a signalling NaN comes out quiet
-    assert np.array_equal(np.isnan(widen(avg, dtype)), nan)
-    assert np.array_equal(storage_bits(avg)[~nan], storage_bits(x)[~nan])
-    (_,), bound = allreduce([x], algo=algo, bits=3, bucket_size=64, dtype=dtype, nodes=nodes,
-                            return_bounds=True)
-    finite = np.isfinite(widen(x, dtype))
-    assert np.all(bound[finite] <= 2.0**-8 * np.abs(widen(x, dtype)[finite]) + 2.0**-25)
-    if algo in ALGOS:
-        assert quantizations_per_value(algo, 1) == 0
+    for segment_values, call in ((0, 0), (1000, 5)):
+        (got,) = allreduce([x], algo=algo, bits=3, bucket_size=64, seed=11, call=call,
+                           segment_values=segment_values, dtype=dtype)
+        bounds = segments(x.size, segment_values, 64)
+        expected = np.concatenate([
+            emu.dequantize(emu.quantize(x[lo:hi], 3, 64, "stochastic", 11,
+                                        stream_id(call, g, 0, step), dtype=dtype),
+                           hi - lo, 3, 64, dtype).view(x.dtype)
+            for g, (lo, hi) in enumerate(bounds)])
+        assert np.array_equal(storage_bits(got), storage_bits(expected))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_hierarchical_on_one_node_is_exact(rng, dtype):
-    """Every rank on one node: nothing crosses a node link, and the hierarchical call is
-    the real library's exact allreduce: the correctly rounded sum (average)."""
-    inputs = rank_inputs(rng, 4, 1500, dtype)
-    for op in ("sum", "avg"):
-        outs = allreduce(inputs, algo="hier", nodes=["n"] * 4, op=op, dtype=dtype,
-                         intra_bits=3)
-        total = np.stack([widen(a, dtype) for a in inputs]).sum(0)
-        if op == "avg":
-            total /= 4
-        expected = emu.from_float32(total.astype(F32), dtype)
-        for out in outs:
-            assert np.array_equal(storage_bits(out), storage_bits(expected))
+    """Every rank on one node (one rank too): nothing crosses a node link, and the
+    hierarchical call is the real library's exact allreduce: the correctly rounded sum
+    (average); error feedback's residuals stay untouched."""
+    for nranks in (1, 4):
+        inputs = rank_inputs(rng, nranks, 1500, dtype)
+        residuals = [rng.standard_normal(1500).astype(F32) for _ in range(nranks)]
+        kept = [r.copy() for r in residuals]
+        for op in ("sum", "avg"):
+            outs = allreduce(inputs, algo="hier", nodes=["n"] * nranks, op=op, dtype=dtype,
+                             intra_bits=3, residuals=residuals)
+            total = np.stack([widen(a, dtype) for a in inputs]).sum(0)
+            if op == "avg":
+                total /= nranks
+            expected = emu.from_float32(total.astype(F32), dtype)
+            for out in outs:
+                assert np.array_equal(storage_bits(out), storage_bits(expected))
+        assert all(np.array_equal(a, b) for a, b in zip(residuals, kept))
 
 
 def test_every_rank_gets_the_same_output_of_the_input_type(rng):
@@ -328,7 +323,7 @@ def wide_values(rng, count, dtype, bucket):
 
 
 @pytest.mark.parametrize("algo", ALGOS)
-@pytest.mark.parametrize("nranks", [2, 3, 5, 8])
+@pytest.mark.parametrize("nranks", [1, 2, 3, 5, 8])
 def test_error_is_within_the_returned_bound(rng, algo, nranks):
     """|output - exact| <= bound for nearest and stochastic rounding, sum and
     avg, every type. Where the steps dominate (wide_values) the bound is not

@@ -119,7 +119,7 @@ class Recorder:
 
 
 @pytest.mark.parametrize("algo", ALGOS)
-@pytest.mark.parametrize("n", [2, 3, 5, 8, 13])
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 8, 13])
 def test_each_rank_quantizes_each_index_once(monkeypatch, algo, n):
     count = 1000  # uneven chunks; for N = 13 some are empty
     rec = Recorder(monkeypatch, n, count, 1.0)
@@ -141,7 +141,7 @@ def test_bookkeeping_identity(monkeypatch, algo, rounding, op):
     sum_r |e_r,new|) (+ N 2^-149 for avg), enlarged by 1% for second-order terms; and every
     residual is nonzero somewhere and within one step (nearest: half) of its bucket."""
     calls, count = 20, 700
-    for n in (2, 3, 5, 8):  # (one rank runs exact: test_emulate_allreduce.py)
+    for n in (1, 2, 3, 5, 8):
         rng = np.random.default_rng(100 * n)
         rho = 0.5 if rounding == "nearest" else 1.0
         rec = Recorder(monkeypatch, n, count, rho)

@@ -316,13 +316,12 @@ def test_disable_passes_everything_through(program, plain, tmp_path):
 
 
 @pytest.mark.parametrize("nprocs, flags, why", [
-    (1, [], "one rank: nothing crosses a link"),
     (NRANKS, ["--algo", "hier"], "hierarchical on one node: nothing crosses a node link")])
 def test_nothing_is_quantized_where_nothing_crosses_a_link(program, tmp_path, nprocs, flags,
                                                            why):
-    """A 1-rank job, and the hierarchical algorithm with every rank on one node: quantizing
-    would add error and save nothing, so every call is the real NCCL's, bit for bit the
-    plain run's, and the INFO lines and statistics say so."""
+    """The hierarchical algorithm with every rank on one node: quantizing would add error
+    and save nothing (its quantized stage runs between nodes), so every call is the real
+    NCCL's, bit for bit the plain run's, and the INFO lines and statistics say so."""
     runs = {}
     for name, qnccl_flags in (("plain", None), ("preloaded", RUN_FLAGS + flags)):
         outdir = tmp_path / name

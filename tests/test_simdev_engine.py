@@ -59,7 +59,7 @@ def test_grouped_sends_and_receives(nprocs):
     run_check(nprocs, "collectives_check.py", "sendrecv", QNCCL_COLLECTIVES="sendrecv,allreduce")
 
 
-@pytest.mark.parametrize("nprocs", [n for n in RANKS if n > 1])  # one rank runs exact
+@pytest.mark.parametrize("nprocs", RANKS)
 def test_error_feedback(nprocs):
     run_check(nprocs, "error_feedback_check.py", "emulator")
 

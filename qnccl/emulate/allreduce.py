@@ -110,11 +110,9 @@ def auto_algo(count, dtype, nranks):
 def quantizations_per_value(algo, nranks):
     """How many quantizations one input value passes through on its way to the
     output (docs/allreduce.md): N for ring, depth + 1 <= floor(log2 N) + 1 for
-    tree (the deepest rank's), 2 for SRA (for N = 1 the call runs exact: 0).
-    Every output element is touched by N quantizations in all three
+    tree (the deepest rank's), 2 for SRA (1 for N = 1, where SRA sends
+    nothing). Every output element is touched by N quantizations in all three
     algorithms; what differs is how many of them an input value compounds."""
-    if algo in _ALGORITHMS and nranks == 1:
-        return 0
     if algo == "ring":
         return nranks
     if algo == "tree":
@@ -238,10 +236,8 @@ def _plan(algo, nodes, inter_algo, intra_bits, count, name, nranks):
     if not (isinstance(intra_bits, int) and 0 <= intra_bits <= 8):
         raise ValueError(f"intra_bits must be 0 (exact) or 1..8, got {intra_bits!r}")
     lay = None if nodes is None else hierarchical.layout(nodes, nranks)
-    if nranks == 1 or (algo == "hier" and lay is not None and len(lay.members) == 1):
-        if algo not in ("auto", "hier") and algo not in _ALGORITHMS:
-            raise ValueError(f"algo must be one of auto, {', '.join(ALGOS)}, hier, got {algo!r}")
-        return "exact", None
+    if algo == "hier" and lay is not None and len(lay.members) == 1:
+        return "exact", None  # nothing crosses a node link
     if algo == "auto":
         algo = "hier" if lay is not None and lay.hierarchical else auto_algo(count, name, nranks)
     if algo != "hier":
@@ -323,11 +319,10 @@ def allreduce(inputs: Sequence[np.ndarray], algo: str = "auto", bits: int = 4,
 
 
 def _exact(inputs, x, name, out_dtype, shape, op, return_bounds):
-    """A call whose quantized bytes would cross no link (one rank; the hierarchical
-    algorithm on one node) is the real library's exact allreduce: on one rank the
-    input itself, bit for bit (avg: divided by 1 in float32); on one node the correctly
-    rounded sum (or average), which the real library's own summation order may miss by
-    its rounding."""
+    """The hierarchical algorithm on one node crosses no node link: the call is the real
+    library's exact allreduce, here the correctly rounded sum (or average), which the real
+    library's own summation order may miss by its rounding; on one rank the input itself,
+    bit for bit (avg: divided by 1 in float32)."""
     if len(inputs) == 1 and op == "sum":
         out = np.array(inputs[0], copy=True)
     elif len(inputs) == 1:  # the division by 1 quiets a signalling NaN
@@ -601,10 +596,8 @@ def run(x, algo, cfg, segment_values, residuals=None, hier=None):
     with residuals (N x n float32, updated in place) the call runs with error feedback
     (docs/allreduce.md, Error feedback)."""
     nranks, count = x.shape
-    bound = np.zeros(count) if cfg.bounds else None
-    if nranks == 1:  # nothing crosses a link: exact, residuals untouched (allreduce's _exact)
-        return x[0].copy(), bound
     out = np.empty(count, F32)
+    bound = np.zeros(count) if cfg.bounds else None
     if hier is None and residuals is not None:
         with np.errstate(invalid="ignore", over="ignore"):
             x = x + residuals  # z_r = widen(x_r) + e_r; a hierarchical call's stages add them

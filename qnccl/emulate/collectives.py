@@ -106,11 +106,6 @@ def _rs_ring(cfg, z, g):
 _REDUCE_SCATTER = {"ring": _rs_ring, "sra": _rs_sra}
 
 
-def _one_rank(inputs):
-    """On one rank nothing crosses a link: the call is the real library's, exact (a copy)."""
-    return [np.array(inputs[0], copy=True).reshape(-1)]
-
-
 def reduce_scatter(inputs: Sequence[np.ndarray], algo: str = "auto", bits: int = 4,
                    bucket_size: int = 128, rounding: str = "stochastic", seed: int = 0,
                    op: str = "sum", call: int = 0, segment_values: int = 0, dtype=None):
@@ -126,8 +121,6 @@ def reduce_scatter(inputs: Sequence[np.ndarray], algo: str = "auto", bits: int =
     if algo not in _REDUCE_SCATTER:
         raise ValueError(f"algo must be one of auto, {', '.join(REDUCE_SCATTER_ALGOS)}, got "
                          f"{algo!r}")
-    if n == 1:
-        return _one_rank(inputs)
     cfg = _Config(n, bits, bucket_size, rounding, seed, call, op == "avg", False)
     out = np.empty((n, count), F32)
     for g, (a, b) in enumerate(segments(count, segment_values, bucket_size)):
@@ -148,8 +141,6 @@ def allgather(inputs: Sequence[np.ndarray], bits: int = 4, bucket_size: int = 12
     seed, call = _common(bits, bucket_size, rounding, seed, call)
     x, name, out_dtype, _ = _inputs(inputs, dtype)
     n, count = x.shape
-    if n == 1:
-        return _one_rank(inputs)
     cfg = _Config(n, bits, bucket_size, rounding, seed, call, False, False)
     out = np.empty((n, count), F32)
     for g, (a, b) in enumerate(segments(count, segment_values, bucket_size)):
@@ -166,8 +157,6 @@ def alltoall(inputs: Sequence[np.ndarray], bits: int = 4, bucket_size: int = 128
     seed, call = _common(bits, bucket_size, rounding, seed, call)
     z, name, out_dtype, raw = _chunked(inputs, dtype, "count")
     n, _, count = z.shape
-    if n == 1:
-        return _one_rank(inputs)
     cfg = _Config(n, bits, bucket_size, rounding, seed, call, False, False)
     ranks, steps = direct_sends(n)
     y = np.empty((n, n, count), F32)  # [sender j, chunk k]

@@ -205,13 +205,14 @@ ncclResult_t begin_call(Segment& s, const char* what, ncclComm_t comm, cudaStrea
   return ncclSuccess;
 }
 
-/* A call whose quantized bytes would cross no link is the real library's
- * exact call: quantizing gains nothing there and only adds error. It takes
- * no call number and leaves error feedback's residuals untouched. */
-ncclResult_t run_exact(Segment& s, const QuantizedCall& c, CommState& state, const char* why,
-                       bool& reported) {
-  if (!reported) {  // once per communicator and reason
-    reported = true;
+/* A call whose quantized bytes would cross no link (the hierarchical
+ * algorithm on one node) is the real library's exact call: quantizing gains
+ * nothing there and only adds error. It takes no call number and leaves
+ * error feedback's residuals untouched (docs/allreduce.md, "Where nothing
+ * crosses a link"). */
+ncclResult_t run_exact(Segment& s, const QuantizedCall& c, CommState& state, const char* why) {
+  if (!state.reported_one_node) {  // once per communicator
+    state.reported_one_node = true;
     info(s.comm, state.debug, ": %s: quantized calls run exact (the real NCCL's)", why);
   }
   state.stats.callsPassedThrough++;
@@ -222,8 +223,6 @@ ncclResult_t run_exact(Segment& s, const QuantizedCall& c, CommState& state, con
 }
 
 ncclResult_t run_quantized(Segment& s, QuantizedCall c, CommState& state) {
-  if (s.nranks == 1)
-    return run_exact(s, c, state, "one rank, nothing crosses a link", state.reported_one_rank);
   int device = -1;  // of the buffers (the checks made sure both are on the same side)
 #ifdef QNCCL_WITH_CUDA
   if (c.count > 0) {
@@ -384,8 +383,7 @@ ncclResult_t run_call(Segment& s, const void* sendbuff, void* recvbuff, size_t c
       const QuantizedCall exact = {
           "allreduce", algo, nullptr, {}, sendbuff, recvbuff, count, count * s.type_size, &config,
           [&] { return s.nccl->allReduce(sendbuff, recvbuff, count, datatype, op, comm, stream); }};
-      return run_exact(s, exact, state, "hierarchical on one node, nothing crosses a node link",
-                       state.reported_one_node);
+      return run_exact(s, exact, state, "hierarchical on one node, nothing crosses a node link");
     }
     QNCCL_CHECK(make_hierarchy(*s.nccl, comm, s.rank, state));
     plan.topology = &t;

@@ -125,8 +125,7 @@ struct CommState {
   ResidualStore residuals;       // error feedback
   bool warned_residual_capture = false;  // the pass-through during capture was reported
   bool warned_feedback_ring = false;     // error feedback on a low-bit ring was reported
-  bool reported_one_rank = false;        // quantized calls on one rank run exact: said at INFO
-  bool reported_one_node = false;        // so do hierarchical ones on one node
+  bool reported_one_node = false;        // hierarchical calls on one node run exact: said
 };
 
 /* The state of `comm`, made on first use with the debug level of `config`

@@ -39,18 +39,16 @@ bool reduces(qncclCollective_t kind) {
 }
 
 Decision decide(ShimComm& st, qncclCollective_t kind, size_t count, ncclDataType_t type,
-                ncclRedOp_t op, int nranks) {
+                ncclRedOp_t op) {
   Decision d;
-  d.reduction = op;
+  d.reduction = op;  // the quantized op's own reduction for an explicit request
   const qncclEnvConfig_t& c = st.config;
   const int bits = quantization_bits(st, kind);
   auto quantized = kind == qncclCollAllReduce ? st.ops.find((int)op) : st.ops.end();
-  if (quantized != st.ops.end()) d.reduction = quantized->second.reduction;
-  if (nranks == 1) {  // quantizing would only add error
-    snprintf(d.why, sizeof d.why, "one rank: nothing crosses a link");
-  } else if (quantized != st.ops.end()) {  // an explicit request: the environment does not apply
+  if (quantized != st.ops.end()) {  // an explicit request: the environment does not apply
     d.compress = true;
     d.config = quantized->second.allreduce;
+    d.reduction = quantized->second.reduction;
   } else if (!c.enable) {
     snprintf(d.why, sizeof d.why, "QNCCL_ENABLE=0");
   } else if (bits == 0) {
@@ -191,14 +189,14 @@ ncclResult_t collective(qncclCollective_t kind, const void* send, void* recv, si
   std::shared_ptr<ShimComm> shim;
   std::shared_ptr<CommState> st;
   if (states_of(comm, &shim, &st) != ncclSuccess) return fail(ncclInvalidArgument);
-  int rank = 0, nranks = 0;
-  nccl->commUserRank(comm, &rank);
-  nccl->commCount(comm, &nranks);
-  Decision d = decide(*shim, kind, count, type, op, nranks);
+  Decision d = decide(*shim, kind, count, type, op);
   if (d.compress &&
       check_call(kind, send, recv, count, type, d.reduction, d.config, comm) != ncclSuccess)
     return fail(ncclInvalidArgument);
   if (d.compress && kind == qncclCollAllReduce) {
+    int rank = 0, nranks = 0;
+    nccl->commUserRank(comm, &rank);
+    nccl->commCount(comm, &nranks);
     // Outside a group the node layout can be found now (a collective, as the
     // call itself), so the report names the algorithm auto picks.
     const bool layout = d.config.algo == qncclAlgoAuto || d.config.algo == qncclAlgoHier;
@@ -246,7 +244,7 @@ ncclResult_t point_to_point(bool send, void* buffer, size_t count, ncclDataType_
   int rank = -1, nranks = 0;
   nccl->commUserRank(comm, &rank);
   nccl->commCount(comm, &nranks);
-  Decision d = decide(*shim, qncclCollSendRecv, count, type, ncclSum, nranks);
+  Decision d = decide(*shim, qncclCollSendRecv, count, type, ncclSum);
   if (d.compress && peer == rank) {
     d.compress = false;
     snprintf(d.why, sizeof d.why, "to or from itself");

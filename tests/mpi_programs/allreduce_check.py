@@ -444,8 +444,6 @@ def expected_counts(algo, op, rank, nranks):
     """(compute steps, groups) of one call of one segment whose chunks all hold values, on
     `rank` (docs/allreduce.md, "Steps per call")."""
     n, avg = nranks, op == "avg"
-    if n == 1:  # nothing crosses a link: the real library's exact call, no codec work
-        return 0, 0
     if algo == "ring":  # n-1 steps of encode and reduce; the result; n-1 decodes
         return 2 * (n - 1) + 2 + avg + (n - 1), 2 * (n - 1)
     if algo == "sra":  # one encode of the n-1 chunks; one reduce; the result; one decode

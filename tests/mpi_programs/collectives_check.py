@@ -195,16 +195,14 @@ def alltoall(comm, failures):
 def expected_counts(kind, case):
     """(compute steps, groups) of one call of one segment (docs/collectives.md)."""
     n = NRANKS
-    if n == 1:  # nothing crosses a link: the real library's exact call, no codec work
-        return 0, 0
     if kind == "ag":  # the encode, the decodes of all N pieces
         return 2, n - 1
     if kind == "a2a":  # the N-1 encodes in one step, the copy (not in place), the decodes
-        return 2 + (not case.inplace), n - 1
-    if case.algo == "sra":  # the N-1 encodes in one step, the reduction, the store
-        steps = 3
-    else:  # N-1 hops of encode and reduction, the store
-        steps = 2 * (n - 1) + 1
+        return 2 * (n > 1) + (not case.inplace), n - 1
+    if case.algo == "sra":  # the N-1 encodes in one step (none alone), the reduction, the store
+        steps = (1 if n > 1 else 0) + 2
+    else:  # N-1 hops of encode and reduction (alone: the widening), the store
+        steps = 2 * (n - 1) + (1 if n == 1 else 0) + 1
     return steps + (case.op == "avg"), n - 1
 
 

@@ -343,11 +343,10 @@ def one_rank_section():
     x = rank_input(case, RANK)
     result, out, _ = allreduce(comm[0], x, "float32", lib.ncclSum)
     require(result, "ncclAllReduce on a one-rank communicator")
-    tally.passed += 1  # nothing crosses a link: the real NCCL's call, exact
+    tally.add_compressed(case)
     expected = emulate_allreduce([x], bits=5)[0]
-    expect(np.array_equal(bits_of(out), bits_of(expected)) and
-           np.array_equal(bits_of(out), bits_of(x)), "one-rank communicator",
-           "output is not the input (1 rank: exact) and the emulator's")
+    expect(np.array_equal(bits_of(out), bits_of(expected)), "one-rank communicator",
+           "output is not the emulator's (1 rank, 5 bits, call 0)")
     tally.check(comm[0], "a one-rank communicator")
     require(lib.ncclCommAbort(comm[0]), "ncclCommAbort (one rank)")
 
