@@ -205,22 +205,27 @@ ncclResult_t begin_call(Segment& s, const char* what, ncclComm_t comm, cudaStrea
   return ncclSuccess;
 }
 
-/* A call whose quantized bytes would cross no link (the hierarchical
- * algorithm on one node) is the real library's exact call: quantizing gains
- * nothing there and only adds error. It takes no call number and leaves
- * error feedback's residuals untouched (docs/allreduce.md, "Where nothing
- * crosses a link"). */
-ncclResult_t run_exact(Segment& s, const QuantizedCall& c, CommState& state, const char* why) {
+namespace {
+
+/* The hierarchical algorithm on one node: its quantized stage runs between
+ * nodes, and there is one, so the call is the real library's exact
+ * `allreduce`. It takes no call number and leaves error feedback's residuals
+ * untouched (docs/allreduce.md, "Where nothing crosses a link"). */
+ncclResult_t run_exact_on_one_node(Segment& s, CommState& state,
+                                   const std::function<ncclResult_t()>& allreduce) {
   if (!state.reported_one_node) {  // once per communicator
     state.reported_one_node = true;
-    info(s.comm, state.debug, ": %s: quantized calls run exact (the real NCCL's)", why);
+    info(s.comm, state.debug, ": hierarchical on one node, nothing crosses a node link: "
+         "quantized calls run exact (the real NCCL's)");
   }
   state.stats.callsPassedThrough++;
-  if (const ncclResult_t res = c.pass_through(); res != ncclSuccess)
-    return set_error(res, "quantized %s (%s): the exact call of %s failed (%d)", c.what, why,
-                     s.nccl->path, (int)res);
+  if (const ncclResult_t res = allreduce(); res != ncclSuccess)
+    return set_error(res, "quantized allreduce (hierarchical on one node): the exact call of %s "
+                     "failed (%d)", s.nccl->path, (int)res);
   return ncclSuccess;
 }
+
+}  // namespace
 
 ncclResult_t run_quantized(Segment& s, QuantizedCall c, CommState& state) {
   int device = -1;  // of the buffers (the checks made sure both are on the same side)
@@ -365,6 +370,9 @@ ncclResult_t run_call(Segment& s, const void* sendbuff, void* recvbuff, size_t c
   if (config.algo == qncclAlgoAuto)
     QNCCL_CHECK(discover_topology(*s.nccl, comm, s.rank, s.nranks, state));
   const qncclAlgo_t algo = resolve_algo(config.algo, count, datatype, s.nranks, &state.topology);
+  auto exact = [&] {  // the real library's call
+    return s.nccl->allReduce(sendbuff, recvbuff, count, datatype, op, comm, stream);
+  };
   HierPlan plan = {};
   WorkspaceSize need;
   if (algo == qncclAlgoHier) {
@@ -379,12 +387,7 @@ ncclResult_t run_call(Segment& s, const void* sendbuff, void* recvbuff, size_t c
                        state.topology.host.c_str(), state.topology.local_ranks, s.nranks);
     }
     const Topology& t = state.topology;
-    if (t.nodes == 1) {
-      const QuantizedCall exact = {
-          "allreduce", algo, nullptr, {}, sendbuff, recvbuff, count, count * s.type_size, &config,
-          [&] { return s.nccl->allReduce(sendbuff, recvbuff, count, datatype, op, comm, stream); }};
-      return run_exact(s, exact, state, "hierarchical on one node, nothing crosses a node link");
-    }
+    if (t.nodes == 1) return run_exact_on_one_node(s, state, exact);
     QNCCL_CHECK(make_hierarchy(*s.nccl, comm, s.rank, state));
     plan.topology = &t;
     plan.inter_algo = resolve_inter_algo(config.interAlgo, count, datatype, t.local_ranks, t.nodes);
@@ -406,8 +409,7 @@ ncclResult_t run_call(Segment& s, const void* sendbuff, void* recvbuff, size_t c
   }
   const QuantizedCall call = {
       "allreduce", algo, algorithm(algo), need, sendbuff, recvbuff, count, count * s.type_size,
-      &config,
-      [&] { return s.nccl->allReduce(sendbuff, recvbuff, count, datatype, op, comm, stream); }};
+      &config, exact};
   return run_quantized(s, call, state);
 }
 

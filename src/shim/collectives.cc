@@ -194,20 +194,20 @@ ncclResult_t collective(qncclCollective_t kind, const void* send, void* recv, si
       check_call(kind, send, recv, count, type, d.reduction, d.config, comm) != ncclSuccess)
     return fail(ncclInvalidArgument);
   if (d.compress && kind == qncclCollAllReduce) {
-    int rank = 0, nranks = 0;
-    nccl->commUserRank(comm, &rank);
-    nccl->commCount(comm, &nranks);
     // Outside a group the node layout can be found now (a collective, as the
     // call itself), so the report names the algorithm auto picks.
     const bool layout = d.config.algo == qncclAlgoAuto || d.config.algo == qncclAlgoHier;
-    if (layout && group_depth == 0 && !st->topology.known)
+    if (layout && group_depth == 0 && !st->topology.known) {
+      int rank = 0, nranks = 0;
+      nccl->commUserRank(comm, &rank);
+      nccl->commCount(comm, &nranks);
       if (const ncclResult_t res = discover_topology(*nccl, comm, rank, nranks, *st);
           res != ncclSuccess)
         return fail(res);
-    // (Inside a group the engine finds the layout and runs such a call exact.)
-    const Topology& t = st->topology;
-    if (t.known && t.nodes == 1 &&
-        resolve_algo(d.config.algo, count, type, nranks, &t) == qncclAlgoHier) {
+    }
+    // A hierarchical call on one node is exact (auto never picks it there);
+    // inside a group the engine finds the layout and runs it exact itself.
+    if (d.config.algo == qncclAlgoHier && st->topology.known && st->topology.nodes == 1) {
       d.compress = false;
       snprintf(d.why, sizeof d.why, "hierarchical on one node: nothing crosses a node link");
     }
