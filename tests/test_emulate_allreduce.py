@@ -241,6 +241,17 @@ def test_hierarchical_on_one_node_is_exact(rng, dtype):
             expected = emu.from_float32(total.astype(F32), dtype)
             for out in outs:
                 assert np.array_equal(storage_bits(out), storage_bits(expected))
+            # the bound covers the real library's own order, rounding to the type each time
+            _, bound = allreduce(inputs, algo="hier", nodes=["n"] * nranks, op=op,
+                                 dtype=dtype, return_bounds=True)
+            acc = widen(inputs[0], dtype)
+            for a in inputs[1:]:
+                acc = widen(emu.from_float32((acc + widen(a, dtype)).astype(F32), dtype), dtype)
+            if op == "avg":
+                acc = widen(emu.from_float32((acc / F32(nranks)).astype(F32), dtype), dtype)
+            exact = np.stack([widen(a, dtype) for a in inputs]).astype(np.float64).sum(0)
+            exact /= nranks if op == "avg" else 1
+            assert np.all(np.abs(acc - exact) <= bound)
         assert all(np.array_equal(a, b) for a, b in zip(residuals, kept))
 
 

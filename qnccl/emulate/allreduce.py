@@ -338,9 +338,11 @@ def _exact(inputs, x, name, out_dtype, shape, op, return_bounds):
     if not return_bounds:
         return outputs
     rel, tiny = _STORE_SLACK[name]
+    add_rel, add_tiny = hierarchical._SUM_SLACK[name]  # each of its N - 1 additions
     with np.errstate(invalid="ignore", over="ignore"):
         y = codec.to_float32(out.reshape(-1), name).astype(np.float64)
-        slack = 0.0 if len(inputs) == 1 else len(inputs) * 2.0 ** -24 * np.abs(x).sum(axis=0)
+        slack = (len(inputs) - 1) * (add_rel * np.abs(x).astype(np.float64).sum(axis=0)
+                                     + add_tiny)
         bound = slack + rel * np.abs(y) + tiny
     return outputs, np.where(np.isfinite(y) & np.isfinite(bound), bound, np.inf).reshape(shape)
 
