@@ -19,6 +19,7 @@ from mpi import HOST_NCCL, REPO, run_python
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 import qnccl.torch as qtorch  # noqa: E402
+from qnccl.torch import engine as qengine  # noqa: E402
 from qnccl.emulate.allreduce import allreduce as emulate_allreduce  # noqa: E402
 
 N = 4
@@ -307,14 +308,42 @@ def test_per_layer_prefixes_and_callable():
     assert state.setting(p["0.weight"]) == (3, 64) and state.setting(p["1.weight"]) is None
 
 
+def run_code(code):
+    """`code` run by a new Python process in the repository."""
+    return subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+
+
 def test_import_without_torch():
     code = ("import sys; sys.modules['torch'] = None\n"
             "import qnccl, qnccl.codec, qnccl.emulate, qnccl.cli\n"
             "try:\n    import qnccl.torch\nexcept ImportError as e:\n    print('HINT', e)\n")
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
-                         timeout=60)
+    out = run_code(code)
     assert out.returncode == 0, out.stderr
     assert "HINT" in out.stdout and "pip install torch" in out.stdout
+
+
+def test_the_worker_ends_before_python_finalizes(tmp_path):
+    """A host bucket's future completes from the hook's worker thread, inside PyTorch's
+    Future.set_result, which runs DDP's callbacks with the GIL released: the training loop can
+    end and the interpreter exit while the worker is still in there, and a daemon thread that
+    takes the GIL back during finalization aborts the process (exit 134, "terminate called
+    without an active exception": the CI failure this guards). The worker is joined at exit,
+    so a callback still running when the main thread ends finishes first and the process
+    exits 0. The callback's sleep stands for a descheduled worker."""
+    marker = tmp_path / "callback-finished"
+    code = ("import time, torch\n"
+            "from qnccl.torch import host\n"
+            "def steps():\n    yield\n    return torch.zeros(1)\n"
+            "def callback(future):\n    time.sleep(0.5)\n"
+            f"    open({str(marker)!r}, 'w').write('yes')\n"
+            "future = torch.futures.Future()\n"
+            "future.then(callback)\n"
+            "host.Worker().submit(steps(), future)\n"
+            "time.sleep(0.1)\n")
+    out = run_code(code)
+    assert out.returncode == 0, out.stderr
+    assert marker.is_file(), "the process ended while the hook's worker was still running"
 
 
 def test_a_group_without_nccl_has_no_communicator_to_set():
@@ -325,8 +354,7 @@ def test_a_group_without_nccl_has_no_communicator_to_set():
             "try:\n    q.set_quantization(None, 'allreduce', 4)\n"
             "except ValueError as e:\n    print('ERROR', e)\n"
             "dist.destroy_process_group()\n")
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
-                         timeout=120)
+    out = run_code(code)
     assert out.returncode == 0, out.stderr
     assert "ERROR" in out.stdout and "has no NCCL backend" in out.stdout, out.stdout
 
@@ -431,7 +459,7 @@ def test_a_pickled_state_needs_its_model():
 def test_the_engine_runs_on_the_tensors_stream():
     """Host tensors are computed by the engine before it returns (stream 0); CUDA tensors on
     PyTorch's current stream of their device (tests/torch_programs/hook_cuda.py on a GPU)."""
-    assert qtorch._stream(torch.zeros(3)) == 0
+    assert qengine.stream_of(torch.zeros(3)) == 0
 
 
 @pytest.mark.gpu

@@ -18,6 +18,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gloo_ranks  # noqa: E402
 import qnccl.torch as qtorch  # noqa: E402
+from qnccl.torch import engine as qengine, host as qhost, hook as qhook  # noqa: E402
 from ddp_train import host_communicator  # noqa: E402
 
 # One grouping per call: the groups of one "bucket", each one quantized call.
@@ -33,15 +34,15 @@ def main():
     kwargs = dict(bits=3, bucket_size=32, error_feedback=True, seed=9, min_numel=0)
     host = qtorch.QuantizedHookState(model, **kwargs)
     engine = qtorch.QuantizedHookState(model, comm=host_communicator(rank, size), **kwargs)
-    comm = engine._engine(torch.empty(0))
+    comm = qengine.engine_for(engine, torch.empty(0))
     gen = torch.Generator().manual_seed(rank)
     for t, grouping in enumerate(GROUPINGS):
         for members in grouping:
             names = [f"{n}.weight" for n in members]
             grads = [torch.randn(shapes[n], generator=gen) for n in members]
             copies = [g.clone() for g in grads]
-            qtorch._to_end(qtorch._torch_group(host, host._group(), grads, names, (3, 32)))
-            qtorch._engine_group(engine, comm, copies, names, (3, 32))
+            qhook.to_end(qhost.torch_group(host, host._group(), grads, names, (3, 32)))
+            qengine.engine_group(engine, comm, copies, names, (3, 32))
             for name, want, got in zip(names, grads, copies):
                 assert torch.equal(want.view(torch.int32), got.view(torch.int32)), (t, name)
     want, got = host.state_dict()["residuals"], engine.state_dict()["residuals"]

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The hook's worker may start a new bucket while an older one waits for its peers, which is
-deadlock-free only because a bucket's first step never waits (qnccl/torch.py, _Worker). On 2
+deadlock-free only because a bucket's first step never waits (qnccl/torch/host.py, Worker). On 2
 gloo ranks, for a warm-up bucket, a bucket with an exact and a quantized part, and the same on
 the engine (a host-backend communicator): rank 1 holds back for a while, and rank 0 must get
 through the bucket's first step long before rank 1 joins; then both finish the bucket and
@@ -20,6 +20,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gloo_ranks  # noqa: E402
 import qnccl.torch as qtorch  # noqa: E402
+from qnccl.torch import hook as qhook  # noqa: E402
 from ddp_train import host_communicator  # noqa: E402
 
 HOLD_S = 3.0  # rank 1's delay; rank 0's first step must take far less
@@ -63,11 +64,11 @@ def main():
         if rank == 1:
             time.sleep(HOLD_S)
         bucket = Bucket(model, rank)
-        steps = qtorch._reduce_bucket(state, bucket)
+        steps = qhook.reduce_bucket(state, bucket)
         start = time.perf_counter()
         next(steps)
         first = time.perf_counter() - start
-        result = qtorch._to_end(steps)
+        result = qhook.to_end(steps)
         assert result is bucket.buffer()
         if rank == 0:
             assert first < HOLD_S / 3, f"{what}: the first step waited {first:.2f} s"

@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 import qnccl.torch as qtorch  # noqa: E402
+from qnccl.torch import engine as qengine, host as qhost, hook as qhook  # noqa: E402
 
 CALLS = 4
 
@@ -37,7 +38,8 @@ def main():
                                              seed=11)
     host_state = qtorch.QuantizedHookState(model, process_group=gloo, bits=4, bucket_size=64,
                                            error_feedback=True, seed=11)
-    comm = device_state._engine(torch.empty(1, device="cuda"))  # the group's communicator
+    # a CUDA buffer's engine runs on the process group's own NCCL communicator
+    comm = qengine.engine_for(device_state, torch.empty(1, device="cuda"))
     assert comm == qtorch.communicator()
     gen = torch.Generator().manual_seed(5)
     side = torch.cuda.Stream()
@@ -46,17 +48,17 @@ def main():
         on_device = [g.cuda() for g in grads]
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            qtorch._engine_group(device_state, comm, on_device, names, (4, 64))
-        qtorch._to_end(qtorch._torch_group(host_state, gloo, grads, names, (4, 64)))
+            qengine.engine_group(device_state, comm, on_device, names, (4, 64))
+        qhook.to_end(qhost.torch_group(host_state, gloo, grads, names, (4, 64)))
         side.synchronize()
         for n, got, want in zip(names, on_device, grads):
             assert torch.equal(got.cpu().view(torch.int32), want.view(torch.int32)), (t, n)
-        got_res = device_state._all_residuals()
+        got_res = qengine.all_residuals(device_state)
         for n in names:
             assert torch.equal(torch.from_numpy(got_res[n]).view(torch.int32),
                                torch.from_numpy(host_state.residuals[n]).view(torch.int32)), (t, n)
     assert device_state.calls == host_state.calls == CALLS
-    assert qtorch._stream(on_device[0]) == torch.cuda.current_stream().cuda_stream
+    assert qengine.stream_of(on_device[0]) == torch.cuda.current_stream().cuda_stream
 
     # DDP on the GPU: the hook returns a device future; the step is what the CPU replay gives
     torch.manual_seed(0)
