@@ -100,7 +100,7 @@ def main():
                   "in_sync": all(r["in_sync"] for r in runs.values())}
         Path(args.out).write_text(json.dumps(result))
     dist.barrier()
-    dist.destroy_process_group()
+    gloo_ranks.finish()
 
 
 if __name__ == "__main__":

@@ -99,8 +99,7 @@ def rank_job(args):
             if rank == 0:
                 Path(args.json).write_text(json.dumps({"hook": args.hook,
                                                        "unavailable": str(error)}))
-            dist.destroy_process_group()
-            return 0
+            gloo_ranks.finish()
     elif args.hook == "powersgd":
         state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=2,
                                             start_powerSGD_iter=2)
@@ -133,7 +132,7 @@ def rank_job(args):
         Path(args.json).write_text(json.dumps({"hook": args.hook, "ranks": size,
                                                "step_s": times, "loss": losses}))
     dist.barrier()
-    dist.destroy_process_group()
+    gloo_ranks.finish()
 
 
 def free_port():
@@ -161,7 +160,8 @@ def run_job(hook, args, out):
 
 def table(runs, args):
     base = statistics.median(runs["none"]["step_s"])
-    fp16 = statistics.median(runs["fp16"]["step_s"]) if "fp16" in runs else None
+    fp16 = statistics.median(runs["fp16"]["step_s"]) if "step_s" in runs.get("fp16", {}) \
+        else None
     lines = [f"DDP of a {WIDTH}x{WIDTH}x{LAYERS} MLP ({sum_params() / 1e6:.1f}M parameters), "
              f"{args.ranks} gloo ranks, batch {BATCH} per rank, DDP buckets of "
              f"{args.bucket_cap_mb:g} MB, {args.rate} (perf/netlab); "

@@ -120,7 +120,7 @@ def main():
         results[how] = [p.detach().clone() for p in model.parameters()]
     torch.save(results, os.path.join(outdir, f"rank{rank}.pt"))
     dist.barrier()
-    dist.destroy_process_group()
+    gloo_ranks.finish()
 
 
 if __name__ == "__main__":

@@ -124,7 +124,7 @@ def main():
     with open(os.path.join(outdir, f"rank{rank}.pkl"), "wb") as f:
         pickle.dump(records, f)
     dist.barrier()
-    dist.destroy_process_group()
+    gloo_ranks.finish()
 
 
 if __name__ == "__main__":

@@ -52,6 +52,7 @@ def main():
         assert want[name].abs().max() > 0, name
     assert host.calls == engine.calls == sum(len(g) for g in GROUPINGS)
     print(f"rank {rank}: OK", flush=True)
+    gloo_ranks.finish()
 
 
 if __name__ == "__main__":

@@ -76,7 +76,7 @@ def main():
         dist.all_gather_object(results, result.numpy().tobytes())
         assert results[0] == results[1], f"{what}: the ranks' results differ"
         print(f"rank {rank}: {what}: first step {first * 1e3:.1f} ms", flush=True)
-    dist.destroy_process_group()
+    gloo_ranks.finish()
 
 
 if __name__ == "__main__":
