@@ -31,15 +31,16 @@ def init(timeout_s=300):
 
 def finish(code=0):
     """Ends this rank's process with exit status `code` once its collectives have returned:
-    destroys the process groups, runs Python's atexit handlers, flushes stdout and stderr, and
-    leaves through C's exit(), without the interpreter's finalization.
+    runs Python's atexit handlers (the qnccl.torch hook's worker is joined there), destroys
+    the process groups, flushes stdout and stderr, and leaves through C's exit(), without the
+    interpreter's finalization.
 
     Why: a gloo worker thread releases a collective's work after the collective has returned
     to Python, and with it the tensors of the collectives before it (a barrier keeps them
     until it is released), which takes the GIL. A thread that takes the GIL while the
     interpreter finalizes is ended by pthread_exit, and that unwinding through PyTorch's
     noexcept destructors aborts the process: "terminate called without an active
-    exception", exit 134, about one two-rank job in 50 on two busy cores (a core dump's
+    exception", exit 134, about one two-rank job in 40 on two busy cores (a core dump's
     stack: ProcessGroupGloo::runLoop, ~AsyncBarrierWork, ~AsyncAllreduceWork,
     TensorImpl::decref_pyobject, take_gil, pthread_exit, std::terminate). Destroying the
     group does not join gloo's threads: its backend's shutdown does nothing; only its
@@ -47,10 +48,10 @@ def finish(code=0):
     C atexit handlers (QNCCL's host backend finalizes MPI there) and the libraries'
     destructors while this thread holds the GIL (PyDLL does not release it), so a gloo thread
     that wants it waits until the process is gone."""
+    atexit._run_exitfuncs()
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
-    atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()
     ctypes.PyDLL(None).exit(int(code or 0))

@@ -23,6 +23,7 @@ Under `qnccl run` (libqnccl.so preloaded), a process group's own policy for the 
 PyTorch makes on it, e.g. to quantize the gradients' group and nothing else:
 
     qnccl.torch.set_quantization(grad_group, "allreduce,reducescatter", 4)
+
 The package: `state` (QuantizedHookState: the configuration and the per-parameter
 decisions), `checkpoint` (its state_dict and pickling), `hook` (sra_hook: a bucket's plan and
 the path it takes), `host` (the SRA over torch.distributed's point-to-point messages, on a

@@ -245,7 +245,6 @@ class QuantizedHookState:
         return self.process_group if self.process_group is not None else dist.group.WORLD
 
 
-
 def _plain(model):
     """The module under torch.compile's wrapper (_orig_mod) and DDP's (module), either order."""
     while True:
