@@ -55,6 +55,7 @@ class Config:
     bucket_size: int = None
     algo: str = None
     nodes: int = 1  # > 1: emulated nodes (perf/netlab --nodes), the rate between them
+    shared_memory: bool = False  # one node, MPI over shared memory, no rate limit
     ranks: int = None  # None: --ranks
     rate: str = "1gbit"  # perf/netlab --rate: of the loopback, or between the nodes
     collective: str = "allreduce"  # the perf binary's (COLLECTIVE_TOOLS), in QNCCL_COLLECTIVES
@@ -104,6 +105,21 @@ def collective_configurations(args, rate):
 
 
 NODES, NODE_RANKS = 2, 4  # the multi-node section: 2 nodes x 2 ranks
+
+
+SHM_BITS, SHM_BUCKET = 4, 128  # the shared-memory section's codec configuration
+
+
+def shm_configurations(args):
+    """The shared-memory section: --ranks ranks on one emulated node, MPI over shared memory
+    with no rate limit, the fastest link the uncompressed allreduce gets here; QNCCL at 4 bits /
+    bucket 128 with auto and with each algorithm of --algos."""
+    where = dict(shared_memory=True, rate="none")
+    configs = [Config("shm uncompressed (NCCL API)", "nccl", **where)]
+    configs += [Config(f"shm qnccl {SHM_BITS}b B{SHM_BUCKET} {algo}", "qnccl", SHM_BITS,
+                       SHM_BUCKET, algo, **where)
+                for algo in dict.fromkeys(("auto", *args.algos))]
+    return configs
 
 
 def node_configurations(args, rate):
@@ -178,13 +194,18 @@ def job_environment():
     return env
 
 
+def flat(config):
+    """Whether `config` belongs to a flat section (one per rate of --rates)."""
+    return config.nodes == 1 and not config.shared_memory
+
+
 def run_config(config, args, out_dir, log):
     """Runs one configuration; returns its record for the report."""
     json_path = out_dir / "runs" / f"{config.slug}.json"
     log_path = out_dir / "logs" / f"{config.slug}.log"
     json_path.unlink(missing_ok=True)
     mpirun = shutil.which("mpirun") or "mpirun"
-    lab = ["--nodes", str(config.nodes)] if config.nodes > 1 else []
+    lab = ["--nodes", str(config.nodes)] if config.nodes > 1 or config.shared_memory else []
     cmd = [str(NETLAB), *lab, "--rate", config.rate, "--", mpirun, "-np",
            str(config.ranks or args.ranks), *config.argv(args), "-J", str(json_path)]
     record = {**dataclasses.asdict(config), "command": cmd, "status": "ok", "message": None}
@@ -378,19 +399,21 @@ def main(args):
              if "on" in args.nodes_section and first.limited else [])
     collectives = (collective_configurations(args, first.requested)
                    if "on" in args.collectives_section else [])
-    configs = [c for _, section in sections for c in section] + nodes + collectives
+    shm = shm_configurations(args) if "on" in args.shm_section else []
+    configs = [c for _, section in sections for c in section] + nodes + collectives + shm
     log(f"qnccl bench: {len(configs)} configurations, {args.ranks} ranks, "
         f"{mib(args.sizes[0])}..{mib(args.sizes[1])}, on "
         + "; then ".join(link.words for link in links)
         + (f"; then {NODES} nodes x {NODE_RANKS // NODES} ranks, {first.rate} between the nodes, "
            f"shared memory inside" if nodes else "")
         + (f"; then reduce-scatter, allgather and all-to-all on {first.words}"
-           if collectives else ""))
+           if collectives else "")
+        + (f"; then {args.ranks} ranks on one node over shared memory" if shm else ""))
     started = time.monotonic()
     records = []
     for i, config in enumerate(configs, 1):
         log(f"[{i:2d}/{len(configs)}] {config.name}"
-            f"{f' at {config.rate}' if len(links) > 1 and config.nodes == 1 else ''}"
+            f"{f' at {config.rate}' if len(links) > 1 and flat(config) else ''}"
             f"{time_left(records, configs[i - 1:])}")
         record = run_config(config, args, out_dir, log)
         records.append(record)
@@ -421,7 +444,8 @@ def main(args):
                                 "sizes": sizes, "configurations": section_records,
                                 "table": table})
     node_records = [next(done) for _ in nodes]
-    collective_records = list(done)
+    collective_records = [next(done) for _ in collectives]
+    shm_records = list(done)
     two_nodes = None
     if node_records:
         node_sizes = summarize(node_records)
@@ -451,6 +475,19 @@ def main(args):
                                        "requested": first.requested},
                               "sizes": collective_sizes, "configurations": collective_records,
                               "table": collective_table}
+    shm_section = None
+    if shm_records:
+        shm_sizes = summarize(shm_records)
+        shm_table = emit(
+            shm_records, shm_sizes,
+            f"allreduce of float32 (sum), {args.ranks} ranks on one node over shared memory "
+            f"(perf/netlab --nodes 1: MPI btl vader, no rate limit), {args.rounding} rounding; "
+            f"busbw from the median of {args.iters} calls (speedup over uncompressed "
+            f"all_reduce_perf at the same size; below 1x QNCCL is slower: docs/perf.md)",
+            f"allreduce busbw, {args.ranks} ranks, shared memory")
+        shm_section = {"link": {"rate": "none", "tool": "perf/netlab --nodes 1",
+                                "transport": "shared memory"},
+                       "sizes": shm_sizes, "configurations": shm_records, "table": shm_table}
     report = {
         "benchmark": "qnccl bench",
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
@@ -460,7 +497,8 @@ def main(args):
         "rounding": args.rounding, "iters": args.iters, "warmup": args.warmup,
         "command": " ".join(sys.argv), "wall_s": round(time.monotonic() - started, 1),
         "sections": report_sections, "two_nodes": two_nodes,
-        "collectives": collective_section, "table": "\n\n".join(tables),
+        "collectives": collective_section, "shared_memory": shm_section,
+        "table": "\n\n".join(tables),
     }
     report_path = out_dir / "report.json"
     report_path.write_text(json.dumps(report, indent=1) + "\n")

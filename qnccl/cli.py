@@ -520,6 +520,11 @@ def build_parser():
                        metavar="on|off",
                        help="then, at the first of --rates, reduce-scatter at 4 bits, allgather "
                             "and all-to-all at 8 bits beside each uncompressed (default on)")
+    bench.add_argument("--shm-section", type=_name_list(("on", "off")), default=["on"],
+                       metavar="on|off",
+                       help="then --ranks ranks on one node over shared memory, no rate limit "
+                            "(where uncompressed is fastest): uncompressed, and 4 bits / bucket "
+                            "128 with auto and each of --algos (default on)")
     bench.add_argument("--iters", type=int_in(1), default=3, metavar="N",
                        help="timed calls per size; busbw from their median (default 3)")
     bench.add_argument("--warmup", type=int_in(0), default=1, metavar="N",

@@ -32,6 +32,13 @@ def run_bench(args, timeout=300):
     return proc.returncode, out
 
 
+def bench_report(tmp_path, args):
+    """`qnccl bench ARGS --out TMP_PATH`, which must succeed: (its output, its report)."""
+    status, output = run_bench([*args, "--out", str(tmp_path)])
+    assert status == 0, output
+    return output, json.loads((tmp_path / "report.json").read_text())
+
+
 RATES = ("10gbit", "none")  # the small sweep runs at both: a limited and an unlimited loopback
 NAMES = ["uncompressed (NCCL API)", "MPI_Allreduce", "qnccl 4b B128 sra", "qnccl 4b B128 ring",
          "qnccl 4b B1024 sra", "qnccl 4b B1024 ring"]
@@ -42,7 +49,8 @@ def small_bench(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     args = ["--sizes", "256K:512K", "--bits", "4", "--buckets", "128,1024", "--algos", "sra,ring",
             "--baselines", "mpi", "--iters", "2", "--rates", ",".join(RATES),
-            "--nodes-section", "off", "--collectives-section", "off", "--out", str(out)]
+            "--nodes-section", "off", "--collectives-section", "off", "--shm-section", "off",
+            "--out", str(out)]
     status, output = run_bench(args)
     assert status == 0, output
     return out, output, json.loads((out / "report.json").read_text())
@@ -140,10 +148,8 @@ def test_two_node_section(tmp_path):
     checked, hierarchical runs put a third of flat SRA's bytes per input byte on
     the wire (only the shard crosses nodes: 1/L, L = 2, of 2(K-1)/K = 1 vs 3/2)."""
     args = ["--sizes", "256K:256K", "--bits", "4", "--buckets", "128", "--algos", "sra",
-            "--baselines", "mpi", "--iters", "1", "--rate", "10gbit", "--out", str(tmp_path)]
-    status, output = run_bench(args)
-    assert status == 0, output
-    report = json.loads((tmp_path / "report.json").read_text())
+            "--baselines", "mpi", "--iters", "1", "--rate", "10gbit", "--shm-section", "off"]
+    output, report = bench_report(tmp_path, args)
     section = report["two_nodes"]
     names = [c["name"] for c in section["configurations"]]
     assert names == ["2x2 uncompressed (NCCL API)", "2x2 MPI_Allreduce"] + [
@@ -169,10 +175,8 @@ def test_collectives_section(tmp_path):
     from qnccl.emulate import compressed_size
     args = ["--sizes", "512K:512K", "--bits", "4", "--buckets", "128", "--algos", "sra",
             "--baselines", "mpi", "--iters", "2", "--rates", "10gbit", "--nodes-section", "off",
-            "--collectives-section", "on", "--out", str(tmp_path)]
-    status, output = run_bench(args)
-    assert status == 0, output
-    report = json.loads((tmp_path / "report.json").read_text())
+            "--collectives-section", "on", "--shm-section", "off"]
+    output, report = bench_report(tmp_path, args)
     section = report["collectives"]
     names = [c["name"] for c in section["configurations"]]
     assert names == ["reducescatter uncompressed (NCCL API)", "reducescatter qnccl 4b B128",
@@ -193,3 +197,37 @@ def test_collectives_section(tmp_path):
         size = str(rows[0]["size"])
         assert quantized["speedup"][size] == pytest.approx(
             quantized["busbw_gbps"][size] / base["busbw_gbps"][size])
+
+
+def test_shared_memory_section(tmp_path):
+    """--shm-section on: the ranks on one emulated node, MPI over shared memory with no rate
+    limit: uncompressed, then 4 bits / bucket 128 with auto and each of --algos. Every run is
+    checked within its bound on 4 ranks of one node; each fixed algorithm runs as named, auto
+    runs the algorithm its rule picks with that algorithm's bytes on the wire; speedups are
+    over the section's own uncompressed run."""
+    args = ["--sizes", "256K:512K", "--bits", "4", "--buckets", "128", "--algos", "ring,sra",
+            "--baselines", "mpi", "--iters", "2", "--rates", "10gbit", "--nodes-section", "off",
+            "--collectives-section", "off", "--shm-section", "on"]
+    output, report = bench_report(tmp_path, args)
+    section = report["shared_memory"]
+    configs = {c["name"]: c for c in section["configurations"]}
+    assert list(configs) == ["shm uncompressed (NCCL API)", "shm qnccl 4b B128 auto",
+                             "shm qnccl 4b B128 ring", "shm qnccl 4b B128 sra"]
+    assert section["table"] in output and section["table"] in report["table"]
+    base = configs["shm uncompressed (NCCL API)"]
+    for config in configs.values():
+        assert config["status"] == "ok" and config["check_ok"], config
+        assert config["shared_memory"] and config["perf"]["nranks"] == 4
+        netlab = config["command"][1:config["command"].index("--")]
+        assert netlab == ["--nodes", "1", "--rate", "none"], config["command"]
+        for size, busbw in config["busbw_gbps"].items():
+            assert config["speedup"][size] == pytest.approx(busbw / base["busbw_gbps"][size])
+    for algo in ("ring", "sra"):
+        rows = configs[f"shm qnccl 4b B128 {algo}"]["perf"]["rows"]
+        assert {r["algo"] for r in rows} == {algo} and all(r["compressed"] for r in rows)
+    for row in configs["shm qnccl 4b B128 auto"]["perf"]["rows"]:
+        assert row["compressed"] and row["algo"] in ("ring", "sra"), row
+        fixed = configs[f"shm qnccl 4b B128 {row['algo']}"]["perf"]["rows"]
+        twin = next(r for r in fixed
+                    if (r["size"], r["placement"]) == (row["size"], row["placement"]))
+        assert row["wire_bytes_per_input_byte"] == twin["wire_bytes_per_input_byte"]
