@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -54,6 +55,21 @@ def netlab(*args, env=None, prefix=(), cwd=None, timeout=TIMEOUT_S):
     proc = start(args, env, prefix, cwd)
     out, err = communicate(proc, f"perf/netlab {' '.join(args)}", timeout)
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), ns_of(proc)
+
+
+def first_lines(proc, n, what):
+    """The first `n` lines of proc's stdout, read straight from the pipe (a buffered readline
+    after select can take both lines at once and leave select waiting for data already read);
+    fails if they do not come within TIMEOUT_S or the output ends first."""
+    fd, data = proc.stdout.fileno(), b""
+    deadline = time.monotonic() + TIMEOUT_S
+    while data.count(b"\n") < n:
+        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        assert ready, f"{what} within {TIMEOUT_S} s (output so far: {data!r})"
+        chunk = os.read(fd, 4096)
+        assert chunk, f"{what}: the output ended first ({data!r})"
+        data += chunk
+    return data.decode().split("\n")[:n]
 
 
 def ns_of(proc):
@@ -189,9 +205,7 @@ def test_processes_left_by_cmd_are_killed():
 def test_signal_to_netlab_cleans_up(sig, to_group):
     proc = start(["--rate", "100mbit", "--", "sh", "-c", "echo $$; exec sleep 60"])
     try:
-        ready, _, _ = select.select([proc.stdout], [], [], TIMEOUT_S)
-        assert ready, f"CMD did not start within {TIMEOUT_S} s"
-        line = proc.stdout.readline()  # CMD runs: the lab is up
+        line, = first_lines(proc, 1, "CMD did not start")  # CMD runs: the lab is up
         assert line.strip().isdigit(), f"CMD did not start: {line!r}"
         cmd_pid = int(line)
         assert ns_of(proc) in namespaces()
@@ -338,10 +352,7 @@ def test_signal_to_a_nodes_lab_cleans_up_every_node():
                   "echo $$; exec sleep 60"], env=env)
     try:
         pids = []
-        while len(pids) < 2:
-            ready, _, _ = select.select([proc.stdout], [], [], TIMEOUT_S)
-            assert ready, f"the ranks did not start within {TIMEOUT_S} s"
-            line = proc.stdout.readline()
+        for line in first_lines(proc, 2, "the ranks did not start"):
             assert line.strip().isdigit(), f"a rank did not start: {line!r}"
             pids.append(int(line))
         prefix = ns_of(proc)
