@@ -36,7 +36,6 @@ import os
 import platform
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -50,6 +49,7 @@ sys.path[:0] = [str(REPO), str(REPO / "perf")]  # qnccl and accuracy_model; work
 
 from qnccl.bench import MPI_ENV as BENCH_MPI_ENV, MPI_SHARED_MEMORY_ENV  # noqa: E402
 from qnccl.cli import int_in  # noqa: E402  (after the path: the repository's qnccl)
+from gloo_ranks import rendezvous_port  # noqa: E402
 
 DDP_PROGRAM = REPO / "perf" / "accuracy_ddp.py"
 BITS, ALGOS, RANKS = (8, 4, 2), ("ring", "tree", "sra"), (8, 32)
@@ -412,12 +412,6 @@ def run_emulated(args):
 
 # ------------------------------------------------------------------------------ DDP job
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_ddp(args):
     """The real 4-process job (perf/accuracy_ddp.py under mpirun, gloo): plain DDP and the
     4-bit SRA hook, seed 0. Returns its JSON; raises RuntimeError with the job's output."""
@@ -433,7 +427,7 @@ def run_ddp(args):
                "--bucket-size", str(args.bucket_size),
                "--rounding", rounding_of(DDP_CONFIG, vars(args)),
                "--optimizer", args.optimizer]
-        env = dict(os.environ, **MPI_ENV, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+        env = dict(os.environ, **MPI_ENV, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(rendezvous_port()))
         print(f"{TOOL}: DDP job: {DDP_RANKS} gloo processes, plain allreduce vs the 4-bit SRA "
               f"hook ({args.sizes['dlrm']['steps']} steps; limit {args.ddp_timeout} s)",
               flush=True)

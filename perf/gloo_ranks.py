@@ -3,15 +3,46 @@ that train with torch.distributed under mpirun (perf/accuracy_ddp.py, perf/torch
 tests/torch_programs/).
 
 Rank and size come from Open MPI's environment; rank 0 serves the rendezvous store on
-MASTER_ADDR (default 127.0.0.1):MASTER_PORT, which the launcher picks (it is free where the
-launcher looked, and inside a fresh netlab namespace every port is). A program ends with
-finish(), not by returning from its main.
+MASTER_ADDR (default 127.0.0.1):MASTER_PORT, which the launcher picks with rendezvous_port().
+A program ends with finish(), not by returning from its main.
 """
 import atexit
 import ctypes
 import os
+import random
+import socket
 import sys
 from datetime import timedelta
+
+EPHEMERAL_RANGE = "/proc/sys/net/ipv4/ip_local_port_range"
+LOWEST_PORT = 10000  # below it lie the registered services people run on a workstation
+
+
+def rendezvous_port():
+    """A TCP port for the rendezvous store (MASTER_PORT): free now, and outside the kernel's
+    ephemeral range, so that no connect() anywhere on the host can be given it.
+
+    Why outside: the ranks that connect to the store start at the same time as rank 0 and
+    retry until it listens, and every try draws a local port from the ephemeral range. On
+    loopback a try that draws the store's own port connects the socket to itself (TCP
+    simultaneous open): rank 0's listen then fails with EADDRINUSE and the job is lost. A
+    port from bind(0) lies inside that range; the CI lost a run to exactly this (port 46417).
+    The kernel never draws a port below or above its range for a connect."""
+    try:
+        with open(EPHEMERAL_RANGE) as f:
+            low, high = map(int, f.read().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999  # Linux's default
+    candidates = [p for p in range(LOWEST_PORT, 65536) if not low <= p <= high]
+    for port in random.SystemRandom().sample(candidates, min(len(candidates), 200)):
+        with socket.socket() as s:
+            try:
+                s.bind(("", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free TCP port in {LOWEST_PORT}-65535 outside the ephemeral range "
+                       f"{low}-{high} ({EPHEMERAL_RANGE}): free one")
 
 
 def init(timeout_s=300):

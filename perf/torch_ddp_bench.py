@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -34,6 +33,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from qnccl.bench import MPI_ENV  # noqa: E402
+from gloo_ranks import rendezvous_port  # noqa: E402  (this file's folder)
 
 HOOKS = ("none", "fp16", "bf16", "powersgd", "qnccl8", "qnccl4")
 NAMES = {"none": "DDP, no hook", "fp16": "PyTorch fp16_compress_hook",
@@ -135,12 +135,6 @@ def rank_job(args):
     gloo_ranks.finish()
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_job(hook, args, out):
     path = out / "runs" / f"ddp_{hook}.json"
     path.unlink(missing_ok=True)
@@ -148,7 +142,7 @@ def run_job(hook, args, out):
            "-np", str(args.ranks), sys.executable, __file__, "--rank-job", "--hook", hook,
            "--steps", str(args.steps), "--warmup", str(args.warmup),
            "--bucket-cap-mb", str(args.bucket_cap_mb), "--json", str(path)]
-    env = dict(os.environ, **MPI_ENV, MASTER_PORT=str(free_port()))
+    env = dict(os.environ, **MPI_ENV, MASTER_PORT=str(rendezvous_port()))
     env = {k: v for k, v in env.items() if not k.startswith("QNCCL_")}
     result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout,
                             start_new_session=True)

@@ -7,7 +7,6 @@ qnccl.emulate (the independent numpy reference of the SRA algorithm)."""
 import json
 import os
 import pickle
-import socket
 import subprocess
 import sys
 
@@ -15,6 +14,9 @@ import numpy as np
 import pytest
 
 from mpi import HOST_NCCL, REPO, run_python
+
+sys.path.insert(0, str(REPO / "perf"))
+from gloo_ranks import rendezvous_port  # noqa: E402
 
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
@@ -52,17 +54,11 @@ DIRECT = {c: len(CONFIGS) + i for i, c in enumerate((0, 2))}
 CONFIGS += [dict(CONFIGS[c], direct=True) for c in DIRECT]
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def records(tmp_path_factory):
     out = tmp_path_factory.mktemp("ddp")
     run_python(N, REPO / "tests" / "torch_programs" / "ddp_train.py", out, json.dumps(CONFIGS),
-               timeout=150, env={"MASTER_PORT": str(free_port()),
+               timeout=150, env={"MASTER_PORT": str(rendezvous_port()),
                                  "QNCCL_NCCL_LIB": str(HOST_NCCL)})
     ranks = []
     for r in range(N):
@@ -213,7 +209,7 @@ def test_residuals_follow_parameters_into_new_groups(nprocs):
     live per group buffer, every call still gives the host path's bytes and the residuals end
     the same by name (torch_programs/engine_regroup.py, 6 groupings of 3 parameters)."""
     out = run_python(nprocs, REPO / "tests" / "torch_programs" / "engine_regroup.py", timeout=120,
-                     env={"MASTER_PORT": str(free_port()), "QNCCL_NCCL_LIB": str(HOST_NCCL)})
+                     env={"MASTER_PORT": str(rendezvous_port()), "QNCCL_NCCL_LIB": str(HOST_NCCL)})
     assert out.stdout.count(": OK") == nprocs, out.stdout
 
 
@@ -232,7 +228,7 @@ def test_a_buckets_first_step_never_waits():
     rank 1 holds back 3 s, rank 0 gets through the first step of a warm-up bucket, an exact
     + quantized one and an engine one at once; then both finish with the same bytes)."""
     out = run_python(2, REPO / "tests" / "torch_programs" / "first_step.py", timeout=120,
-                     env={"MASTER_PORT": str(free_port()), "QNCCL_NCCL_LIB": str(HOST_NCCL)})
+                     env={"MASTER_PORT": str(rendezvous_port()), "QNCCL_NCCL_LIB": str(HOST_NCCL)})
     assert out.stdout.count("first step") == 6, out.stdout
 
 
@@ -372,7 +368,7 @@ def test_a_restored_job_continues_bit_for_bit(tmp_path, path):
     random-stream call count go through the checkpoint."""
     run_python(2, REPO / "tests" / "torch_programs" / "ddp_checkpoint.py", tmp_path,
                *(["--engine"] if path == "engine" else []), timeout=240,
-               env={"MASTER_PORT": str(free_port()), "QNCCL_NCCL_LIB": str(HOST_NCCL)})
+               env={"MASTER_PORT": str(rendezvous_port()), "QNCCL_NCCL_LIB": str(HOST_NCCL)})
     for r in range(2):
         runs = torch.load(tmp_path / f"rank{r}.pt")
         assert runs["residuals"] == ["fc1.weight", "fc2.weight"]
@@ -471,5 +467,5 @@ def test_cuda_buckets_give_the_host_paths_bytes():
         pytest.skip("needs a CUDA device and PyTorch with NCCL")
     out = subprocess.run([sys.executable, str(REPO / "tests" / "torch_programs" / "hook_cuda.py")],
                          cwd=REPO, capture_output=True, text=True, timeout=300,
-                         env=dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port())))
+                         env=dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(rendezvous_port())))
     assert out.returncode == 0 and out.stdout.strip().endswith("OK"), out.stdout + out.stderr

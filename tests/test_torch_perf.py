@@ -19,6 +19,10 @@ pytest.importorskip("torch.distributed")
 
 from mpi import REPO, run  # noqa: E402
 
+sys.path.insert(0, str(REPO / "perf"))
+import gloo_ranks  # noqa: E402
+from gloo_ranks import rendezvous_port  # noqa: E402
+
 SCRIPT = REPO / "perf" / "torch_all_reduce_perf.py"
 TIMEOUT_S = 120
 SWEEP = ["-b", "64K", "-e", "1M", "-f", "4", "-n", "2", "-w", "1"]
@@ -26,14 +30,8 @@ HEADER_COLUMNS = ("# size count type redop root time algbw busbw error "
                   "time algbw busbw error agree wire").split()
 
 
-def free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_perf(nprocs, args, check=True, program=(str(SCRIPT),)):
-    env = {"MASTER_PORT": str(free_port()), "MASTER_ADDR": "127.0.0.1"}
+    env = {"MASTER_PORT": str(rendezvous_port()), "MASTER_ADDR": "127.0.0.1"}
     return run(nprocs, [sys.executable, *program, *map(str, args)], TIMEOUT_S, env=env, check=check)
 
 
@@ -191,6 +189,19 @@ def test_rendezvous_needs_a_port():
     assert result.returncode == 2 and "set MASTER_PORT" in result.stderr, result
     result = run_single(["-b", "1K", "-e", "1K"], env={**several, "MASTER_PORT": "http"})
     assert result.returncode == 2 and "MASTER_PORT" in result.stderr, result
+
+
+def test_the_rendezvous_port_is_one_no_connect_can_take():
+    """The launchers' MASTER_PORT: free, and outside the kernel's ephemeral range, where a
+    rank's connect() retries could draw it and connect to themselves before rank 0 listens."""
+    with open(gloo_ranks.EPHEMERAL_RANGE) as f:
+        low, high = map(int, f.read().split())
+    ports = {rendezvous_port() for _ in range(20)}
+    for port in ports:
+        assert gloo_ranks.LOWEST_PORT <= port <= 65535 and not low <= port <= high, (port, low, high)
+        with socket.socket() as s:
+            s.bind(("", port))  # free
+    assert len(ports) > 1, ports  # drawn at random: two launchers at once rarely meet
 
 
 def test_without_torch(tmp_path):
