@@ -44,10 +44,19 @@ def communicate(proc, what, timeout=TIMEOUT_S):
                     f"stderr:\n{err[-3000:]}")
 
 
+def default_signals():
+    """In the child before exec: SIGINT, SIGTERM and SIGHUP at their default action. A shell
+    cannot trap a signal it was started with ignored (POSIX), and `nohup make test`, or a
+    background job of a script (SIGINT), would hand netlab exactly that."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def start(args, env=None, prefix=(), cwd=None):
     return subprocess.Popen([*prefix, str(NETLAB), *args], env=env, cwd=cwd, text=True,
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, start_new_session=True)
+                            stderr=subprocess.PIPE, start_new_session=True,
+                            preexec_fn=default_signals)
 
 
 def netlab(*args, env=None, prefix=(), cwd=None, timeout=TIMEOUT_S):
