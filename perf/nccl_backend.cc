@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "qnccl.h"  // the types of QNCCL's calls; include <nccl.h> first
 
@@ -35,6 +36,7 @@ struct Qnccl {
   decltype(&qncclCollectiveErrorBound) error_bound;
   decltype(&qncclAutoAlgo) auto_algo;
   decltype(&qncclCommGetQuantization) get_quantization;
+  decltype(&qncclCommGetTuning) get_tuning;
 
   Qnccl() {
     find(&get_version, "qncclGetVersion");
@@ -43,10 +45,11 @@ struct Qnccl {
     find(&error_bound, "qncclCollectiveErrorBound");
     find(&auto_algo, "qncclAutoAlgo");
     find(&get_quantization, "qncclCommGetQuantization");
+    find(&get_tuning, "qncclCommGetTuning");
   }
   bool loaded() const {
     return get_version && config_from_env && comm_get_stats && error_bound && auto_algo &&
-           get_quantization;
+           get_quantization && get_tuning;
   }
 
  private:
@@ -149,12 +152,17 @@ class NcclBackend : public Backend {
     char line[512];
     snprintf(line, sizeof line,
              "QNCCL %s at %s: enable=%d bits=%d bucket=%zu rounding=%s algo=%s min_bytes=%zu "
-             "seed=%llu warmup_calls=%llu error_feedback=%d",
+             "seed=%llu warmup_calls=%llu error_feedback=%d%s",
              qnccl_version().c_str(), where.dli_fname ? where.dli_fname : "?", config_.enable,
              codec.bits, codec.bucketSize, rounding_name(), algo_name(quantized_.algo),
              config_.minBytes, (unsigned long long)codec.seed,
-             (unsigned long long)config_.warmupCalls, quantized_.errorFeedback);
-    return text + line;
+             (unsigned long long)config_.warmupCalls, quantized_.errorFeedback,
+             measured() ? " measured" : "");
+    text += line;
+    if (measured())
+      text += "\nmeasured auto: each size first runs " + std::to_string(settling_calls()) +
+              " untimed calls (its trials, docs/tuning.md); the algo column says what it chose";
+    return text;
   }
 
   std::string quantization_json() const override {
@@ -164,11 +172,11 @@ class NcclBackend : public Backend {
     snprintf(json, sizeof json,
              "{\"version\": \"%s\", \"enable\": %d, \"bits\": %d, \"bucket_size\": %zu, "
              "\"rounding\": \"%s\", \"algo\": \"%s\", \"min_bytes\": %zu, \"seed\": %llu, "
-             "\"warmup_calls\": %llu, \"error_feedback\": %d}",
+             "\"warmup_calls\": %llu, \"error_feedback\": %d, \"measured\": %s}",
              qnccl_version().c_str(), config_.enable, codec.bits, codec.bucketSize,
              rounding_name(), algo_name(quantized_.algo), config_.minBytes,
              (unsigned long long)codec.seed, (unsigned long long)config_.warmupCalls,
-             quantized_.errorFeedback);
+             quantized_.errorFeedback, measured() ? "true" : "false");
     return json;
   }
 
@@ -219,16 +227,32 @@ class NcclBackend : public Backend {
   bool quantization_bound(Collective c, size_t count, const DataType& type, const ReduceOp& op,
                           double input_abs_max, double* bound, std::string* algo) const override {
     if (!qnccl_.loaded() || bits_ == 0) return false;
-    qncclAlgo_t resolved = quantized_.algo;
-    if (c == Collective::AllReduce && resolved == qncclAlgoAuto &&
-        qnccl_.auto_algo(count, type.nccl, nranks_, &resolved) != ncclSuccess) {
+    qncclAllReduceConfig_t config = quantized_;
+    const bool direct = c != Collective::AllReduce && c != Collective::ReduceScatter;
+    if (measured()) {
+      const qncclTuning_t* row = nullptr;
+      std::vector<qncclTuning_t> table;
+      if (!tuning(&table)) return false;
+      const int size_class = 63 - __builtin_clzll((unsigned long long)(count * type.size));
+      for (const qncclTuning_t& t : table)
+        if (t.collective == flag_of(c) && t.datatype == type.nccl && t.sizeClass == size_class)
+          row = &t;
+      if (row == nullptr || row->choice < 0) return false;  // not settled: no single bound
+      const int choice = row->candidates[row->choice];
+      if (choice == QNCCL_EXACT_CANDIDATE) return false;  // ran exact: not compressed
+      if (!direct) config.algo = (qncclAlgo_t)choice;
+    } else if (c == Collective::AllReduce && config.algo == qncclAlgoAuto &&
+               qnccl_.auto_algo(count, type.nccl, nranks_, &config.algo) != ncclSuccess) {
       return false;
     }
-    const bool direct = c != Collective::AllReduce && c != Collective::ReduceScatter;
-    *algo = direct ? "direct" : algo_name(resolved);
-    if (quantized_.errorFeedback) return false;  // no per-call bound: see qnccl.h
-    return qnccl_.error_bound(flag_of(c), count, type.nccl, op.nccl, &quantized_, nranks_,
+    *algo = direct ? "direct" : algo_name(config.algo);
+    if (config.errorFeedback) return false;  // no per-call bound: see qnccl.h
+    return qnccl_.error_bound(flag_of(c), count, type.nccl, op.nccl, &config, nranks_,
                               input_abs_max, bound) == ncclSuccess;
+  }
+
+  int settling_calls() const override {
+    return measured() ? 2 * QNCCL_MAX_CANDIDATES + 1 : 0;  // every trial, then the decision
   }
 
   void finalize() override {
@@ -250,6 +274,17 @@ class NcclBackend : public Backend {
     qnccl_.get_version(&v);
     return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." +
            std::to_string(v % 100);
+  }
+  // Whether this collective's calls run QNCCL's measured auto (docs/tuning.md).
+  bool measured() const {
+    return qnccl_.loaded() && config_.enable && bits_ > 0 && config_.measured &&
+           quantized_.algo == qncclAlgoAuto && collective_ != Collective::SendRecv;
+  }
+  bool tuning(std::vector<qncclTuning_t>* table) const {
+    int n = 0;
+    if (qnccl_.get_tuning(comm_, nullptr, 0, &n) != ncclSuccess) return false;
+    table->resize((size_t)n);
+    return qnccl_.get_tuning(comm_, table->data(), n, &n) == ncclSuccess;
   }
   const char* rounding_name() const {
     return quantized_.codec.rounding == qncclRoundNearest ? "nearest" : "stochastic";

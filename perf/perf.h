@@ -83,6 +83,10 @@ class Backend {
                                   double* /*bound*/, std::string* /*algo*/) const {
     return false;
   }
+  // Untimed calls each size gets before its measurement, so that what runs
+  // is settled (QNCCL's measured auto tries its candidates on a size's first
+  // calls: docs/tuning.md); 0 when nothing needs them.
+  virtual int settling_calls() const { return 0; }
   virtual void finalize() = 0;
 };
 

@@ -98,8 +98,10 @@ RUN_OPTIONS = (
                                                 help="values per bucket, >= 1 (default 128)")),
     ("--rounding", "QNCCL_ROUNDING", dict(choices=("stochastic", "nearest"),
                                           help="default stochastic")),
-    ("--algo", "QNCCL_ALGO", dict(choices=("auto", "ring", "tree", "sra", "hier"),
-                                  help="default auto (docs/allreduce.md)")),
+    ("--algo", "QNCCL_ALGO", dict(choices=("auto", "rule", "ring", "tree", "sra", "hier"),
+                                  help="default auto: measured, exact or quantized and the "
+                                       "algorithm per size (docs/tuning.md); rule: fixed "
+                                       "rules (docs/allreduce.md)")),
     ("--inter-algo", "QNCCL_INTER_ALGO", dict(
         choices=("auto", "ring", "tree", "sra"),
         help="hier: the algorithm between nodes (default auto)")),
@@ -285,9 +287,12 @@ _DEBUG_NAMES = {0: "WARN", 1: "INFO", 2: "TRACE"}
 def describe_env_config(config):
     """A qncclEnvConfig_t in the words of the library's QNCCL_DEBUG=INFO line."""
     allreduce = config.allreduce
+    # QNCCL_ALGO=rule is auto by the fixed rules (not measured)
+    algo = ("rule" if allreduce.algo == 0 and not config.measured
+            else _ALGO_NAMES.get(allreduce.algo, allreduce.algo))
     return (f"bits={allreduce.codec.bits} bucket={allreduce.codec.bucketSize} "
             f"rounding={_ROUNDING_NAMES.get(allreduce.codec.rounding, allreduce.codec.rounding)} "
-            f"algo={_ALGO_NAMES.get(allreduce.algo, allreduce.algo)} "
+            f"algo={algo} "
             f"inter_algo={_ALGO_NAMES.get(allreduce.interAlgo, allreduce.interAlgo)} "
             f"intra_bits={allreduce.intraBits} lanes={allreduce.lanes} "
             f"min_bytes={config.minBytes} seed={allreduce.codec.seed} "

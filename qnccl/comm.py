@@ -6,6 +6,7 @@ feedback's residuals.
     with qnccl.comm.quantization(comm, "alltoall", 2): ...           # for the calls inside
     qnccl.comm.reset_error_feedback()        # every communicator of this process
     qnccl.comm.stats(comm)                   # {"calls_compressed": ..., "residual_bytes": ...}
+    qnccl.comm.tuning(comm)                  # measured auto's decisions, one dict per size
     qnccl.comm.allreduce(comm, send, recv, count, "float32", "avg", bits=4)  # qncclAllReduce
 
 `comm` is an ncclComm_t: a cffi pointer, or its address as an int. In a job started with
@@ -24,7 +25,7 @@ import numpy as np
 from . import _lib
 
 __all__ = ["ALGOS", "COLLECTIVES", "allreduce", "call_counts", "get_quantization", "quantization", "reset_error_feedback",
-           "residual", "set_call_counts", "set_quantization", "stats"]
+           "residual", "set_call_counts", "set_quantization", "stats", "tuning"]
 
 # The interposed collectives a policy names (QNCCL_COLLECTIVES), in the order of
 # qncclCollective_t's flags.
@@ -32,6 +33,7 @@ COLLECTIVES = ("allreduce", "reducescatter", "allgather", "alltoall", "sendrecv"
 
 # qncclAlgo_t's names (qnccl.h), in the enum's order.
 ALGOS = ("auto", "ring", "tree", "sra", "hier")
+_EXACT_CANDIDATE = -1  # qnccl.h's QNCCL_EXACT_CANDIDATE (the cffi header has no macros)
 _OPS = {"sum": "ncclSum", "avg": "ncclAvg"}
 _NCCL_TYPES = {"float32": "ncclFloat32", "float16": "ncclFloat16", "bfloat16": "ncclBfloat16"}
 _STATS = (("callsCompressed", "calls_compressed"), ("callsPassedThrough", "calls_passed_through"),
@@ -69,6 +71,34 @@ def stats(comm):
     out = ffi.new("qncclStats_t*")
     _lib.check(lib.qncclCommGetStats(_comm(comm), out))
     return {name: int(getattr(out, field)) for field, name in _STATS}
+
+
+def tuning(comm):
+    """qncclCommGetTuning of `comm`: measured auto's table (docs/tuning.md), one dict per
+    (collective, type, size class) met so far: "collective" and "dtype" (names),
+    "min_bytes"/"max_bytes" per rank, "calls", "trial_calls", "candidates" (names: "exact",
+    "ring", ..., "quantized" for an allgather's or all-to-all's), "seconds" (agreed: the
+    slowest rank's fastest trial of each, once decided) and "choice" (a candidate's name, or
+    None while trying)."""
+    ffi, lib = _lib.ffi(), _lib.lib()
+    count = ffi.new("int*")
+    _lib.check(lib.qncclCommGetTuning(_comm(comm), ffi.NULL, 0, count))
+    table = ffi.new("qncclTuning_t[]", max(count[0], 1))
+    _lib.check(lib.qncclCommGetTuning(_comm(comm), table, count[0], count))
+    types = {int(getattr(lib, f"nccl{name}")): name.lower()
+             for name in ("Float32", "Float16", "Bfloat16")}
+    rows = []
+    for e in table[0:count[0]]:
+        names = ["exact" if c == _EXACT_CANDIDATE else
+                 "quantized" if c == lib.qncclAlgoAuto else ALGOS[c]
+                 for c in e.candidates[0:e.candidateCount]]
+        rows.append({"collective": COLLECTIVES[int(e.collective).bit_length() - 1],
+                     "dtype": types.get(int(e.datatype), str(int(e.datatype))),
+                     "min_bytes": 1 << e.sizeClass, "max_bytes": (2 << e.sizeClass) - 1,
+                     "calls": int(e.calls), "trial_calls": int(e.trialCalls),
+                     "candidates": names, "seconds": [float(s) for s in e.seconds[0:len(names)]],
+                     "choice": names[e.choice] if e.choice >= 0 else None})
+    return rows
 
 
 def reset_error_feedback(comm=None):

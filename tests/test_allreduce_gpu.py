@@ -66,7 +66,7 @@ def test_device_allreduce_matches_host_and_emulator(tmp_path):
         pytest.skip("NVIDIA's libnccl.so.2 is not available: install the nvidia-nccl-cu13 wheel "
                     "or set QNCCL_NCCL_LIB to its path")
     env = {k: v for k, v in os.environ.items() if not k.startswith("QNCCL_")}
-    env.update(QNCCL_NCCL_LIB=nccl, QNCCL_MIN_BYTES="0")
+    env.update(QNCCL_NCCL_LIB=nccl, QNCCL_MIN_BYTES="0", QNCCL_ALGO="rule")
     run = run_gpu_binary(BINARY, tmp_path, env=env)
     output = run.stdout + run.stderr
     assert run.returncode == 0, f"{BINARY.name} exited with {run.returncode}:\n{output}"

@@ -15,7 +15,10 @@ PROGRAM = Path(__file__).resolve().parent / "mpi_programs" / "collectives_check.
 
 
 def run_check(nprocs, *args, timeout=150, env=None):
-    return mpi.run_checks(nprocs, PROGRAM, *args, timeout=timeout, env=env)
+    """The interposed calls' bytes are those of auto's fixed rules (QNCCL_ALGO=rule): which
+    calls measured auto quantizes is tests/test_tuning.py's."""
+    return mpi.run_checks(nprocs, PROGRAM, *args, timeout=timeout,
+                          env={"QNCCL_ALGO": "rule", **(env or {})})
 
 
 @pytest.mark.parametrize("nprocs", [1, 2, 3, 4, 5, 8])
@@ -60,7 +63,7 @@ def test_interposed_collectives_follow_the_policy(policy):
     the emulator (with their own bits), alone, and inside a group of all four kinds on two
     communicators at once; the others, and calls below QNCCL_MIN_BYTES, are byte-identical
     to the real NCCL's."""
-    mpi.run_checks(3, PROGRAM, "interposed", timeout=150, env=policy)
+    run_check(3, "interposed", env=policy)
 
 
 def test_rejected_collectives_name_the_argument():

@@ -161,7 +161,7 @@ def program_run(program, tmp_path_factory, name, qnccl_flags=None):
 # The preloaded run's configuration: flags of `qnccl run` and what they mean.
 SEED = 20261122
 RUN_FLAGS = ["--bits", "4", "--bucket-size", "64", "--min-bytes", "16K", "--seed", str(SEED),
-             "--debug", "info"]
+             "--algo", "rule", "--debug", "info"]  # the rule's bytes: measured auto, test_tuning
 CONFIG = dict(bits=4, bucket_size=64, rounding="stochastic", seed=SEED)
 MIN_BYTES = 16 << 10
 CODEC_TYPES = ("float32", "float16", "bfloat16")
@@ -252,7 +252,7 @@ def test_info_lines(preloaded):
     and its statistics at ncclCommDestroy."""
     output = preloaded.output
     configs = re.findall(
-        rf"{INFO}/{NRANKS}: bits=4 bucket=64 rounding=stochastic algo=auto inter_algo=auto "
+        rf"{INFO}/{NRANKS}: bits=4 bucket=64 rounding=stochastic algo=rule inter_algo=auto "
         rf"intra_bits=0 lanes=0 min_bytes={MIN_BYTES} "
         rf"seed={SEED} warmup=0 error_feedback=0 enable=1 collectives=allreduce nccl=(\S+)$",
         output, re.M)
@@ -403,6 +403,8 @@ def test_default_configuration(capi):
     ("QNCCL_BUCKET_SIZE", "1", "bucket=1"),
     ("QNCCL_BUCKET_SIZE", "4096", "bucket=4096"),
     ("QNCCL_ROUNDING", "nearest", "rounding=nearest"),
+    ("QNCCL_ALGO", "auto", "algo=auto"),
+    ("QNCCL_ALGO", "rule", "algo=rule"),
     ("QNCCL_ALGO", "sra", "algo=sra"),
     ("QNCCL_ALGO", "tree", "algo=tree"),
     ("QNCCL_ALGO", "hier", "algo=hier"),
@@ -546,7 +548,7 @@ def test_run_flags_set_the_variables():
     (["--rounding", "up"], r"--rounding: invalid choice: 'up' \(choose from '?stochastic'?, "
                            r"'?nearest'?\)"),
     (["--algo", "butterfly"], r"--algo: invalid choice: 'butterfly' \(choose from '?auto'?, "
-                              r"'?ring'?, '?tree'?, '?sra'?, '?hier'?\)"),
+                              r"'?rule'?, '?ring'?, '?tree'?, '?sra'?, '?hier'?\)"),
     (["--inter-algo", "hier"], r"--inter-algo: invalid choice: 'hier'"),
     (["--intra-bits", "9"], r"--intra-bits: must be an integer in 0\.\.8"),
     (["--lanes", "9"], r"--lanes: must be an integer in 0\.\.8"),
@@ -664,7 +666,8 @@ PG_MIN_BYTES = 16 << 10
 
 
 def run_process_group(nprocs, mode, outdir, env=None):
-    argv = [*QNCCL, "run", "--bits", "4", "--min-bytes", "16K", "--", sys.executable,
+    argv = [*QNCCL, "run", "--bits", "4", "--min-bytes", "16K", "--algo", "rule", "--",
+            sys.executable,
             str(PROCESS_GROUP), mode, str(outdir)]
     result = mpi.run(nprocs, argv, timeout=180, env=env)
     assert f"SUMMARY process group ({mode}): {nprocs} ranks, 0 failures" in result.stdout, \
@@ -745,7 +748,8 @@ def test_fault_on_one_rank_fails_the_others_within_the_timeout(interposer):
     within QNCCL_HOST_INIT_TIMEOUT (3 s) instead of waiting forever. Then a
     quantized call waiting for a rank that never joins ends within seconds
     when a second thread aborts its communicator."""
-    argv = [*QNCCL, "run", "--bits", "4", "--min-bytes", "16K", "--", sys.executable,
+    argv = [*QNCCL, "run", "--bits", "4", "--min-bytes", "16K", "--algo", "rule", "--",
+            sys.executable,
             str(PROCESS_GROUP), "fault", "3"]
     started = time.monotonic()
     result = mpi.run(4, argv, timeout=120, env={"QNCCL_HOST_INIT_TIMEOUT": "3"})

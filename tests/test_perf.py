@@ -146,7 +146,7 @@ def test_quantized_rows(algo, op, tmp_path):
     assert data["qnccl"] == {"version": data["qnccl"]["version"], "enable": 1, "bits": bits,
                              "bucket_size": bucket, "rounding": "nearest", "algo": algo,
                              "min_bytes": 512 << 10, "seed": 0, "warmup_calls": 0,
-                             "error_feedback": 0}
+                             "error_feedback": 0, "measured": False}
     assert f"bits=4 bucket=128 rounding=nearest algo={algo}" in result.stdout
     for r in data["rows"]:
         assert r["ok"] and r["agree"] and r["time_us_median"] > 0
@@ -160,12 +160,35 @@ def test_quantized_rows(algo, op, tmp_path):
         assert 1e-3 < r["error"] <= r["bound"] < 1  # quantized, yet within QNCCL's bound
 
 
+def test_measured_auto_rows(tmp_path):
+    """QNCCL's default, measured auto (docs/tuning.md): every size first settles with untimed
+    calls (the header says how many), so the timed calls all run the choice: a compressed row
+    names its algorithm, meets that algorithm's bound and has exactly its bytes on the wire
+    (a trial of another candidate among the timed calls would change them); an exact row is
+    NCCL's call."""
+    nranks, bits, bucket = 4, 4, 128
+    result, data = run_perf(nranks, ["-b", "64K", "-e", "1M", "-f", "4", "-n", "3", "-w", "1"],
+                            tmp_path, qnccl=["--bits", str(bits), "--rounding", "nearest"])
+    check_table(result.stdout, data, nranks)
+    assert data["qnccl"]["measured"] is True and data["qnccl"]["algo"] == "auto"
+    assert "measured auto: each size first runs 11 untimed calls" in result.stdout
+    for r in data["rows"]:
+        assert r["ok"] and r["agree"], r
+        if not r["compressed"]:
+            assert r["error"] <= r["bound"] < 1e-5 and r["wire_bytes_per_input_byte"] == 1.5, r
+            continue
+        assert r["algo"] in ("ring", "tree", "sra") and 1e-3 < r["error"] <= r["bound"] < 1, r
+        wire = sum(sent_bytes(r["count"], "float32", nranks, rank, r["algo"], bits, bucket)
+                   for rank in range(nranks)) / nranks / r["size"]
+        assert r["wire_bytes_per_input_byte"] == pytest.approx(wire, rel=1e-5), r
+
+
 def test_all_types_and_ops(tmp_path):
     """-d all -o all through QNCCL: float sum/avg quantized within the bound,
     everything else passes through and is exact (integers, min, max) or
     within float rounding (prod)."""
     result, data = run_perf(3, ["-b", "1M", "-e", "1M", "-n", "1", "-w", "0", "-d", "all",
-                                "-o", "all"], tmp_path, qnccl=["--bits", "4"])
+                                "-o", "all"], tmp_path, qnccl=["--bits", "4", "--algo", "rule"])
     assert summary(result.stdout, "Check") == "OK"
     seen = {(r["type"], r["redop"]) for r in data["rows"]}
     assert len(seen) == 10 * 5

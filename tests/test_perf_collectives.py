@@ -78,13 +78,14 @@ def test_quantized_rows(tool, tmp_path):
     nranks, bucket = 4, 128
     name = TOOLS[tool][0]
     bits = 8 if name == "allgather" else 4
-    flags = ["--collectives", name, f"--{name}-bits", str(bits), "--min-bytes", "0"]
+    flags = ["--collectives", name, f"--{name}-bits", str(bits), "--min-bytes", "0",
+             "--algo", "rule"]  # every row quantized (measured auto: test_perf.py)
     result, data = run_perf(nranks, SMALL_SWEEP, tmp_path, exe=BIN / tool, qnccl=flags)
     assert data["qnccl"]["bits"] == bits and f"bits={bits} bucket=128" in result.stdout
     for r in check_rows(tool, result.stdout, data, nranks):
         assert r["ok"] and r["compressed"], r
         assert 1e-4 < r["error"] <= r["bound"] < 1, r  # quantized, within QNCCL's bound
-        assert r["algo"] == ("auto" if name == "reducescatter" else "direct")  # QNCCL_ALGO's
+        assert r["algo"] == ("auto" if name == "reducescatter" else "direct")  # the rule's
         assert r["wire_bytes_per_input_byte"] == pytest.approx(
             wire_per_byte(tool, r["count"], nranks, bits, bucket), rel=1e-6)
     assert summary(result.stdout, "Check") == "OK"

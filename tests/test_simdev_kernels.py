@@ -39,7 +39,7 @@ def test_kernels_match_the_host_codec(lane_order):
 def test_device_path_matches_the_host_path_and_the_emulator(tmp_path):
     result = run("allreduce_gpu_test", tmp_path,
                  **simulated.env(devices=2, QNCCL_NCCL_LIB=str(simulated.HOST_NCCL),
-                                 QNCCL_MIN_BYTES="0"))
+                                 QNCCL_MIN_BYTES="0", QNCCL_ALGO="rule"))
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-6000:]
     assert result.stderr.count(CAPTURE_WARNING) == 1, result.stderr[-4000:]

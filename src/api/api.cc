@@ -148,6 +148,11 @@ QNCCL_EXPORT ncclResult_t qncclCommGetStats(ncclComm_t comm, qncclStats_t* stats
   return get_stats("qncclCommGetStats", comm, stats);
 }
 
+QNCCL_EXPORT ncclResult_t qncclCommGetTuning(ncclComm_t comm, qncclTuning_t* table, int capacity,
+                                             int* count) {
+  return get_tuning("qncclCommGetTuning", comm, table, capacity, count);
+}
+
 // ---- error feedback ------------------------------------------------------------------
 
 QNCCL_EXPORT ncclResult_t qncclCommResetErrorFeedback(ncclComm_t comm) {

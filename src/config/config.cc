@@ -68,6 +68,9 @@ ncclResult_t read_choice(Var var, const char* const* names, const char* allowed,
 
 const char* const kRoundings[] = {"nearest", "stochastic", nullptr};
 const char* const kAlgos[] = {"auto", "ring", "tree", "sra", "hier", nullptr};
+/* QNCCL_ALGO's words: kAlgos, then "rule" (auto by its fixed rules, unmeasured). */
+const char* const kAlgoWords[] = {"auto", "ring", "tree", "sra", "hier", "rule", nullptr};
+constexpr int kRuleWord = 5;
 const char* const kInterAlgos[] = {"auto", "ring", "tree", "sra", nullptr};
 const char* const kDebugLevels[] = {"WARN", "INFO", "TRACE", nullptr};
 /* QNCCL_COLLECTIVES' names, in the order of qncclCollective_t's flags. */
@@ -130,6 +133,7 @@ qncclEnvConfig_t default_config() {
   c.allreduce.codec.rounding = qncclRoundStochastic;
   c.allreduce.codec.seed = 0;
   c.allreduce.algo = qncclAlgoAuto;
+  c.measured = 1;
   c.allreduce.segmentValues = 0;
   c.minBytes = 64 << 10;
   c.allreduce.errorFeedback = 0;
@@ -157,8 +161,10 @@ ncclResult_t config_from_env(qncclEnvConfig_t* config) {
   c.allreduce.codec.bucketSize = (size_t)v;
   QNCCL_CHECK(read_choice(Var::kRounding, kRoundings, "stochastic or nearest",
                           &c.allreduce.codec.rounding));
-  QNCCL_CHECK(read_choice(Var::kAlgo, kAlgos, "auto, ring, tree, sra or hier",
-                          &c.allreduce.algo));
+  int algo = (int)c.allreduce.algo;
+  QNCCL_CHECK(read_choice(Var::kAlgo, kAlgoWords, "auto, rule, ring, tree, sra or hier", &algo));
+  c.allreduce.algo = algo == kRuleWord ? qncclAlgoAuto : (qncclAlgo_t)algo;
+  c.measured = algo == qncclAlgoAuto;
   QNCCL_CHECK(read_choice(Var::kInterAlgo, kInterAlgos, "auto, ring, tree or sra",
                           &c.allreduce.interAlgo));
   v = (uint64_t)c.allreduce.intraBits;
@@ -209,6 +215,11 @@ std::string describe_collectives(const qncclEnvConfig_t& config) {
     words += "_bits=" + std::to_string(config.collectiveBits[i]);
   }
   return words;
+}
+
+const char* algo_setting(const qncclEnvConfig_t& config) {
+  const qncclAlgo_t algo = config.allreduce.algo;
+  return algo == qncclAlgoAuto && !config.measured ? kAlgoWords[kRuleWord] : algo_name(algo);
 }
 
 const char* algo_name(qncclAlgo_t algo) {

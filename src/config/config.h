@@ -17,6 +17,8 @@ ncclResult_t config_from_env(qncclEnvConfig_t* config);
 
 const char* rounding_name(qncclRounding_t rounding);
 const char* algo_name(qncclAlgo_t algo);
+/* QNCCL_ALGO's word for `config`: "rule" for auto by the fixed rules, else algo_name. */
+const char* algo_setting(const qncclEnvConfig_t& config);
 /* "allreduce", "reducescatter", ...: QNCCL_COLLECTIVES' name of the
  * collective whose flag is 1 << index. */
 const char* collective_name(int index);

@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "codec/codec.h"
+#include "engine/nccl_api.h"
 
 namespace qnccl {
 
@@ -73,6 +74,7 @@ Compute device_compute(cudaStream_t stream);
  * them is decided in host code (allreduce.cc). None synchronizes. */
 
 struct DeviceWorkspace;  // engine/comm_state.h
+struct CommState;
 
 /* Makes `device` the current device; *previous is the one to restore, or -1
  * when it already was current. */
@@ -147,6 +149,21 @@ ncclResult_t copy_after_calls(DeviceWorkspace& ws, void* dst, const void* src, s
  * the next call (qncclCommSetCallCounts). */
 ncclResult_t read_device_calls(DeviceWorkspace& ws, uint64_t* next_call, uint64_t* next_p2p_call);
 ncclResult_t write_device_calls(DeviceWorkspace& ws, uint64_t next_call, uint64_t next_p2p_call);
+
+/* Measured auto's trials on device buffers (shim/tuner.cc). timing_event
+ * makes an event on `device` and records it on `stream`, of that device
+ * (never during a capture);
+ * timing_elapsed waits until `end` has happened and gives the seconds since
+ * `start`, then destroys both (also on failure). */
+ncclResult_t timing_event(int device, cudaStream_t stream, void** event);
+ncclResult_t timing_elapsed(void* start, void* end, double* seconds);
+/* values[i] = the maximum over the ranks of `comm` of values[i], i < n: one
+ * exact allreduce of the real NCCL on `stream` in memory of `device`, waited
+ * for (its small copies and the allreduce only: the
+ * stream's earlier work is done by then). */
+ncclResult_t device_max_allreduce(const NcclApi& nccl, ncclComm_t comm, int device,
+                                  cudaStream_t stream, double* values, size_t n,
+                                  CommState& state);
 #endif
 
 }  // namespace qnccl

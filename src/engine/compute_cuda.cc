@@ -440,3 +440,64 @@ void release_device_workspace(DeviceWorkspace& ws) {
 }
 
 }  // namespace qnccl
+
+namespace qnccl {
+
+ncclResult_t timing_event(int device, cudaStream_t stream, void** event) {
+  int previous = -1;
+  QNCCL_CHECK(set_current_device(device, &previous));
+  cudaEvent_t e = nullptr;
+  cudaError_t err = cudaEventCreate(&e);  // with timing
+  if (err == cudaSuccess) {
+    err = cudaEventRecord(e, stream);
+    if (err != cudaSuccess) cudaEventDestroy(e);
+  }
+  restore_current_device(previous);
+  if (err != cudaSuccess) return cuda_failed("recording a trial's timing event", err);
+  *event = e;
+  return ncclSuccess;
+}
+
+ncclResult_t timing_elapsed(void* start, void* end, double* seconds) {
+  const cudaEvent_t a = static_cast<cudaEvent_t>(start), b = static_cast<cudaEvent_t>(end);
+  cudaError_t err = cudaEventSynchronize(b);
+  float ms = 0;
+  if (err == cudaSuccess) err = cudaEventElapsedTime(&ms, a, b);
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  if (err != cudaSuccess) return cuda_failed("reading a trial's time", err);
+  *seconds = ms * 1e-3;
+  return ncclSuccess;
+}
+
+ncclResult_t device_max_allreduce(const NcclApi& nccl, ncclComm_t comm, int device,
+                                  cudaStream_t stream, double* values, size_t n,
+                                  CommState& state) {
+  const size_t bytes = n * sizeof(double);
+  int previous = -1;
+  QNCCL_CHECK(set_current_device(device, &previous));
+  void* memory = nullptr;
+  cudaError_t err = cudaMalloc(&memory, bytes);
+  if (err != cudaSuccess) {
+    restore_current_device(previous);
+    return cuda_failed("allocating the tuning agreement's buffer", err);
+  }
+  ncclResult_t res = ncclSuccess;
+  err = cudaMemcpyAsync(memory, values, bytes, cudaMemcpyHostToDevice, stream);
+  if (err != cudaSuccess) res = cuda_failed("copying the trials' times to the device", err);
+  if (res == ncclSuccess) {
+    std::lock_guard<std::mutex> lock(state.api);
+    res = nccl.allReduce(memory, memory, n, ncclFloat64, ncclMax, comm, stream);
+  }
+  if (res == ncclInProgress) res = wait_until_ready(nccl, comm, state);
+  if (res == ncclSuccess) {
+    err = cudaMemcpyAsync(values, memory, bytes, cudaMemcpyDeviceToHost, stream);
+    if (err == cudaSuccess) err = cudaStreamSynchronize(stream);
+    if (err != cudaSuccess) res = cuda_failed("reading the agreed times", err);
+  }
+  cudaFree(memory);
+  restore_current_device(previous);
+  return res;
+}
+
+}  // namespace qnccl

@@ -272,6 +272,11 @@ typedef struct {
                                         collectives (default qncclCollAllReduce) */
   int collectiveBits[QNCCL_NUM_COLLECTIVES]; /* QNCCL_<NAME>_BITS: bits of one collective,
                                                 0 for allreduce.codec.bits (QNCCL_BITS) */
+  int measured;                      /* QNCCL_ALGO=auto: 1, the interposer measures per
+                                        communicator and size which candidate (the exact call
+                                        or a quantized algorithm) is fastest (docs/tuning.md);
+                                        QNCCL_ALGO=rule: 0, auto's fixed rules; 0 for the
+                                        fixed algorithms */
 } qncclEnvConfig_t;
 
 /* qncclAllReduceErrorBound for any quantized collective (docs/collectives.md,
@@ -330,6 +335,32 @@ typedef struct {
 
 /* Counters of `comm` since its creation. */
 ncclResult_t qncclCommGetStats(ncclComm_t comm, qncclStats_t* stats);
+
+/* ---- Measured auto (docs/tuning.md) -------------------------------------------- */
+
+#define QNCCL_MAX_CANDIDATES 5
+#define QNCCL_EXACT_CANDIDATE (-1) /* a candidate: the real NCCL's exact call */
+
+/* One (collective, type, size class) of a communicator under QNCCL_ALGO=auto. */
+typedef struct {
+  qncclCollective_t collective;
+  ncclDataType_t datatype;
+  int sizeClass;        /* its calls' input per rank: [2^sizeClass, 2^(sizeClass+1)) bytes */
+  uint64_t calls;       /* its calls so far, trials included */
+  int trialCalls;       /* calls its trials take: candidateCount x 2 (0: one candidate) */
+  int candidateCount;
+  int candidates[QNCCL_MAX_CANDIDATES]; /* QNCCL_EXACT_CANDIDATE, or a qncclAlgo_t value;
+                                           qncclAlgoAuto is an allgather's or all-to-all's
+                                           one quantized algorithm */
+  double seconds[QNCCL_MAX_CANDIDATES]; /* agreed: the slowest rank's fastest trial, once
+                                           decided (0 before) */
+  int choice;           /* the index of the candidate its calls run; -1 while trying */
+} qncclTuning_t;
+
+/* The keys measured auto has met on `comm` so far, in (collective, type,
+ * size class) order: the first min(*count, capacity) in `table` (NULL with
+ * capacity 0 asks for the count), and their number in *count. */
+ncclResult_t qncclCommGetTuning(ncclComm_t comm, qncclTuning_t* table, int capacity, int* count);
 
 /* ---- Error feedback (docs/allreduce.md, "Error feedback") ----------------- */
 

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include <chrono>
 #include <vector>
 
 #include "codec/dtype.h"
@@ -16,6 +17,7 @@
 #include "config/config.h"
 #include "engine/engine.h"
 #include "engine/comm_state.h"
+#include "engine/compute.h"
 #include "engine/nccl_api.h"
 #include "engine/report.h"
 #include "engine/topology.h"
@@ -27,6 +29,7 @@ namespace {
 
 struct Decision {
   bool compress = false;
+  bool measured = false;  // measured auto picks what it runs (shim/tuner.h)
   qncclAllReduceConfig_t config = {};
   ncclRedOp_t reduction = ncclSum;
   char why[128] = "";  // pass-through reason
@@ -69,6 +72,7 @@ Decision decide(ShimComm& st, qncclCollective_t kind, size_t count, ncclDataType
   } else {
     d.compress = true;
     d.config = quantized_config(c, kind, bits);
+    d.measured = c.measured && d.config.algo == qncclAlgoAuto && kind != qncclCollSendRecv;
   }
   return d;
 }
@@ -122,6 +126,113 @@ void report_kind(ncclComm_t comm, ShimComm& st, const CommState& state, qncclCol
     info(comm, st.config.debug, ": %s %zu values %s", call_name(call), count, kind);
   else if (st.logged.insert(std::string(call_name(call)) + kind).second)
     info(comm, st.config.debug, ": %s %s", call_name(call), kind);
+}
+
+/* A call measured auto times: its key's state and the candidate it tries. */
+struct Trial {
+  Tuning* tuning = nullptr;
+  int index = -1;
+  int device = -1;        // of the buffers (-1: host memory)
+  std::chrono::steady_clock::time_point begin;
+  void* start = nullptr;  // device buffers: the event recorded before it
+};
+
+/* The decision's INFO line: the candidates' agreed times. */
+void report_decision(ncclComm_t comm, const ShimComm& st, qncclCollective_t kind,
+                     ncclDataType_t type, int size_class, const Tuning& t) {
+  char times[256] = "";
+  size_t used = 0;
+  for (size_t i = 0; i < t.candidates.size() && used < sizeof times; i++)
+    used += snprintf(times + used, sizeof times - used, "%s%s %.3f", i ? ", " : "",
+                     candidate_name(t.candidates[i]), t.slowest[i] * 1e3);
+  info(comm, st.config.debug,
+       ": measured auto: %s %s of %zu..%zu bytes per rank runs %s (the slowest rank's "
+       "fastest trial, ms: %s; %zu trial calls)",
+       call_name(kind), short_type_name(type), (size_t)1 << size_class,
+       ((size_t)2 << size_class) - 1, candidate_name(t.candidates[t.choice]), times,
+       t.candidates.size() * kTrialRounds);
+}
+
+/* Measured auto for an eligible call outside a group (d.measured): picks
+ * what it runs, deciding first at its key's deciding call, and fills `trial`
+ * for a trial. During a CUDA graph capture nothing is tried or counted: a
+ * decision made before applies, else auto's rule. */
+ncclResult_t tune(ncclComm_t comm, ShimComm& shim, CommState& st, const NcclApi& nccl,
+                  qncclCollective_t kind, const void* send, size_t count, ncclDataType_t type,
+                  cudaStream_t stream, int nranks, Decision& d, Trial* trial) {
+  int device = -1;
+  bool capturing = false;
+#ifdef QNCCL_WITH_CUDA
+  if (count > 0) QNCCL_CHECK(pointer_device(call_name(kind), send, &device));
+  if (device >= 0) QNCCL_CHECK(stream_capturing(stream, &capturing));
+#endif
+  const int size = size_class(count * float_type_size(type));
+  Tuning& t = shim.tuning[TuneKey{kind, type, size}];
+  if (t.candidates.empty()) t.candidates = tune_candidates(kind, nranks, st.topology);
+  int index = t.choice;
+  if (!capturing) {
+    const TuneStep step = next_step(t);
+    if (step.what == TuneStep::kDecide) {
+      QNCCL_CHECK(decide(t, nccl, comm, stream, device, st));
+      report_decision(comm, shim, kind, type, size, t);
+    }
+    index = t.choice;
+    if (step.what == TuneStep::kTrial) {
+      index = step.index;
+      *trial = Trial{&t, index, device, std::chrono::steady_clock::now(), nullptr};
+    }
+  }
+  if (index < 0) return ncclSuccess;  // captured before a decision: the rule
+  const int candidate = t.candidates[index];
+  if (candidate == kExactCandidate) {
+    d.compress = false;
+    if (trial->tuning != nullptr)
+      snprintf(d.why, sizeof d.why, "measured auto: a trial of the exact call");
+    else
+      snprintf(d.why, sizeof d.why, "measured auto: the exact call is fastest");
+  } else if (reduces(kind)) {
+    d.config.algo = (qncclAlgo_t)candidate;
+  }
+  return ncclSuccess;
+}
+
+/* Starts the timing of a trial (device buffers: an event on its stream). */
+ncclResult_t start_trial(Trial& trial, cudaStream_t stream) {
+#ifdef QNCCL_WITH_CUDA
+  if (trial.device >= 0) return timing_event(trial.device, stream, &trial.start);
+#else
+  (void)stream;
+#endif
+  trial.begin = std::chrono::steady_clock::now();
+  return ncclSuccess;
+}
+
+/* Ends it after the call `res` answered: on host buffers the call is
+ * complete once ncclInProgress is waited out (its answer stays
+ * ncclInProgress); on device buffers an event records its end, read at the
+ * deciding call. */
+ncclResult_t end_trial(Trial& trial, ncclResult_t res, const NcclApi& nccl, ncclComm_t comm,
+                       CommState& st, cudaStream_t stream) {
+  if (res != ncclSuccess && res != ncclInProgress) return res;
+#ifdef QNCCL_WITH_CUDA
+  if (trial.device >= 0) {
+    void* end = nullptr;
+    const ncclResult_t recorded = timing_event(trial.device, stream, &end);
+    if (recorded != ncclSuccess) return fail(recorded);
+    trial.tuning->pending.push_back({trial.index, trial.start, end});
+    return res;
+  }
+#else
+  (void)stream;
+#endif
+  if (res == ncclInProgress) {
+    const ncclResult_t ready = wait_until_ready(nccl, comm, st);
+    if (ready != ncclSuccess) return fail(ready);
+  }
+  record_trial(*trial.tuning, trial.index,
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - trial.begin)
+                   .count());
+  return res;
 }
 
 thread_local int group_depth = 0;
@@ -212,18 +323,46 @@ ncclResult_t collective(qncclCollective_t kind, const void* send, void* recv, si
       snprintf(d.why, sizeof d.why, "hierarchical on one node: nothing crosses a node link");
     }
   }
-  report_kind(comm, *shim, *st, kind, type, op, d, count, *nccl);
+  Trial trial;
+  if (d.measured && group_depth == 0) {
+    int nranks = 1;
+    nccl->commCount(comm, &nranks);
+    if (const ncclResult_t res =
+            tune(comm, *shim, *st, *nccl, kind, send, count, type, stream, nranks, d, &trial);
+        res != ncclSuccess)
+      return fail(res);
+  } else if (d.measured) {
+    // Inside a group: the decision made before, else auto's rule (nothing is tried).
+    const auto made = shim->tuning.find(
+        TuneKey{kind, type, size_class(count * float_type_size(type))});
+    if (made != shim->tuning.end() && made->second.choice >= 0) {
+      const int candidate = made->second.candidates[made->second.choice];
+      if (candidate == kExactCandidate) {
+        d.compress = false;
+        snprintf(d.why, sizeof d.why, "measured auto: the exact call is fastest");
+      } else if (reduces(kind)) {
+        d.config.algo = (qncclAlgo_t)candidate;
+      }
+    }
+  }
+  if (trial.tuning == nullptr || shim->config.debug >= qncclDebugTrace)
+    report_kind(comm, *shim, *st, kind, type, op, d, count, *nccl);
+  if (trial.tuning != nullptr && start_trial(trial, stream) != ncclSuccess)
+    return fail(ncclUnhandledCudaError);
+  ncclResult_t res;
   if (!d.compress) {
     st->stats.callsPassedThrough++;
-    return pass_through(*nccl, kind, send, recv, count, type, d.reduction, comm, stream);
+    res = pass_through(*nccl, kind, send, recv, count, type, d.reduction, comm, stream);
+  } else {
+    const CollectiveCall call = {kind,     send, recv, count, type, d.reduction, d.config,
+                                 comm,     stream, {}};
+    if (group_depth > 0) {
+      deferred.push_back(call);
+      return ncclSuccess;
+    }
+    res = run_now(call);
   }
-  const CollectiveCall call = {kind,     send, recv, count, type, d.reduction, d.config,
-                               comm,     stream, {}};
-  if (group_depth > 0) {
-    deferred.push_back(call);
-    return ncclSuccess;
-  }
-  return run_now(call);
+  return trial.tuning != nullptr ? end_trial(trial, res, *nccl, comm, *st, stream) : res;
 }
 
 /* An interposed ncclSend (`send`) or ncclRecv. Eligible ones are decided

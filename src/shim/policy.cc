@@ -1,6 +1,7 @@
 /* Which interposed calls are quantized, with how many bits: the
  * environment's QNCCL_COLLECTIVES and QNCCL_<NAME>_BITS, or a
- * communicator's own policy (qncclCommSetQuantization). */
+ * communicator's own policy (qncclCommSetQuantization); and what measured
+ * auto decided (qncclCommGetTuning). */
 #include "common/error.h"
 #include "engine/nccl_api.h"
 #include "shim/shim.h"
@@ -72,6 +73,39 @@ ncclResult_t get_comm_quantization(const char* fn, ncclComm_t comm, qncclCollect
   QNCCL_CHECK(state_of(fn, comm, &state));
   *bits = quantization_bits(*state, collective);
   if (config != nullptr && *bits > 0) *config = quantized_config(state->config, collective, *bits);
+  return ncclSuccess;
+}
+
+ncclResult_t get_tuning(const char* fn, ncclComm_t comm, qncclTuning_t* table, int capacity,
+                        int* count) {
+  if (count == nullptr) return set_error(ncclInvalidArgument, "%s: count is NULL", fn);
+  if (capacity < 0 || (capacity > 0 && table == nullptr))
+    return set_error(ncclInvalidArgument,
+                     "%s: capacity = %d with table %s; allowed: capacity >= 0, and a table of "
+                     "that many entries unless capacity is 0",
+                     fn, capacity, table == nullptr ? "NULL" : "given");
+  std::shared_ptr<ShimComm> state;
+  QNCCL_CHECK(state_of(fn, comm, &state));
+  int n = 0;
+  for (const auto& [key, t] : state->tuning) {
+    if (n < capacity) {
+      qncclTuning_t& e = table[n];
+      e = qncclTuning_t{};
+      e.collective = key.kind;
+      e.datatype = key.type;
+      e.sizeClass = key.size_class;
+      e.calls = t.calls;
+      e.candidateCount = (int)t.candidates.size();
+      e.trialCalls = e.candidateCount > 1 ? e.candidateCount * kTrialRounds : 0;
+      for (int i = 0; i < e.candidateCount; i++) {
+        e.candidates[i] = t.candidates[i];
+        e.seconds[i] = i < (int)t.slowest.size() ? t.slowest[i] : 0.0;
+      }
+      e.choice = t.choice;
+    }
+    n++;
+  }
+  *count = n;
   return ncclSuccess;
 }
 

@@ -65,7 +65,7 @@ void adopt_comm(ncclComm_t comm, const qncclEnvConfig_t& config) {
   info(comm, config.debug,
        "/%d: bits=%d bucket=%zu rounding=%s algo=%s inter_algo=%s intra_bits=%d lanes=%d "
        "min_bytes=%zu seed=%llu warmup=%llu error_feedback=%d enable=%d %s nccl=%s",
-       nranks, c.bits, c.bucketSize, rounding_name(c.rounding), algo_name(config.allreduce.algo),
+       nranks, c.bits, c.bucketSize, rounding_name(c.rounding), algo_setting(config),
        algo_name(config.allreduce.interAlgo), config.allreduce.intraBits, config.allreduce.lanes,
        config.minBytes, (unsigned long long)c.seed, (unsigned long long)config.warmupCalls,
        config.allreduce.errorFeedback, config.enable, describe_collectives(config).c_str(),

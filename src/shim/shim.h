@@ -11,13 +11,14 @@
 #include <unordered_map>
 
 #include "qnccl.h"
+#include "shim/tuner.h"
 
 namespace qnccl {
 
 /* What the interposer keeps per communicator, beside the engine's state
  * (engine/comm_state.h): the QNCCL_* configuration read when it was made,
  * the eligible calls so far (warm-up counts these), the call kinds already
- * reported, and its quantized ops by value. Made when the communicator is
+ * reported, its quantized ops by value, and measured auto's decisions. Made when the communicator is
  * created (or at its first call, from the environment), dropped by
  * ncclCommDestroy/ncclCommAbort. */
 struct ShimComm {
@@ -28,6 +29,7 @@ struct ShimComm {
   uint64_t eligible_calls = 0;
   std::set<std::string> logged;
   std::unordered_map<int, qncclQuantizedOpConfig_t> ops;
+  TuneTable tuning;  // measured auto's decisions (shim/tuner.h)
 };
 
 /* The interposer's state of `comm`, made on first use with `config`
@@ -64,6 +66,10 @@ ncclResult_t set_comm_quantization(const char* fn, ncclComm_t comm, unsigned col
                                    int bits);
 ncclResult_t get_comm_quantization(const char* fn, ncclComm_t comm, qncclCollective_t collective,
                                    int* bits, qncclAllReduceConfig_t* config);
+
+/* qncclCommGetTuning (shim/tuner.cc's table of the communicator). */
+ncclResult_t get_tuning(const char* fn, ncclComm_t comm, qncclTuning_t* table, int capacity,
+                        int* count);
 
 /* qncclRedOpCreateQuantized (src/api/api.cc). */
 ncclResult_t create_quantized_op(const char* fn, ncclRedOp_t* op,

@@ -28,7 +28,8 @@ split   ncclCommSplit reads the environment again: a child (2 ranks, order by
         is destroyed while its parent goes on; a bad QNCCL_* value fails
         ncclCommSplit, ncclCommInitRank and ncclCommInitRankConfig with
         ncclInvalidArgument and a message naming the variable, on every rank.
-one     ncclCommInitAll(1): a communicator of one rank quantizes too; ncclCommAbort.
+one     ncclCommInitAll(1): a communicator of one rank is exact under measured auto (its
+        one candidate), quantized under QNCCL_ALGO=rule; ncclCommAbort.
 values  op values anywhere in the positive int range reach the real NCCL untouched:
         the host backend spreads PreMulSum values over it as NVIDIA's NCCL does
         (they differ between communicators and land all over the range), and
@@ -61,7 +62,7 @@ ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "int32": 4}
 # Every variable of the interposer's configuration (README, Environment variables).
 CONFIG_VARIABLES = ("QNCCL_ENABLE", "QNCCL_BITS", "QNCCL_BUCKET_SIZE", "QNCCL_ROUNDING",
                     "QNCCL_ALGO", "QNCCL_MIN_BYTES", "QNCCL_SEED", "QNCCL_ERROR_FEEDBACK",
-                    "QNCCL_WARMUP_CALLS", "QNCCL_DEBUG")
+                    "QNCCL_WARMUP_CALLS", "QNCCL_DEBUG", "QNCCL_COLLECTIVES")
 
 failures = Failures()
 checks = 0
@@ -335,20 +336,27 @@ def rejected(result, variable, label):
 
 
 def one_rank_section():
-    comm = ffi.new("ncclComm_t*")
-    with qnccl_env(min_bytes=0, bits=5):
-        require(lib.ncclCommInitAll(comm, 1, ffi.NULL), "ncclCommInitAll(1)")
-    tally = Tally(1, 0)
-    case = Case("auto", "float32", 1000, bits=5)
-    x = rank_input(case, RANK)
-    result, out, _ = allreduce(comm[0], x, "float32", lib.ncclSum)
-    require(result, "ncclAllReduce on a one-rank communicator")
-    tally.add_compressed(case)
-    expected = emulate_allreduce([x], bits=5)[0]
-    expect(np.array_equal(bits_of(out), bits_of(expected)), "one-rank communicator",
-           "output is not the emulator's (1 rank, 5 bits, call 0)")
-    tally.check(comm[0], "a one-rank communicator")
-    require(lib.ncclCommAbort(comm[0]), "ncclCommAbort (one rank)")
+    """A communicator of one rank: measured auto's only candidate is the exact call (nothing
+    crosses a link), so the input comes back untouched; auto's rule quantizes."""
+    for algo in ("auto", "rule"):
+        comm = ffi.new("ncclComm_t*")
+        with qnccl_env(min_bytes=0, bits=5, algo=algo):
+            require(lib.ncclCommInitAll(comm, 1, ffi.NULL), "ncclCommInitAll(1)")
+        tally = Tally(1, 0)
+        case = Case("auto", "float32", 1000, bits=5)
+        x = rank_input(case, RANK)
+        result, out, _ = allreduce(comm[0], x, "float32", lib.ncclSum)
+        require(result, f"ncclAllReduce on a one-rank communicator (QNCCL_ALGO={algo})")
+        if algo == "auto":
+            tally.passed += 1
+            expected, what = x, "the input (1 rank, exact)"
+        else:
+            tally.add_compressed(case)
+            expected, what = emulate_allreduce([x], bits=5)[0], "the emulator's (1 rank, 5 bits)"
+        expect(np.array_equal(bits_of(out), bits_of(expected)),
+               f"one-rank communicator, QNCCL_ALGO={algo}", f"output is not {what}")
+        tally.check(comm[0], f"a one-rank communicator, QNCCL_ALGO={algo}")
+        require(lib.ncclCommAbort(comm[0]), "ncclCommAbort (one rank)")
 
 
 # Raw op values no communicator made: spread over [ncclNumOps, INT_MAX], with

@@ -1,0 +1,107 @@
+#include "shim/tuner.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+#include <mutex>
+#include <tuple>
+
+#include "common/error.h"
+#include "engine/comm_state.h"
+#include "engine/compute.h"
+#include "engine/engine.h"
+
+namespace qnccl {
+
+bool TuneKey::operator<(const TuneKey& o) const {
+  return std::tie(kind, type, size_class) < std::tie(o.kind, o.type, o.size_class);
+}
+
+int size_class(size_t bytes) { return bytes == 0 ? 0 : 63 - __builtin_clzll(bytes); }
+
+static_assert(kTrialRounds == 2, "qnccl.h's qncclTuning_t.trialCalls says candidates x 2");
+
+std::vector<int> tune_candidates(qncclCollective_t kind, int nranks, const Topology& topology) {
+  std::vector<int> c = {kExactCandidate};
+  if (nranks < 2) return c;
+  switch (kind) {
+    case qncclCollAllReduce:
+      c.insert(c.end(), {qncclAlgoRing, qncclAlgoTree, qncclAlgoSra});
+      if (topology.hierarchical()) c.push_back(qncclAlgoHier);
+      break;
+    case qncclCollReduceScatter: c.insert(c.end(), {qncclAlgoRing, qncclAlgoSra}); break;
+    default: c.push_back(qncclAlgoAuto); break;  // the allgather's, the all-to-all's
+  }
+  if (c.size() > QNCCL_MAX_CANDIDATES) abort();  // qncclTuning_t could not hold them: a bug
+  return c;
+}
+
+TuneStep next_step(Tuning& t) {
+  const uint64_t n = t.candidates.size();
+  const uint64_t call = t.calls++;
+  if (t.choice < 0 && n == 1) t.choice = 0;
+  if (t.choice >= 0) return {TuneStep::kDecided, t.choice};
+  if (call < n * kTrialRounds) return {TuneStep::kTrial, (int)(call % n)};
+  return {TuneStep::kDecide, -1};
+}
+
+int choose(const std::vector<double>& slowest) {
+  int best = 0;
+  for (size_t i = 1; i < slowest.size(); i++)
+    if (slowest[i] < slowest[best]) best = (int)i;
+  return best;
+}
+
+const char* candidate_name(int candidate) {
+  switch (candidate) {
+    case kExactCandidate: return "exact";
+    case qncclAlgoRing: return "ring";
+    case qncclAlgoTree: return "tree";
+    case qncclAlgoSra: return "sra";
+    case qncclAlgoHier: return "hier";
+    default: return "quantized";
+  }
+}
+
+void record_trial(Tuning& t, int index, double seconds) {
+  if (t.own.size() != t.candidates.size()) t.own.assign(t.candidates.size(), INFINITY);
+  if (seconds < t.own[index]) t.own[index] = seconds;
+}
+
+ncclResult_t decide(Tuning& t, const NcclApi& nccl, ncclComm_t comm, cudaStream_t stream,
+                    int device, CommState& state) {
+  ncclResult_t res = ncclSuccess;
+  for (const Tuning::Pending& p : t.pending) {  // device trials: the one wait, for the last
+    double seconds = INFINITY;
+#ifdef QNCCL_WITH_CUDA
+    const ncclResult_t read = timing_elapsed(p.start, p.end, &seconds);
+    if (res == ncclSuccess) res = read;
+#endif
+    record_trial(t, p.index, seconds);
+  }
+  t.pending.clear();
+  QNCCL_CHECK(res);
+  record_trial(t, 0, INFINITY);  // sized, should no trial have been recorded
+  std::vector<double> times = t.own;
+  if (device >= 0) {
+#ifdef QNCCL_WITH_CUDA
+    QNCCL_CHECK(
+        device_max_allreduce(nccl, comm, device, stream, times.data(), times.size(), state));
+#else
+    return set_error(ncclInternalError, "measured auto: device buffers in a build without CUDA");
+#endif
+  } else {
+    {
+      std::lock_guard<std::mutex> lock(state.api);
+      res = nccl.allReduce(times.data(), times.data(), times.size(), ncclFloat64, ncclMax, comm,
+                           stream);
+    }
+    if (res == ncclInProgress) res = wait_until_ready(nccl, comm, state);
+    QNCCL_CHECK(res);
+  }
+  t.slowest = times;
+  t.choice = choose(times);
+  return ncclSuccess;
+}
+
+}  // namespace qnccl

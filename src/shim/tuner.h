@@ -1,0 +1,106 @@
+/* Measured auto (docs/tuning.md): with QNCCL_ALGO=auto the interposer tries
+ * the candidates of each (collective, type, size class) of a communicator on
+ * the job's own first calls of it (the real NCCL's exact call and each
+ * quantized algorithm that applies), the ranks agree on the one whose
+ * slowest rank was fastest, and that candidate runs from then on. Bits and
+ * bucket stay the user's: only speed is tuned.
+ *
+ * Every rank issues the same calls, so a key's call count, its candidates
+ * and the call at which it decides are values all ranks share; the times
+ * differ per rank and enter the decision only through one exact allreduce
+ * (the maximum), so every rank decides alike. */
+#ifndef QNCCL_SHIM_TUNER_H_
+#define QNCCL_SHIM_TUNER_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <map>
+#include <vector>
+
+#include "engine/nccl_api.h"
+#include "engine/topology.h"
+#include "qnccl.h"
+
+namespace qnccl {
+
+struct CommState;
+
+/* A candidate: the real NCCL's exact call, or a quantized algorithm
+ * (qncclAlgoAuto: the one an allgather or all-to-all has). */
+constexpr int kExactCandidate = QNCCL_EXACT_CANDIDATE;
+
+/* Trial calls of each candidate, taken round-robin; a candidate's fastest
+ * trial counts (its first may pay for workspace and first-touch pages). */
+constexpr int kTrialRounds = 2;  // qncclTuning_t.trialCalls says so too
+
+/* What a decision is kept under, per communicator. */
+struct TuneKey {
+  qncclCollective_t kind;
+  ncclDataType_t type;
+  int size_class;  // floor(log2(bytes of this rank's input)): 20 is 1-2 MiB
+  bool operator<(const TuneKey& o) const;
+};
+
+/* The size class of a call whose input on each rank is `bytes` (>= 1). */
+int size_class(size_t bytes);
+
+/* The candidates of a call of `kind` on `nranks` ranks laid out as
+ * `topology` says: exact first, then the quantized algorithms that apply
+ * (an allreduce: ring, tree, SRA, and hierarchical on two or more even
+ * nodes; a reduce-scatter: ring and SRA; an allgather or all-to-all: its
+ * one). One rank has only exact: nothing crosses a link. */
+std::vector<int> tune_candidates(qncclCollective_t kind, int nranks, const Topology& topology);
+
+/* One key of one communicator. */
+struct Tuning {
+  std::vector<int> candidates;
+  uint64_t calls = 0;           // its calls so far (trials, the deciding call, the rest)
+  std::vector<double> own;      // this rank's fastest trial of each candidate, seconds
+  std::vector<double> slowest;  // agreed: the slowest rank's fastest trial of each
+  int choice = -1;              // decided: an index into candidates
+  /* Trials on device buffers: events around each on the call's stream, read
+   * by the deciding call (engine/compute.h, timing_event). */
+  struct Pending {
+    int index;
+    void* start;
+    void* end;
+  };
+  std::vector<Pending> pending;
+};
+
+/* What one call of a key does. */
+struct TuneStep {
+  enum What { kTrial, kDecide, kDecided } what;
+  int index;  // kTrial: the candidate it tries; kDecided: the choice
+};
+
+/* The next call's step, counting it: call i < C * kTrialRounds tries
+ * candidate i mod C; the next one decides first; later ones run the choice.
+ * A key with one candidate is decided at once, without trials. */
+TuneStep next_step(Tuning& t);
+
+/* The candidate with the least agreed time; a tie goes to the earlier one,
+ * so exact wins unless a quantized algorithm is strictly faster. */
+int choose(const std::vector<double>& slowest);
+
+/* "exact", "ring", ..., or "quantized" for an allgather's or all-to-all's. */
+const char* candidate_name(int candidate);
+
+/* Records a trial of candidate `index` that took `seconds` on this rank. */
+void record_trial(Tuning& t, int index, double seconds);
+
+/* The deciding call's agreement: the slowest rank's time of every candidate,
+ * through one exact allreduce (maximum, float64) of the real NCCL on
+ * `comm`, in host memory for calls on host buffers (`device` -1), else in
+ * memory of `device` on `stream` (which it waits for); then the choice.
+ * Fails as the allreduce does. */
+ncclResult_t decide(Tuning& t, const NcclApi& nccl, ncclComm_t comm, cudaStream_t stream,
+                    int device, CommState& state);
+
+/* The decisions of one communicator. */
+using TuneTable = std::map<TuneKey, Tuning>;
+
+}  // namespace qnccl
+
+#endif

@@ -1,0 +1,236 @@
+"""Measured auto (QNCCL_ALGO=auto, docs/tuning.md) on real ranks: libqnccl's interposed
+ncclAllReduce, ncclReduceScatter and ncclAllGather over QNCCL's host backend, called from
+Python as in interposer_check.py.
+
+    mpirun -np 4 python tuning_check.py
+
+Every call of every section is checked: its output is the same bytes on every rank; a call
+that ran quantized is the emulator's bytes for the candidate the documented schedule names
+(trial i of a key tries candidate i mod C; the next call decides; the rest run the choice)
+at the communicator's call number (only quantized calls take one); a call that ran exact is
+the real library's own result of the same call. qncclCommGetStats counts both kinds.
+
+skew     float32 allreduce of 64 KiB (candidates exact, ring, tree, SRA): ranks 1, 2 and 3
+         each arrive 0.2 s late at both trials of exact, ring and tree respectively. Each of
+         those is slow for every rank but the late one, which finds it fast (the others
+         were already waiting): their own timings disagree, yet every rank must decide SRA,
+         the one candidate nobody delayed, from the agreed (slowest rank's) times, in which
+         the delayed ones take >= 0.2 s. Then decided calls; then, inside a group, a size
+         no call has tried yet: auto's rule, nothing tried or counted.
+others   a reduce-scatter (candidates exact, ring, SRA) and an allgather (exact, quantized)
+         tried and decided alike on every rank, with the same checks.
+
+Prints one line per failure, then a summary; exits non-zero on any failure.
+"""
+import sys
+import time
+
+import numpy as np
+
+from allreduce_check import Case, check_case, rank_input
+from interposer_check import (COMM, NRANKS, RANK, bits_of, expect, failures, ffi, init_comm,
+                              lib, nccl, require)
+import interposer_check
+from qnccl import comm as qcomm
+from qnccl.emulate import collectives as emulate
+
+LATE_S = 0.2
+CANDIDATES = {"allreduce": ["exact", "ring", "tree", "sra"],
+              "reducescatter": ["exact", "ring", "sra"], "allgather": ["exact", "quantized"]}
+TRIAL_ROUNDS = 2  # docs/tuning.md
+SETTINGS = dict(min_bytes="1K", collectives="allreduce,reducescatter,allgather", debug="INFO")
+
+
+class Comm:
+    """A communicator made under SETTINGS, with what this program expects of it."""
+
+    def __init__(self):
+        result, self.comm = init_comm(**SETTINGS)
+        require(result, "ncclCommInitRank")
+        self.call = 0  # the engine's next call number: quantized calls take one
+        self.compressed = self.passed = 0
+
+    def stats_check(self, label):
+        stats = qcomm.stats(self.comm)
+        got = (stats["calls_compressed"], stats["calls_passed_through"])
+        expect(got == (self.compressed, self.passed), label,
+               f"(compressed, passed through) = {got}, expected "
+               f"{(self.compressed, self.passed)}")
+
+
+def interposed(kind, comm, x, nranks=NRANKS, real=False):
+    """This rank's output of one ncclAllReduce / ncclReduceScatter / ncclAllGather of `x`
+    (float32, sum): libqnccl's, or the real library's own with `real`."""
+    api = nccl if real else lib
+    if kind == "allreduce":
+        out = np.empty_like(x)
+        result = api.ncclAllReduce(ffi.from_buffer(x), ffi.from_buffer(out), x.size,
+                                   lib.ncclFloat32, lib.ncclSum, comm, ffi.NULL)
+    elif kind == "reducescatter":
+        out = np.empty(x.size // nranks, np.float32)
+        result = api.ncclReduceScatter(ffi.from_buffer(x), ffi.from_buffer(out), out.size,
+                                       lib.ncclFloat32, lib.ncclSum, comm, ffi.NULL)
+    else:
+        out = np.empty(x.size * nranks, np.float32)
+        result = api.ncclAllGather(ffi.from_buffer(x), ffi.from_buffer(out), x.size,
+                                   lib.ncclFloat32, comm, ffi.NULL)
+    require(result, f"{'the real ' if real else ''}{kind}")
+    return out
+
+
+def expected_quantized(kind, candidate, inputs, call, count):
+    """Rank 0: what every rank's output must be when the call ran `candidate` quantized."""
+    if kind == "reducescatter":
+        return emulate.reduce_scatter(inputs, algo=candidate, call=call)
+    if kind == "allgather":
+        return emulate.allgather(inputs, call=call)
+    return None  # allreduce: allreduce_check.check_case
+
+
+def checked_call(c, kind, count, candidate, label, late=False):
+    """One call of `kind` on `c` that the schedule says runs `candidate`; `late`: this rank
+    arrives LATE_S late."""
+    case = Case(candidate if candidate != "exact" else "sra", "float32", count)
+    x = rank_input(case, RANK).astype(np.float32)
+    if late:
+        time.sleep(LATE_S)
+    out = interposed(kind, c.comm, x)
+    inputs = COMM.gather(x, root=0)
+    outputs = COMM.gather(out, root=0)
+    if candidate == "exact":
+        c.passed += 1
+        want = interposed(kind, c.comm, x, real=True)  # every rank calls the real library
+        expect(np.array_equal(bits_of(out), bits_of(want)), label,
+               "an exact call's output is not the real library's")
+    elif RANK == 0:
+        if kind == "allreduce":
+            check_case(case, c.call, outputs, [True] * NRANKS, failures)
+        else:
+            want = expected_quantized(kind, candidate, inputs, c.call, count)
+            for r in range(NRANKS):
+                expect(np.array_equal(bits_of(outputs[r]), bits_of(want[r])), label,
+                       f"rank {r}'s output is not the emulator's {kind} ({candidate}, call "
+                       f"{c.call})")
+    if candidate != "exact":
+        c.call += 1
+        c.compressed += 1
+    if RANK == 0 and kind != "reducescatter":  # every rank holds the same result
+        same = all(np.array_equal(bits_of(o), bits_of(outputs[0])) for o in outputs)
+        expect(same, label, "the ranks' outputs differ")
+
+
+def entry(c, kind, count):
+    """This rank's qncclCommGetTuning row of `kind`'s float32 calls of `count` values of
+    input (a reduce-scatter's key is its recvcount's bytes)."""
+    nbytes = count * 4 // (NRANKS if kind == "reducescatter" else 1)
+    rows = [row for row in qcomm.tuning(c.comm) if row["collective"] == kind
+            and row["dtype"] == "float32" and row["min_bytes"] <= nbytes <= row["max_bytes"]]
+    expect(len(rows) == 1, kind, f"{len(rows)} tuning rows for {nbytes} bytes, expected 1")
+    return rows[0] if rows else None
+
+
+def try_and_decide(c, kind, count, late_rank=None):
+    """The trials, the deciding call and two decided calls of one key; returns the choice
+    every rank agreed on and this rank's table row (None, None on failure)."""
+    names = CANDIDATES[kind]
+    for i in range(len(names) * TRIAL_ROUNDS):
+        candidate = names[i % len(names)]
+        late = late_rank is not None and RANK == late_rank(candidate)
+        checked_call(c, kind, count, candidate, f"{kind} trial {i} ({candidate})", late)
+    row = entry(c, kind, count)
+    expect(row is not None and row["choice"] is None and row["calls"] == len(names) * 2, kind,
+           f"after the trials: {row}, expected no choice yet and {len(names) * 2} calls")
+    # The deciding call: what it runs is not known before it; the table says afterwards.
+    x_case = Case("sra", "float32", count)
+    x = rank_input(x_case, RANK).astype(np.float32)
+    out = interposed(kind, c.comm, x)
+    row = entry(c, kind, count)
+    if row is None:
+        return None, None
+    choice = row["choice"]
+    choices = COMM.allgather(choice)
+    expect(len(set(choices)) == 1, kind, f"the ranks decided differently: {choices}")
+    expect(row["candidates"] == names and row["trial_calls"] == len(names) * 2, kind,
+           f"candidates {row['candidates']} with {row['trial_calls']} trial calls, expected "
+           f"{names} with {len(names) * 2}")
+    outputs = COMM.gather(out, root=0)
+    if choice == "exact":
+        c.passed += 1
+        want = interposed(kind, c.comm, x, real=True)
+        expect(np.array_equal(bits_of(out), bits_of(want)), f"{kind} deciding call",
+               "the exact choice's output is not the real library's")
+    else:
+        inputs = COMM.gather(x, root=0)
+        if RANK == 0:
+            if kind == "allreduce":
+                check_case(Case(choice, "float32", count), c.call, outputs, [True] * NRANKS,
+                           failures)
+            else:
+                want = expected_quantized(kind, choice, inputs, c.call, count)
+                expect(all(np.array_equal(bits_of(o), bits_of(w)) for o, w in zip(outputs, want)),
+                       f"{kind} deciding call", f"not the emulator's {choice} at call {c.call}")
+        c.call += 1
+        c.compressed += 1
+    for i in range(2):
+        checked_call(c, kind, count, choice, f"{kind} decided call {i} ({choice})")
+    row = entry(c, kind, count)
+    expect(row is not None and row["calls"] == len(names) * 2 + 3, kind,
+           f"calls counted: {row and row['calls']}, expected {len(names) * 2 + 3}")
+    c.stats_check(f"{kind}: statistics")
+    return choice, row
+
+
+def skew_section():
+    c = Comm()
+    # The communicator's first quantizable call finds the node layout (a collective of its
+    # own, before the call is timed), which would absorb a late rank's delay: one call of
+    # another size does that first (the first trial of its own key: exact).
+    checked_call(c, "allreduce", 8192, "exact", "allreduce, the first call")
+    count = 16384  # 64 KiB of float32
+    late = {"exact": 1, "ring": 2, "tree": 3}
+    choice, row = try_and_decide(c, "allreduce", count, late_rank=lambda cand: late.get(cand))
+    expect(choice == "sra", "skew", f"decided {choice}; expected sra, the one nobody delayed")
+    if row is not None:
+        seconds = dict(zip(row["candidates"], row["seconds"]))
+        expect(all(seconds[name] >= LATE_S for name in late) and seconds["sra"] < LATE_S,
+               "skew", f"agreed times {seconds}: the delayed candidates must take >= {LATE_S} s")
+    # A size no call has tried, inside a group: auto's rule (SRA on 4 ranks above 64 KiB),
+    # nothing tried and no row made.
+    require(lib.ncclGroupStart(), "ncclGroupStart")
+    x = rank_input(Case("sra", "float32", 65536), RANK).astype(np.float32)
+    out = np.empty_like(x)
+    require(lib.ncclAllReduce(ffi.from_buffer(x), ffi.from_buffer(out), x.size, lib.ncclFloat32,
+                              lib.ncclSum, c.comm, ffi.NULL), "ncclAllReduce in a group")
+    require(lib.ncclGroupEnd(), "ncclGroupEnd")
+    outputs = COMM.gather(out, root=0)
+    if RANK == 0:
+        check_case(Case("sra", "float32", 65536), c.call, outputs, [True] * NRANKS, failures)
+    c.call += 1
+    c.compressed += 1
+    expect(len(qcomm.tuning(c.comm)) == 2, "group", "a call inside a group made a tuning row")
+    c.stats_check("skew: statistics")
+    require(lib.ncclCommDestroy(c.comm), "ncclCommDestroy")
+
+
+def others_section():
+    c = Comm()
+    try_and_decide(c, "reducescatter", 4096 * NRANKS)
+    try_and_decide(c, "allgather", 4096)
+    require(lib.ncclCommDestroy(c.comm), "ncclCommDestroy")
+
+
+def main():
+    if NRANKS != 4:
+        print("tuning_check.py runs on 4 ranks", flush=True)
+        return 2
+    skew_section()
+    others_section()
+    failed = COMM.allreduce(len(failures.lines))
+    total = COMM.allreduce(interposer_check.checks)
+    if RANK == 0:
+        print(f"SUMMARY tuning: {NRANKS} ranks, {total} checks, {failed} failures", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,29 @@
+"""Measured auto (QNCCL_ALGO=auto, docs/tuning.md) through the interposer, on 4 real MPI
+ranks over the host backend: mpi_programs/tuning_check.py (its docstring lists the checks:
+skewed timings, the schedule, every call against the emulator or the real library, groups,
+statistics, reduce-scatter and allgather), and the decisions' INFO lines."""
+import re
+
+from mpi import REPO, run_python
+
+PROGRAM = REPO / "tests" / "mpi_programs" / "tuning_check.py"
+NRANKS = 4
+
+
+def test_ranks_decide_alike_under_skewed_timings():
+    result = run_python(NRANKS, PROGRAM, timeout=240)
+    assert f"SUMMARY tuning: {NRANKS} ranks" in result.stdout and "0 failures" in result.stdout, \
+        result.stdout[-3000:]
+    # One INFO line per rank and key, all naming the same choice: SRA for the skewed
+    # allreduce, whose delayed candidates took >= 0.2 s in the agreed times.
+    decisions = re.findall(r"rank (\d): measured auto: ncclAllReduce float32 of 65536\.\.131071 "
+                           r"bytes per rank runs (\w+) \(the slowest rank's fastest trial, ms: "
+                           r"exact ([\d.]+), ring ([\d.]+), tree ([\d.]+), sra ([\d.]+); "
+                           r"8 trial calls\)", result.stdout)
+    assert sorted(int(d[0]) for d in decisions) == list(range(NRANKS)), result.stdout[-3000:]
+    assert {d[1] for d in decisions} == {"sra"}, decisions
+    assert len({d[2:] for d in decisions}) == 1, f"the ranks' agreed times differ: {decisions}"
+    for key in ("ncclReduceScatter float32 of 16384..32767", "ncclAllGather float32 of 16384..32767"):
+        choices = re.findall(rf"rank \d: measured auto: {key} bytes per rank runs (\w+)",
+                             result.stdout)
+        assert len(choices) == NRANKS and len(set(choices)) == 1, (key, choices)
