@@ -14,7 +14,9 @@ there.
   ProcessGroupNCCL pattern (nonblocking communicators, watchdog, coalesced buckets,
   PreMulSum, abort), an FSDP step of a C program of the CUDA runtime API;
 - CUDA graphs: a captured quantized call replayed with new inputs, each replay the
-  emulator's next call, nothing allocated during the global-mode capture."""
+  emulator's next call, nothing allocated during the global-mode capture;
+- measured auto (docs/tuning.md): trials timed by events, the agreement in device memory,
+  no trial inside a capture."""
 import subprocess
 
 import pytest
@@ -98,6 +100,13 @@ def test_interposed_collectives_under_a_policy():
     run_check(3, "collectives_check.py", "interposed",
               QNCCL_COLLECTIVES="reducescatter,allgather,alltoall", QNCCL_ALLGATHER_BITS="8",
               QNCCL_ALLTOALL_BITS="3")
+
+
+def test_measured_auto_on_device_buffers():
+    """Measured auto with device buffers (mpi_programs/tuning_check.py): trials timed by CUDA
+    events, read at the deciding call, the agreement in device memory, every rank deciding
+    alike under skewed timings; a call captured into a graph is no trial and runs the rule."""
+    run_check(4, "tuning_check.py", timeout=300)
 
 
 @pytest.mark.parametrize("nprocs", [1, 2, 4])

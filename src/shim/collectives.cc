@@ -167,7 +167,12 @@ ncclResult_t tune(ncclComm_t comm, ShimComm& shim, CommState& st, const NcclApi&
   if (device >= 0) QNCCL_CHECK(stream_capturing(stream, &capturing));
 #endif
   const int size = size_class(count * float_type_size(type));
-  Tuning& t = shim.tuning[TuneKey{kind, type, size}];
+  const TuneKey key{kind, type, size};
+  if (capturing) {  // the decision made before, else the rule; nothing made or counted
+    const auto made = shim.tuning.find(key);
+    if (made == shim.tuning.end() || made->second.choice < 0) return ncclSuccess;
+  }
+  Tuning& t = shim.tuning[key];
   if (t.candidates.empty()) t.candidates = tune_candidates(kind, nranks, st.topology);
   int index = t.choice;
   if (!capturing) {
@@ -182,7 +187,6 @@ ncclResult_t tune(ncclComm_t comm, ShimComm& shim, CommState& st, const NcclApi&
       *trial = Trial{&t, index, device, std::chrono::steady_clock::now(), nullptr};
     }
   }
-  if (index < 0) return ncclSuccess;  // captured before a decision: the rule
   const int candidate = t.candidates[index];
   if (candidate == kExactCandidate) {
     d.compress = false;

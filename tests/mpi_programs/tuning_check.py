@@ -3,6 +3,7 @@ ncclAllReduce, ncclReduceScatter and ncclAllGather over QNCCL's host backend, ca
 Python as in interposer_check.py.
 
     mpirun -np 4 python tuning_check.py
+    QNCCL_TEST_MEMORY=device mpirun -np 4 python tuning_check.py   (the simulated GPU in CI)
 
 Every call of every section is checked: its output is the same bytes on every rank; a call
 that ran quantized is the emulator's bytes for the candidate the documented schedule names
@@ -19,6 +20,12 @@ skew     float32 allreduce of 64 KiB (candidates exact, ring, tree, SRA): ranks 
          no call has tried yet: auto's rule, nothing tried or counted.
 others   a reduce-scatter (candidates exact, ring, SRA) and an allgather (exact, quantized)
          tried and decided alike on every rank, with the same checks.
+capture  (device buffers) a call of a size not yet decided, captured into a CUDA graph: it
+         is not a trial and counts nothing (no tuning row), runs auto's rule (SRA) at each
+         replay, the emulator's next call number.
+
+On device buffers (tests/buffers.py) the trials are timed by CUDA events, read at the
+deciding call, and the agreement runs in device memory.
 
 Prints one line per failure, then a summary; exits non-zero on any failure.
 """
@@ -27,7 +34,7 @@ import time
 
 import numpy as np
 
-from allreduce_check import Case, check_case, rank_input
+from allreduce_check import MEMORY, STREAM, Case, check_case, ptr, rank_input, synced
 from interposer_check import (COMM, NRANKS, RANK, bits_of, expect, failures, ffi, init_comm,
                               lib, nccl, require)
 import interposer_check
@@ -64,17 +71,17 @@ def interposed(kind, comm, x, nranks=NRANKS, real=False):
     api = nccl if real else lib
     if kind == "allreduce":
         out = np.empty_like(x)
-        result = api.ncclAllReduce(ffi.from_buffer(x), ffi.from_buffer(out), x.size,
-                                   lib.ncclFloat32, lib.ncclSum, comm, ffi.NULL)
+        result = api.ncclAllReduce(ptr(x), ptr(out), x.size, lib.ncclFloat32, lib.ncclSum, comm,
+                                   STREAM)
     elif kind == "reducescatter":
         out = np.empty(x.size // nranks, np.float32)
-        result = api.ncclReduceScatter(ffi.from_buffer(x), ffi.from_buffer(out), out.size,
-                                       lib.ncclFloat32, lib.ncclSum, comm, ffi.NULL)
+        result = api.ncclReduceScatter(ptr(x), ptr(out), out.size, lib.ncclFloat32, lib.ncclSum,
+                                       comm, STREAM)
     else:
         out = np.empty(x.size * nranks, np.float32)
-        result = api.ncclAllGather(ffi.from_buffer(x), ffi.from_buffer(out), x.size,
-                                   lib.ncclFloat32, comm, ffi.NULL)
+        result = api.ncclAllGather(ptr(x), ptr(out), x.size, lib.ncclFloat32, comm, STREAM)
     require(result, f"{'the real ' if real else ''}{kind}")
+    synced(out)
     return out
 
 
@@ -199,9 +206,10 @@ def skew_section():
     require(lib.ncclGroupStart(), "ncclGroupStart")
     x = rank_input(Case("sra", "float32", 65536), RANK).astype(np.float32)
     out = np.empty_like(x)
-    require(lib.ncclAllReduce(ffi.from_buffer(x), ffi.from_buffer(out), x.size, lib.ncclFloat32,
-                              lib.ncclSum, c.comm, ffi.NULL), "ncclAllReduce in a group")
+    require(lib.ncclAllReduce(ptr(x), ptr(out), x.size, lib.ncclFloat32, lib.ncclSum, c.comm,
+                              STREAM), "ncclAllReduce in a group")
     require(lib.ncclGroupEnd(), "ncclGroupEnd")
+    synced(out)
     outputs = COMM.gather(out, root=0)
     if RANK == 0:
         check_case(Case("sra", "float32", 65536), c.call, outputs, [True] * NRANKS, failures)
@@ -219,12 +227,43 @@ def others_section():
     require(lib.ncclCommDestroy(c.comm), "ncclCommDestroy")
 
 
+def capture_section():
+    c = Comm()
+    # Trials of another size first: the layout found and the workspace grown by its
+    # quantized trials, so that the capture needs no new memory (CUDA forbids it there).
+    for i, candidate in enumerate(CANDIDATES["allreduce"]):
+        checked_call(c, "allreduce", 32768, candidate, f"capture section, trial {i}")
+    count = 16384
+    case = Case("sra", "float32", count)
+    x = rank_input(case, RANK).astype(np.float32)
+    out = np.zeros_like(x)
+    pointers = (ptr(x), ptr(out))  # uploaded before the capture
+
+    def allreduce():
+        require(lib.ncclAllReduce(*pointers, count, lib.ncclFloat32, lib.ncclSum, c.comm,
+                                  STREAM), "a captured ncclAllReduce")
+
+    graph = MEMORY.capture(allreduce)
+    rows = [r for r in qcomm.tuning(c.comm) if r["max_bytes"] >= count * 4 >= r["min_bytes"]]
+    expect(not rows, "capture", f"a captured call made or counted a tuning row: {rows}")
+    for replay in range(2):
+        MEMORY.replay(graph)
+        synced(out)
+        outputs = COMM.gather(out.copy(), root=0)
+        if RANK == 0:  # the rule's SRA, each replay the next call number
+            check_case(case, c.call, outputs, [True] * NRANKS, failures)
+        c.call += 1
+    require(lib.ncclCommDestroy(c.comm), "ncclCommDestroy")
+
+
 def main():
     if NRANKS != 4:
         print("tuning_check.py runs on 4 ranks", flush=True)
         return 2
     skew_section()
     others_section()
+    if MEMORY.device_mode:
+        capture_section()
     failed = COMM.allreduce(len(failures.lines))
     total = COMM.allreduce(interposer_check.checks)
     if RANK == 0:
