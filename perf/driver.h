@@ -36,6 +36,7 @@ struct Options {
   size_t min_bytes = 32 << 20, max_bytes = 32 << 20, step_bytes = 1 << 20;
   double step_factor = 1;
   int iters = 20, warmup_iters = 5, check = 1, blocking = 0, average = 1;
+  int settle = -1;  // untimed calls per size (-1: the backend's settling_calls())
   std::vector<const DataType*> types;
   std::vector<const ReduceOp*> ops;
   std::string type_arg = "float", op_arg = "sum";
@@ -45,6 +46,11 @@ struct Options {
   std::vector<bool> placements = {false, true};  // in place?
   std::string placement_arg = "both";
 };
+
+// Untimed calls before each size's measurement: --settle, else what the backend needs.
+inline int settle_calls(const Backend& backend, const Options& opt) {
+  return opt.settle >= 0 ? opt.settle : backend.settling_calls();
+}
 
 struct BadOption : std::runtime_error {
   using std::runtime_error::runtime_error;

@@ -160,8 +160,9 @@ class NcclBackend : public Backend {
              measured() ? " measured" : "");
     text += line;
     if (measured())
-      text += "\nmeasured auto: each size first runs " + std::to_string(settling_calls()) +
-              " untimed calls (its trials, docs/tuning.md); the algo column says what it chose";
+      text += "\nmeasured auto: a size's first calls are its trials (docs/tuning.md), " +
+              std::to_string(settling_calls()) +
+              " untimed calls settle it (--settle); the algo column says what it chose";
     return text;
   }
 

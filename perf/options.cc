@@ -127,6 +127,9 @@ void usage(const char* tool, FILE* out) {
           "  -f, --stepfactor F       multiply sizes by F instead (> 1)\n"
           "  -n, --iters N            timed iterations per size (default 20)\n"
           "  -w, --warmup_iters N     warm-up iterations at the largest and smallest size (default 5)\n"
+          "      --settle N           untimed calls before each size's timed ones (default: what\n"
+          "                           the library needs: 11 under QNCCL's measured auto, for its\n"
+          "                           trials; else 0)\n"
           "  -d, --datatype TYPE      %s, or all (default float)\n"
           "  -o, --op OP              %s, or all (default sum; reductions only)\n"
           "  -c, --check 0|1          check every result (default 1): error against the exact\n"
@@ -156,6 +159,7 @@ bool parse_options(int argc, char** argv, const char* tool, Collective collectiv
       {"average", required_argument, nullptr, 'a'},   {"json", required_argument, nullptr, 'J'},
       {"ngpus", required_argument, nullptr, 'g'},     {"nthreads", required_argument, nullptr, 't'},
       {"memory", required_argument, nullptr, 'M'},    {"placement", required_argument, nullptr, 'P'},
+      {"settle", required_argument, nullptr, 'S'},
       {"help", no_argument, nullptr, 'h'},
       {nullptr, 0, nullptr, 0}};
   opterr = 0;
@@ -189,6 +193,7 @@ bool parse_options(int argc, char** argv, const char* tool, Collective collectiv
       case 'g': parse_int("-g/--ngpus (one GPU per rank: start more ranks)", optarg, 1, 1); break;
       case 't': parse_int("-t/--nthreads (one thread per rank: start more ranks)", optarg, 1, 1); break;
       case 'M': opt->memory_arg = optarg; break;
+      case 'S': opt->settle = (int)parse_int("--settle", optarg, 0, 1 << 20); break;
       case 'P':
         opt->placement_arg = optarg;
         if (opt->placement_arg == "both") {

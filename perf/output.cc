@@ -183,6 +183,8 @@ void print_header(const Backend& backend, const Options& opt, int rank, int nran
   printf(" warmup iters: %d iters: %d validation: %d blocking: %d average: %d memory: %s\n#\n",
          opt.warmup_iters, opt.iters, opt.check, opt.blocking, opt.average,
          opt.memory == Memory::Device ? "device" : "host");
+  const int settle = settle_calls(backend, opt);
+  if (settle > 0) printf("# settle: %d untimed calls before each size's timed ones\n#\n", settle);
   printf("# Using devices\n");
   for (int r = 0; r < nranks; r++) {
     std::string device = opt.memory == Memory::Device ? "cuda:" + std::to_string(lines[r].local_rank) : "host";

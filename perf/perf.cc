@@ -53,7 +53,7 @@ bool run_sweep(Backend& backend, Collective collective, const Options& opt, int 
           const uint64_t tag =
               mix64(row.count * 131 + (uint64_t)type->nccl * 7 + (uint64_t)op->nccl);
           if (in_place == opt.placements[0]) {  // once per size: its placements share it
-            for (int i = 0; i < backend.settling_calls(); i++)
+            for (int i = 0; i < settle_calls(backend, opt); i++)
               if (!calls.call(row)) return false;
             if (!calls.wait()) return false;
           }

@@ -156,6 +156,9 @@ def build_parser():
                    help="timed iterations per size and placement (default 20)")
     p.add_argument("-w", "--warmup_iters", type=int_at_least(0), default=5, metavar="WARMUP",
                    help="untimed calls at the largest and the smallest size (default 5)")
+    p.add_argument("--settle", type=int_at_least(0), default=0, metavar="N",
+                   help="untimed calls before each size's timed ones, as the C perf binaries' "
+                        "--settle (default 0)")
     p.add_argument("-d", "--datatype", type=type_name, default="float", metavar="TYPE",
                    help=f"element type: {', '.join(TYPES)} (default float)")
     p.add_argument("-o", "--op", type=op_name, default="sum", metavar="OP",
@@ -536,6 +539,10 @@ def benchmark(torch, np, dist, args, rank, nranks):
         recv.copy_(send)
         placements = PLACEMENTS[args.placement]  # 0 out of place, 1 in place
         calls = {0: lambda: out_of_place(send, recv), 1: lambda: reduce_in_place(recv)}
+        for _ in range(args.settle):
+            calls[placements[0]]()
+        if args.settle:
+            recv.copy_(send)
         times = gather([t for k in placements for t in timed(calls[k])])  # mean, median each
         secs = {k: combine(times[:, 2 * i].tolist()) for i, k in enumerate(placements)}
         medians = {k: combine(times[:, 2 * i + 1].tolist()) for i, k in enumerate(placements)}

@@ -67,7 +67,8 @@ class Config:
     def argv(self, args):
         """The rank command (what mpirun starts) for this configuration."""
         perf_args = ["-b", str(args.sizes[0]), "-e", str(args.sizes[1]), "-f", "2",
-                     "-n", str(args.iters), "-w", str(args.warmup), "-z", "1", "-c", "1",
+                     "-n", str(args.iters), "-w", str(args.warmup), "--settle", str(SETTLE),
+                     "-z", "1", "-c", "1",
                      "-d", "float", "-o", "sum", "--placement", "out-of-place"]
         if self.kind == "mpi":
             return [str(BUILD / "bin" / "mpi_all_reduce_perf"), *perf_args]
@@ -84,6 +85,11 @@ class Config:
                 "--bucket-size", str(self.bucket_size), "--algo", self.algo,
                 "--rounding", args.rounding, *policy, "--", *perf]
 
+
+# Untimed calls before each size, in every run alike (baselines too, so that all are as
+# warm): what QNCCL's measured auto needs to decide a size, its 2 trials of at most 5
+# candidates and the deciding call (docs/tuning.md).
+SETTLE = 11
 
 # The perf binary of each collective.
 COLLECTIVE_TOOLS = {"allreduce": "all_reduce_perf", "reducescatter": "reduce_scatter_perf",
@@ -186,8 +192,11 @@ def probe_link(rate):
 
 def job_environment():
     """The jobs' environment: MPI settings, the host backend as libnccl.so.2, and
-    no QNCCL_* from the caller (each configuration sets its own)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("QNCCL_")}
+    no QNCCL_* from the caller (each configuration sets its own), nor the caller's choice of
+    Open MPI transports (OMPI_MCA_btl*): a test shell's `btl_vader_single_copy_mechanism=none`
+    made the shared-memory section's uncompressed baseline 3x slower from 8 MiB."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("QNCCL_", "OMPI_MCA_btl"))}
     env.update(MPI_ENV)
     env["LD_LIBRARY_PATH"] = ":".join(filter(None, [str(BUILD / "host"),
                                                     env.get("LD_LIBRARY_PATH")]))

@@ -171,7 +171,8 @@ def test_measured_auto_rows(tmp_path):
                             tmp_path, qnccl=["--bits", str(bits), "--rounding", "nearest"])
     check_table(result.stdout, data, nranks)
     assert data["qnccl"]["measured"] is True and data["qnccl"]["algo"] == "auto"
-    assert "measured auto: each size first runs 11 untimed calls" in result.stdout
+    assert "# settle: 11 untimed calls before each size's timed ones" in result.stdout
+    assert "measured auto: a size's first calls are its trials" in result.stdout
     for r in data["rows"]:
         assert r["ok"] and r["agree"], r
         if not r["compressed"]:
@@ -181,6 +182,22 @@ def test_measured_auto_rows(tmp_path):
         wire = sum(sent_bytes(r["count"], "float32", nranks, rank, r["algo"], bits, bucket)
                    for rank in range(nranks)) / nranks / r["size"]
         assert r["wire_bytes_per_input_byte"] == pytest.approx(wire, rel=1e-5), r
+
+
+@pytest.mark.parametrize("settle", [0, 3])
+def test_settle_is_what_was_asked(settle, tmp_path):
+    """--settle N: N untimed calls per size in any run (the bench gives every run, baselines
+    too, the same), which QNCCL's statistics count; 0 under measured auto leaves the trials
+    in the timed calls, and nothing is said about settling."""
+    result, data = run_perf(2, ["-b", "64K", "-e", "128K", "-f", "2", "-n", "2", "-w", "0",
+                                "--settle", str(settle), "--placement", "out-of-place"],
+                            tmp_path, qnccl=["--bits", "4", "--algo", "ring", "--debug", "info"])
+    said = f"# settle: {settle} untimed calls before each size's timed ones"
+    assert (said in result.stdout) == (settle > 0), result.stdout
+    assert data["rows"] and all(r["ok"] and r["compressed"] for r in data["rows"])
+    # At destroy: the settling calls, the timed ones and the checked one, of each size.
+    counts = re.findall(r"rank \d: compressed=(\d+)", result.stdout)
+    assert counts and set(counts) == {str(2 * (settle + 2 + 1))}, result.stdout
 
 
 def test_all_types_and_ops(tmp_path):
@@ -295,6 +312,7 @@ def test_mpi_baseline(tmp_path):
     (["-f", "1"], "-f/--stepfactor: expected a number > 1"),
     (["-n", "0"], "-n/--iters: expected an integer in 1.."),
     (["-w", "x"], "-w/--warmup_iters: expected an integer"),
+    (["--settle", "-1"], "--settle: expected an integer in 0.."),
     (["-d", "quad"], "-d/--datatype: unknown type 'quad' (allowed: int8, uint8"),
     (["-o", "xor"], "-o/--op: unknown op 'xor' (allowed: sum, prod, max, min, avg, all)"),
     (["-c", "2"], "-c/--check: expected an integer in 0..1"),
@@ -332,5 +350,5 @@ def test_help():
                      env={"LD_LIBRARY_PATH": str(HOST_NCCL.parent)})
     for flag in ("-b, --minbytes", "-e, --maxbytes", "-i, --stepbytes", "-f, --stepfactor",
                  "-n, --iters", "-w, --warmup_iters", "-d, --datatype", "-o, --op", "-c, --check",
-                 "-z, --blocking", "-a, --average", "-J, --json", "-h, --help"):
+                 "-z, --blocking", "-a, --average", "-J, --json", "--settle N", "-h, --help"):
         assert flag in result.stdout

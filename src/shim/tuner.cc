@@ -41,7 +41,7 @@ TuneStep next_step(Tuning& t) {
   const uint64_t call = t.calls++;
   if (t.choice < 0 && n == 1) t.choice = 0;
   if (t.choice >= 0) return {TuneStep::kDecided, t.choice};
-  if (call < n * kTrialRounds) return {TuneStep::kTrial, (int)(call % n)};
+  if (call < n * kTrialRounds) return {TuneStep::kTrial, (int)(call / kTrialRounds)};
   return {TuneStep::kDecide, -1};
 }
 

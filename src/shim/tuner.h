@@ -30,8 +30,10 @@ struct CommState;
  * (qncclAlgoAuto: the one an allgather or all-to-all has). */
 constexpr int kExactCandidate = QNCCL_EXACT_CANDIDATE;
 
-/* Trial calls of each candidate, taken round-robin; a candidate's fastest
- * trial counts (its first may pay for workspace and first-touch pages). */
+/* Trial calls of each candidate, one after another; a candidate's fastest
+ * trial counts: its first may pay for workspace and first-touch pages, and
+ * for the skew its predecessor left between the ranks' arrivals, while its
+ * second follows itself, as in a job that repeats the call. */
 constexpr int kTrialRounds = 2;  // qncclTuning_t.trialCalls says so too
 
 /* What a decision is kept under, per communicator. */
@@ -76,7 +78,8 @@ struct TuneStep {
 };
 
 /* The next call's step, counting it: call i < C * kTrialRounds tries
- * candidate i mod C; the next one decides first; later ones run the choice.
+ * candidate i / kTrialRounds; the next one decides first; later ones run the
+ * choice.
  * A key with one candidate is decided at once, without trials. */
 TuneStep next_step(Tuning& t);
 

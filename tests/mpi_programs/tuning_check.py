@@ -7,7 +7,8 @@ Python as in interposer_check.py.
 
 Every call of every section is checked: its output is the same bytes on every rank; a call
 that ran quantized is the emulator's bytes for the candidate the documented schedule names
-(trial i of a key tries candidate i mod C; the next call decides; the rest run the choice)
+(trial i of a key tries candidate i / 2 of C; the next call decides; the rest run the
+choice)
 at the communicator's call number (only quantized calls take one); a call that ran exact is
 the real library's own result of the same call. qncclCommGetStats counts both kinds.
 
@@ -141,7 +142,7 @@ def try_and_decide(c, kind, count, late_rank=None):
     every rank agreed on and this rank's table row (None, None on failure)."""
     names = CANDIDATES[kind]
     for i in range(len(names) * TRIAL_ROUNDS):
-        candidate = names[i % len(names)]
+        candidate = names[i // TRIAL_ROUNDS]
         late = late_rank is not None and RANK == late_rank(candidate)
         checked_call(c, kind, count, candidate, f"{kind} trial {i} ({candidate})", late)
     row = entry(c, kind, count)
@@ -231,7 +232,7 @@ def capture_section():
     c = Comm()
     # Trials of another size first: the layout found and the workspace grown by its
     # quantized trials, so that the capture needs no new memory (CUDA forbids it there).
-    for i, candidate in enumerate(CANDIDATES["allreduce"]):
+    for i, candidate in enumerate(c for c in CANDIDATES["allreduce"] for _ in range(2)):
         checked_call(c, "allreduce", 32768, candidate, f"capture section, trial {i}")
     count = 16384
     case = Case("sra", "float32", count)
