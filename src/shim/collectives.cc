@@ -165,6 +165,8 @@ ncclResult_t tune(ncclComm_t comm, ShimComm& shim, CommState& st, const NcclApi&
 #ifdef QNCCL_WITH_CUDA
   if (count > 0) QNCCL_CHECK(pointer_device(call_name(kind), send, &device));
   if (device >= 0) QNCCL_CHECK(stream_capturing(stream, &capturing));
+#else
+  (void)send;  // host memory: every pointer is, without CUDA
 #endif
   const int size = size_class(count * float_type_size(type));
   const TuneKey key{kind, type, size};
@@ -211,13 +213,17 @@ ncclResult_t start_trial(Trial& trial, cudaStream_t stream) {
   return ncclSuccess;
 }
 
-/* Ends it after the call `res` answered: on host buffers the call is
- * complete once ncclInProgress is waited out (its answer stays
- * ncclInProgress); on device buffers an event records its end, read at the
- * deciding call. */
+/* Ends it after the call `res` answered. ncclInProgress is waited out
+ * first (the answer stays ncclInProgress): on host buffers the call is then
+ * complete, on device buffers all of its work is queued, and an event
+ * records its end, read at the deciding call. */
 ncclResult_t end_trial(Trial& trial, ncclResult_t res, const NcclApi& nccl, ncclComm_t comm,
                        CommState& st, cudaStream_t stream) {
   if (res != ncclSuccess && res != ncclInProgress) return res;
+  if (res == ncclInProgress) {
+    const ncclResult_t ready = wait_until_ready(nccl, comm, st);
+    if (ready != ncclSuccess) return fail(ready);
+  }
 #ifdef QNCCL_WITH_CUDA
   if (trial.device >= 0) {
     void* end = nullptr;
@@ -229,10 +235,6 @@ ncclResult_t end_trial(Trial& trial, ncclResult_t res, const NcclApi& nccl, nccl
 #else
   (void)stream;
 #endif
-  if (res == ncclInProgress) {
-    const ncclResult_t ready = wait_until_ready(nccl, comm, st);
-    if (ready != ncclSuccess) return fail(ready);
-  }
   record_trial(*trial.tuning, trial.index,
                std::chrono::duration<double>(std::chrono::steady_clock::now() - trial.begin)
                    .count());
