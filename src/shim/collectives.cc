@@ -153,6 +153,17 @@ void report_decision(ncclComm_t comm, const ShimComm& st, qncclCollective_t kind
        t.candidates.size() * kTrialRounds);
 }
 
+/* Makes `d` run `candidate` of measured auto (a trial of it, or the choice). */
+void run_candidate(int candidate, qncclCollective_t kind, bool trial, Decision& d) {
+  if (candidate == kExactCandidate) {
+    d.compress = false;
+    snprintf(d.why, sizeof d.why, "measured auto: %s",
+             trial ? "a trial of the exact call" : "the exact call is fastest");
+  } else if (reduces(kind)) {
+    d.config.algo = (qncclAlgo_t)candidate;
+  }
+}
+
 /* Measured auto for an eligible call outside a group (d.measured): picks
  * what it runs, deciding first at its key's deciding call, and fills `trial`
  * for a trial. During a CUDA graph capture nothing is tried or counted: a
@@ -189,16 +200,7 @@ ncclResult_t tune(ncclComm_t comm, ShimComm& shim, CommState& st, const NcclApi&
       *trial = Trial{&t, index, device, std::chrono::steady_clock::now(), nullptr};
     }
   }
-  const int candidate = t.candidates[index];
-  if (candidate == kExactCandidate) {
-    d.compress = false;
-    if (trial->tuning != nullptr)
-      snprintf(d.why, sizeof d.why, "measured auto: a trial of the exact call");
-    else
-      snprintf(d.why, sizeof d.why, "measured auto: the exact call is fastest");
-  } else if (reduces(kind)) {
-    d.config.algo = (qncclAlgo_t)candidate;
-  }
+  run_candidate(t.candidates[index], kind, trial->tuning != nullptr, d);
   return ncclSuccess;
 }
 
@@ -341,15 +343,8 @@ ncclResult_t collective(qncclCollective_t kind, const void* send, void* recv, si
     // Inside a group: the decision made before, else auto's rule (nothing is tried).
     const auto made = shim->tuning.find(
         TuneKey{kind, type, size_class(count * float_type_size(type))});
-    if (made != shim->tuning.end() && made->second.choice >= 0) {
-      const int candidate = made->second.candidates[made->second.choice];
-      if (candidate == kExactCandidate) {
-        d.compress = false;
-        snprintf(d.why, sizeof d.why, "measured auto: the exact call is fastest");
-      } else if (reduces(kind)) {
-        d.config.algo = (qncclAlgo_t)candidate;
-      }
-    }
+    if (made != shim->tuning.end() && made->second.choice >= 0)
+      run_candidate(made->second.candidates[made->second.choice], kind, false, d);
   }
   if (trial.tuning == nullptr || shim->config.debug >= qncclDebugTrace)
     report_kind(comm, *shim, *st, kind, type, op, d, count, *nccl);

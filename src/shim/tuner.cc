@@ -7,6 +7,7 @@
 #include <tuple>
 
 #include "common/error.h"
+#include "config/config.h"
 #include "engine/comm_state.h"
 #include "engine/compute.h"
 #include "engine/engine.h"
@@ -53,14 +54,8 @@ int choose(const std::vector<double>& slowest) {
 }
 
 const char* candidate_name(int candidate) {
-  switch (candidate) {
-    case kExactCandidate: return "exact";
-    case qncclAlgoRing: return "ring";
-    case qncclAlgoTree: return "tree";
-    case qncclAlgoSra: return "sra";
-    case qncclAlgoHier: return "hier";
-    default: return "quantized";
-  }
+  if (candidate == kExactCandidate) return "exact";
+  return candidate == qncclAlgoAuto ? "quantized" : algo_name((qncclAlgo_t)candidate);
 }
 
 void record_trial(Tuning& t, int index, double seconds) {
