@@ -15,6 +15,7 @@ DIR/NAME.compute_XX.ptx and DIR/NAME_images.cc."""
 import argparse
 import concurrent.futures
 import ctypes
+import re
 import sys
 from pathlib import Path
 
@@ -56,8 +57,21 @@ def check(nvrtc, result, what):
         sys.exit(f"nvrtc_build: {what}: {nvrtc.nvrtcGetErrorString(result).decode()}")
 
 
+ENTRY = re.compile(rb"^\s*\.(?:visible|weak)\s+\.entry\s+(\w+)", re.M)
+
+
+def kernel_names(images):
+    """Every kernel of the module, from its PTX's entries (extern "C" names)."""
+    ptx = next(path for _, is_ptx, path in images if is_ptx)
+    names = sorted({m.group(1).decode() for m in ENTRY.finditer(ptx.read_bytes())})
+    if not names:
+        sys.exit(f"nvrtc_build: no kernel entries in {ptx}")
+    return names
+
+
 def embed(module, images, out):
-    """C++ that puts each image in .rodata (.incbin) and lists them."""
+    """C++ that puts each image in .rodata (.incbin) and lists them and the
+    module's kernel names."""
     asm, decls, rows = [], [], []
     for arch, ptx, path in images:
         symbol = f"qnccl_image_{module}_{'compute' if ptx else 'sm'}_{arch}"
@@ -76,10 +90,17 @@ asm("{body}");
 {chr(10).join(decls)}
 
 namespace qnccl {{
-extern const CudaImage kCudaImages_{module}[] = {{
+namespace {{
+const CudaImage kImages[] = {{
 {chr(10).join(rows)}
     {{nullptr, 0, false, nullptr, 0}},
 }};
+const char* const kKernels[] = {{
+{chr(10).join(f'    "{n}",' for n in kernel_names(images))}
+    nullptr,
+}};
+}}  // namespace
+extern const CudaModule kCudaModule_{module} = {{"{module}", kImages, kKernels}};
 }}  // namespace qnccl
 """)
 

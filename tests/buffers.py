@@ -15,6 +15,7 @@ and kept, so views keep their offsets (in place calls stay in place) and a buffe
 device address from call to call (error feedback's residuals belong to an address). Host
 mode passes the arrays themselves and the NULL stream: the programs read the same either way.
 """
+import contextlib
 import os
 
 import numpy as np
@@ -29,6 +30,7 @@ typedef int cudaError_t;
 typedef struct CUstream_st* cudaStream_t;
 cudaError_t cudaGetDeviceCount(int* count);
 cudaError_t cudaSetDevice(int device);
+cudaError_t cudaGetDevice(int* device);
 cudaError_t cudaMalloc(void** ptr, size_t bytes);
 cudaError_t cudaFree(void* ptr);
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, int kind);
@@ -49,8 +51,8 @@ cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec);
 cudaError_t cudaGraphDestroy(cudaGraph_t graph);
 """
 _SIMDEV_CDEF = """
-typedef struct { uint64_t kernels, graphLaunches, allocationsInCapture, hostFunctions; }
-    simdevCounters;
+typedef struct { uint64_t kernels, graphLaunches, allocationsInCapture, hostFunctions,
+                 modulesLoaded, kernelsResolved; } simdevCounters;
 int simdevGetCounters(simdevCounters* out);
 """
 _H2D, _D2H = 1, 2
@@ -93,12 +95,27 @@ class Memory:
             raise RuntimeError(f"{what}: CUDA error {code}: "
                                f"{self.ffi.string(self.cuda.cudaGetErrorString(code)).decode()}")
 
+    @contextlib.contextmanager
+    def _current(self):
+        """This memory's device current (the program's own current device restored
+        after: twins live on self.device whichever device the program made current)."""
+        previous = self.ffi.new("int*")
+        self._check(self.cuda.cudaGetDevice(previous), "cudaGetDevice")
+        if previous[0] != self.device:
+            self._check(self.cuda.cudaSetDevice(self.device), f"cudaSetDevice({self.device})")
+        try:
+            yield
+        finally:
+            if previous[0] != self.device:
+                self._check(self.cuda.cudaSetDevice(previous[0]), "cudaSetDevice")
+
     def _twin(self, root):
         host = root.__array_interface__["data"][0]
         key = (host, root.nbytes)
         if key not in self._twins:
             p = self.ffi.new("void**")
-            self._check(self.cuda.cudaMalloc(p, max(root.nbytes, 1)), "cudaMalloc")
+            with self._current():
+                self._check(self.cuda.cudaMalloc(p, max(root.nbytes, 1)), "cudaMalloc")
             self._twins[key] = int(self.ffi.cast("uintptr_t", p[0]))
         return host, self._twins[key]
 
@@ -110,9 +127,10 @@ class Memory:
         root = _root(array)
         host, device = self._twin(root)
         if root.nbytes:
-            self._check(self.cuda.cudaMemcpyAsync(self.ffi.cast("void*", device),
-                                                  self.ffi.cast("void*", host), root.nbytes,
-                                                  _H2D, self._stream), "cudaMemcpyAsync")
+            with self._current():
+                self._check(self.cuda.cudaMemcpyAsync(self.ffi.cast("void*", device),
+                                                      self.ffi.cast("void*", host), root.nbytes,
+                                                      _H2D, self._stream), "cudaMemcpyAsync")
         offset = array.__array_interface__["data"][0] - host
         return ffi.cast("void*", device + offset)
 
@@ -166,10 +184,11 @@ class Memory:
         """Waits for the stream and copies each array's buffer back from its twin."""
         if not self.device_mode:
             return
-        self._check(self.cuda.cudaStreamSynchronize(self._stream), "cudaStreamSynchronize")
-        for root in {id(_root(a)): _root(a) for a in arrays}.values():
-            host, device = self._twin(root)
-            if root.nbytes:
-                self._check(self.cuda.cudaMemcpy(self.ffi.cast("void*", host),
-                                                 self.ffi.cast("void*", device), root.nbytes,
-                                                 _D2H), "cudaMemcpy")
+        with self._current():
+            self._check(self.cuda.cudaStreamSynchronize(self._stream), "cudaStreamSynchronize")
+            for root in {id(_root(a)): _root(a) for a in arrays}.values():
+                host, device = self._twin(root)
+                if root.nbytes:
+                    self._check(self.cuda.cudaMemcpy(self.ffi.cast("void*", host),
+                                                     self.ffi.cast("void*", device),
+                                                     root.nbytes, _D2H), "cudaMemcpy")

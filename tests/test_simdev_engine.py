@@ -123,3 +123,26 @@ def fsdp_program(tmp_path_factory):
 @pytest.mark.parametrize("nranks", [2, 4])
 def test_fsdp_step_of_a_cuda_program(fsdp_program, tmp_path, nranks):
     check_quantized_step(fsdp_program, tmp_path, nranks, simulated.env())
+
+
+# The device path's rules (mpi_programs/device_path_check.py): section -> (ranks, settings).
+DEVICE_PATH = {
+    "codec": (1, {"SIMDEV_DEVICES": "2"}),
+    "context": (2, {"SIMDEV_DEVICES": "2", "QNCCL_TEST_DEVICE": "1"}),
+    "legacy": (2, {}),
+    "histories": (3, {}),
+    "layout": (4, {}),
+    "kernels": (1, {"SIMDEV_DEVICES": "2"}),
+    "ops": (2, {}),
+}
+
+
+@pytest.mark.parametrize("section", DEVICE_PATH)
+def test_device_path(section):
+    """Each rule of the device path that a GPU cluster would break on (the program's
+    docstring): the buffer's device, the caller's context, the legacy stream beside a
+    capture, decisions independent of a rank's history, no NCCL init inside a capture,
+    kernels loaded before any call, quantized ops passed through on bfloat16."""
+    nprocs, settings = DEVICE_PATH[section]
+    mpi.run_checks(nprocs, PROGRAMS / "device_path_check.py", section, timeout=300,
+                   env=simulated.env(**settings))

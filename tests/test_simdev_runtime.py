@@ -101,9 +101,11 @@ SIMULATED = {
                              r"cudaFreeAsync", {}),
     "host-function": (["cudaGetDevice in a host function -> cudaErrorNotPermitted"],
                       r"cudaGetDevice called from a host function", {}),
-    "peer": (["qncclQuantize -> 0", "cudaStreamSynchronize -> cudaErrorIllegalAddress"],
-             r"on device 1: .* touched memory the device may not use: .* from cudaMalloc on "
-             r"device 0", {"SIMDEV_DEVICES": "2"}),
+    # The codec on buffers of two devices: refused before any work (a kernel on either
+    # device would reach the other's memory without peer access: kernel_rules' "peer").
+    "peer": (["qncclQuantize -> 4: qncclQuantize: src is on device 0 and dst on device 1; "
+              "pass both on one device (the stream must be that device's too)",
+              "cudaStreamSynchronize -> cudaSuccess"], None, {"SIMDEV_DEVICES": "2"}),
     "unimplemented": (["cudaMallocManaged -> cudaErrorNotSupported"],
                       r"simdev: cudaMallocManaged is not simulated", {}),
 }
@@ -173,6 +175,10 @@ KERNELS = {
                  "4294967295 0 0 0 3 0 4294967295 4294967295"], None),
     "subnormal": (["cuLaunchKernel -> CUDA_SUCCESS", "cuStreamSynchronize -> CUDA_SUCCESS",
                    "subnormal results kept"], None),
+    "peer": (["cuLaunchKernel -> CUDA_SUCCESS",
+              "cuStreamSynchronize -> CUDA_ERROR_ILLEGAL_ADDRESS"],
+             r"on device 1: .* touched memory the device may not use: .* from cuMemAlloc on "
+             r"device 0"),
     "other-device": (["cuLaunchKernel -> CUDA_ERROR_INVALID_HANDLE"],
                      r"early_return: the kernel was loaded on device 0, the stream is device 1's"),
 }

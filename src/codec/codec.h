@@ -92,6 +92,8 @@ ncclResult_t device_reduce(const void* src, ncclDataType_t type, const float* re
 ncclResult_t pointer_device(const char* fn, const void* ptr, int* device);
 /* The linked runtime's and the installed driver's CUDA versions (0: none). */
 void cuda_versions(int* runtime, int* driver);
+/* The CUDA devices this process sees (0: none, or no driver). */
+int cuda_devices();
 #endif
 
 /* Behind the C API (src/api/api.cc); `fn` names the entry point in

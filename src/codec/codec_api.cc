@@ -80,18 +80,24 @@ CodecParams params_of(const qncclCodecConfig_t* config, uint64_t stream) {
 }
 
 #ifdef QNCCL_WITH_CUDA
-/* Where the buffers live decides who computes: both on the device, or both
- * on the host. Sets *on_device. */
-ncclResult_t locate(const char* fn, const void* a, const void* b, bool* on_device) {
-  int da = -1, db = -1;
-  QNCCL_CHECK(pointer_device(fn, a, &da));
-  QNCCL_CHECK(pointer_device(fn, b, &db));
-  if ((da >= 0) != (db >= 0))
+/* Where the buffers live decides who computes: both on one device (*device,
+ * whose context the work is then enqueued in), or both in host memory
+ * (*device = -1). */
+ncclResult_t locate(const char* fn, const void* src, const void* dst, int* device) {
+  int ds = -1, dd = -1;
+  QNCCL_CHECK(pointer_device(fn, src, &ds));
+  QNCCL_CHECK(pointer_device(fn, dst, &dd));
+  if ((ds >= 0) != (dd >= 0))
     return set_error(ncclInvalidArgument,
                      "%s: one buffer is in device memory and the other in host memory; pass both "
                      "on the same side",
                      fn);
-  *on_device = da >= 0;
+  if (ds != dd)
+    return set_error(ncclInvalidArgument,
+                     "%s: src is on device %d and dst on device %d; pass both on one device (the "
+                     "stream must be that device's too)",
+                     fn, ds, dd);
+  *device = ds;
   return ncclSuccess;
 }
 
@@ -122,10 +128,13 @@ ncclResult_t codec_quantize(const char* fn, const void* src, size_t count, ncclD
   QNCCL_CHECK(check_disjoint(fn, dst, dstBytes, src, count * float_type_size(datatype)));
   CodecParams p = params_of(config, randomStream);
 #ifdef QNCCL_WITH_CUDA
-  bool on_device = false;
-  QNCCL_CHECK(locate(fn, src, dst, &on_device));
-  if (on_device)
+  int device = -1;
+  QNCCL_CHECK(locate(fn, src, dst, &device));
+  if (device >= 0) {  // in the buffers' device's context, whichever is current
+    DeviceScope scope;
+    QNCCL_CHECK(scope.enter(fn, device));
     return prefix_error(device_quantize(src, count, datatype, p, dst, stream), "%s", fn);
+  }
 #else
   (void)stream;
 #endif
@@ -148,11 +157,14 @@ ncclResult_t codec_dequantize(const char* fn, const void* src, size_t srcBytes, 
   QNCCL_CHECK(check_disjoint(fn, src, srcBytes, dst, count * float_type_size(datatype)));
   CodecParams p = params_of(config, 0);
 #ifdef QNCCL_WITH_CUDA
-  bool on_device = false;
-  QNCCL_CHECK(locate(fn, src, dst, &on_device));
-  if (on_device)
+  int device = -1;
+  QNCCL_CHECK(locate(fn, src, dst, &device));
+  if (device >= 0) {
+    DeviceScope scope;
+    QNCCL_CHECK(scope.enter(fn, device));
     return prefix_error(device_dequantize(src, count, p, dst, datatype, accumulate, stream),
-                          "%s", fn);
+                        "%s", fn);
+  }
 #else
   (void)stream;
 #endif
@@ -178,8 +190,8 @@ ncclResult_t cuda_info(const char* fn, qncclCudaInfo_t* info) {
 #ifdef QNCCL_WITH_CUDA
   info->compiled = 1;
   cuda_versions(&info->runtimeVersion, &info->driverVersion);
-  info->sass = carried_archs(kCudaImages_codec, false);
-  info->ptx = carried_archs(kCudaImages_codec, true);
+  info->sass = carried_archs(kCudaModule_codec, false);
+  info->ptx = carried_archs(kCudaModule_codec, true);
 #endif
   return ncclSuccess;
 }

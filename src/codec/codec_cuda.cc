@@ -77,7 +77,7 @@ int grid_for(size_t warps) {
 template <class Args>
 ncclResult_t launch(const char* name, size_t warps, const Args& args, cudaStream_t stream) {
   void* params[] = {const_cast<Args*>(&args)};
-  return launch_kernel(kCudaImages_codec, name, (unsigned)grid_for(warps), kBlockThreads, stream,
+  return launch_kernel(kCudaModule_codec, name, (unsigned)grid_for(warps), kBlockThreads, stream,
                        params);
 }
 
@@ -398,6 +398,15 @@ void cuda_versions(int* runtime, int* driver) {
   if (cudaRuntimeGetVersion(runtime) != cudaSuccess) *runtime = 0;
   if (cudaDriverGetVersion(driver) != cudaSuccess) *driver = 0;
   (void)cudaGetLastError();
+}
+
+int cuda_devices() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
 }
 
 }  // namespace qnccl

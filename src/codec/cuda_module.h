@@ -1,10 +1,13 @@
-/* The CUDA kernels built into libqnccl.so. NVRTC compiles each layer's
- * kernel source at build time (scripts/nvrtc_build.py) into machine code
- * for every GPU architecture the library carries plus PTX for the newest,
- * embedded as one image table per module ("codec", "engine"). A module is
- * loaded into the current device's primary context on first use and its
- * kernels are launched by name, through the driver API that the CUDA
- * runtime hands out (cudaGetDriverEntryPoint: no link to libcuda). */
+/* The CUDA kernels built into libqnccl.so, and the device context they run
+ * in. NVRTC compiles each layer's kernel source at build time
+ * (scripts/nvrtc_build.py) into machine code for every GPU architecture the
+ * library carries plus PTX for the oldest it supports, embedded as one
+ * module per layer ("codec", "engine") with the names of its kernels. Every
+ * module is loaded into a device's primary context, and every kernel of it
+ * resolved, once per device, before QNCCL's first NCCL work there
+ * (load_kernels: when a communicator is adopted); launches then take no
+ * lock and load nothing. The driver API comes from the CUDA runtime
+ * (cudaGetDriverEntryPoint: no link to libcuda). */
 #ifndef QNCCL_CODEC_CUDA_MODULE_H_
 #define QNCCL_CODEC_CUDA_MODULE_H_
 
@@ -22,9 +25,16 @@ struct CudaImage {
   size_t size;
 };
 
-/* The image tables (generated: build/gen/<module>_images.cc). */
-extern const CudaImage kCudaImages_codec[];
-extern const CudaImage kCudaImages_engine[];
+/* One module: its images and the names of all its kernels (generated:
+ * build/gen/<module>_images.cc). */
+struct CudaModule {
+  const char* name;
+  const CudaImage* images;      // ended by an entry with module == nullptr
+  const char* const* kernels;   // ended by nullptr
+};
+
+extern const CudaModule kCudaModule_codec;
+extern const CudaModule kCudaModule_engine;
 
 /* The image of `images` a GPU of compute capability `arch` runs: machine
  * code of the highest architecture of its major version not above it (a
@@ -32,16 +42,45 @@ extern const CudaImage kCudaImages_engine[];
  * not above it; nullptr when there is none. */
 const CudaImage* pick_image(const CudaImage* images, int arch);
 
-/* Launches kernel `name` of the module `images` on `stream` of the current
- * device: `grid` blocks of `block` threads, `args` as cuLaunchKernel takes
- * them. A failure (no image for this GPU, a driver too old to load it, a
- * launch error) is returned with a message naming the kernel and the cause. */
-ncclResult_t launch_kernel(const CudaImage* images, const char* name, unsigned grid,
+/* Loads both modules on `device` and resolves every kernel (with CUDA's
+ * lazy loading, resolving is what loads a kernel: it may wait for the
+ * device, so it must not happen while QNCCL's collectives are in flight,
+ * nor during a capture on old drivers). Once per device: later calls return
+ * at once. No lock is held across a driver call: threads racing to load one
+ * device each load, and the first to finish is kept. Enters `device`'s
+ * context for the loading and restores the caller's. */
+ncclResult_t load_kernels(int device);
+
+/* Launches kernel `name` of `module` on `stream` of the current device:
+ * `grid` blocks of `block` threads, `args` as cuLaunchKernel takes them.
+ * Loads the modules first if this device has none yet (load_kernels). A
+ * failure (no image for this GPU, a driver too old to load it, a launch
+ * error) is returned with a message naming the kernel and the cause. */
+ncclResult_t launch_kernel(const CudaModule& module, const char* name, unsigned grid,
                            unsigned block, cudaStream_t stream, void** args);
 
-/* The architectures a table carries, as "80,86,..." (machine code) and
- * "120" (PTX). */
-const char* carried_archs(const CudaImage* images, bool ptx);
+/* The architectures a module carries, as "80,86,..." (machine code) and
+ * "70" (PTX). */
+const char* carried_archs(const CudaModule& module, bool ptx);
+
+/* Makes a device's primary context current on this thread for the scope's
+ * life and then restores the context that was current before, itself, not a
+ * device number: a thread that had no context (PyTorch's watchdog, a thread
+ * of the application's) is left with none, and no other device's context is
+ * created on its way. */
+class DeviceScope {
+ public:
+  DeviceScope() = default;
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+  /* `fn` names the caller in a failure's message. */
+  ncclResult_t enter(const char* fn, int device);
+  ~DeviceScope();
+
+ private:
+  bool switched_ = false;
+  void* saved_ = nullptr;  // CUcontext, possibly none
+};
 
 }  // namespace qnccl
 

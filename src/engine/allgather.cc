@@ -72,8 +72,7 @@ ncclResult_t run_allgather(const void* sendbuff, void* recvbuff, size_t sendcoun
                                        config.codec.bits, config.codec.bucketSize);
     const QuantizedCall call = {
         "allgather", qncclAlgoAuto, direct_allgather, need, sendbuff, recvbuff, sendcount,
-        sendcount * s.type_size, &config,
-        [&] { return s.nccl->allGather(sendbuff, recvbuff, sendcount, datatype, comm, stream); }};
+        sendcount * s.type_size, &config};
     return run_quantized(s, call, state);
   });
 }

@@ -13,6 +13,9 @@
 #include "engine/comm_state.h"
 #include "engine/engine.h"
 #include "engine/report.h"
+#ifdef QNCCL_WITH_CUDA
+#include "codec/cuda_module.h"
+#endif
 
 namespace qnccl {
 namespace {
@@ -84,15 +87,17 @@ ncclResult_t run_segments(Segment& s, void* memory, const QuantizedCall& c, floa
 #ifdef QNCCL_WITH_CUDA
 const char* memory_kind(int device) { return device >= 0 ? "device" : "host"; }
 
-/* The current device for one call, restored at its end. */
-class DeviceScope {
- public:
-  ncclResult_t enter(int device) { return set_current_device(device, &previous_); }
-  ~DeviceScope() { restore_current_device(previous_); }
-
- private:
-  int previous_ = -1;
-};
+/* Whether the call's stream is being captured (device buffers, on `device`;
+ * host buffers never are). The legacy stream while another stream of the
+ * device captures is refused before anything is issued or counted, so a
+ * retry once the capture has ended stays in step with the peers. */
+ncclResult_t capture_status(Segment& s, int device, bool* capturing) {
+  *capturing = false;
+  if (device < 0) return ncclSuccess;
+  const ncclResult_t res = stream_capturing(device, s.stream, capturing);
+  if (res == ncclInvalidUsage) s.refused = true;
+  return res;
+}
 
 /* The CUDA path: compute on the caller's stream, in the communicator's
  * device workspace (docs/allreduce.md, "Device buffers"). */
@@ -114,58 +119,33 @@ ncclResult_t run_on_device(Segment& s, int device, const QuantizedCall& c, CommS
                      "must be",
                      c.what, (uintptr_t)sendbuff % s.type_size != 0 ? "sendbuff" : "recvbuff",
                      s.type_size);
-  DeviceScope scope;
-  QNCCL_CHECK(scope.enter(device));
+  DeviceScope scope;  // the buffers' device, for the call
+  QNCCL_CHECK(scope.enter(c.what, device));
+  // Before any NCCL work of the call (a communicator the interposer adopted
+  // has them already: cuda_module.h).
+  QNCCL_CHECK(load_kernels(device));
   bool capturing = false;
-  QNCCL_CHECK(stream_capturing(s.stream, &capturing));
-  const bool new_residual =
-      config.errorFeedback && count > 0 &&
-      find_residual(state, sendbuff, count, s.type, device) == nullptr;
-  const bool new_lanes = need.lanes > 1 && ws.lanes < need.lanes;
-  switch (plan_device_call(ws.bytes, need.bytes(), new_residual || new_lanes, capturing)) {
-    case DevicePlan::kPassThrough:
-      if (need.bytes() > ws.bytes && !ws.warned_capture) {
-        ws.warned_capture = true;
-        warn("comm %p rank %d: a quantized %s of %zu values during CUDA graph capture needs "
-             "%zu bytes of quantization workspace, more than this communicator has (%zu), and "
-             "QNCCL allocates nothing while capturing: such calls go to NCCL unquantized. To "
-             "quantize them, run one uncaptured call of the largest size first (warned once "
-             "per communicator)",
-             (void*)s.comm, s.rank, c.what, count, need.bytes(), ws.bytes);
-      } else if (need.bytes() <= ws.bytes && !state.warned_residual_capture) {
-        state.warned_residual_capture = true;
-        warn("comm %p rank %d: a quantized %s on buffer %p (%zu values) during CUDA graph "
-             "capture needs %s, and QNCCL creates nothing while capturing: such calls go to "
-             "NCCL unquantized. To quantize them, run one uncaptured call on each buffer "
-             "first (warned once per communicator)",
-             (void*)s.comm, s.rank, c.what, sendbuff, count,
-             new_residual ? "a new error-feedback residual" : "streams for its pipeline lanes");
-      }
-      state.stats.callsPassedThrough++;
-      if (ncclResult_t res = c.pass_through(); res != ncclSuccess)
-        return set_error(res, "quantized %s: passing a captured call through to %s failed (%d)",
-                         c.what, s.nccl->path, (int)res);
-      return ncclSuccess;
-    case DevicePlan::kGrow:
-      QNCCL_CHECK(grow_device_workspace(ws, device, grown_bytes(ws.bytes, need.bytes()),
-                                        state.calls, state.p2p_calls, s.stream));
-      break;
-    case DevicePlan::kRun:
-      break;
-  }
-  if (new_lanes) QNCCL_CHECK(device_lanes_make(ws, need.lanes));
+  QNCCL_CHECK(capture_status(s, device, &capturing));
+  // What the call needs is made now, captured or not (compute.h), so the
+  // NCCL calls it issues never depend on this rank's history.
+  if (need.bytes() > ws.bytes)
+    QNCCL_CHECK(grow_device_workspace(ws, device, grown_bytes(ws.bytes, need.bytes()),
+                                      state.calls, state.p2p_calls, capturing));
+  float* residual = nullptr;
+  if (config.errorFeedback && count > 0)
+    QNCCL_CHECK(residual_for_call(s.comm, state, sendbuff, count, s.type, device, capturing,
+                                  &residual));
+  if (need.lanes > 1 && ws.lanes < need.lanes) QNCCL_CHECK(device_lanes_make(ws, need.lanes));
   s.compute = device_compute(s.stream);
-  // Ordered after the communicator's previous call, with a call number from
-  // the device counter (each graph replay takes a new one). Only a call of
-  // nothing on a communicator without a workspace has neither.
+  // Ordered after the communicator's previous call (and the memory just
+  // made), with a call number from the device counter (each graph replay
+  // takes a new one). Only a call of nothing on a communicator without a
+  // workspace has neither.
   const bool counted = ws.calls != nullptr;
   uint64_t* counter = counted ? ws.calls + (c.point_to_point ? 2 : 0) : nullptr;
   if (counted) QNCCL_CHECK(device_call_begin(ws, s.stream, capturing, counter));
   s.device_call = counted ? counter + 1 : nullptr;
-  float* residual = nullptr;
   ncclResult_t res = ncclSuccess;
-  if (config.errorFeedback && count > 0)
-    res = residual_for_call(s.comm, state, sendbuff, count, s.type, device, s.stream, &residual);
   // Several lanes run on streams of their own, forked from the caller's and
   // joined back to it.
   cudaStream_t lanes[QNCCL_MAX_LANES];
@@ -207,20 +187,21 @@ ncclResult_t begin_call(Segment& s, const char* what, ncclComm_t comm, cudaStrea
 
 namespace {
 
-/* The hierarchical algorithm on one node: its quantized stage runs between
- * nodes, and there is one, so the call is the real library's exact
- * `allreduce`. It takes no call number and leaves error feedback's residuals
- * untouched (docs/allreduce.md, "Where nothing crosses a link"). */
-ncclResult_t run_exact_on_one_node(Segment& s, CommState& state,
-                                   const std::function<ncclResult_t()>& allreduce) {
-  if (!state.reported_one_node) {  // once per communicator
-    state.reported_one_node = true;
-    info(s.comm, state.debug, ": hierarchical on one node, nothing crosses a node link: "
-         "quantized calls run exact (the real NCCL's)");
+/* A hierarchical call that runs as the real library's exact `allreduce`:
+ * on one node (its quantized stage runs between nodes, and there is one:
+ * docs/allreduce.md, "Where nothing crosses a link"), or captured before its
+ * node communicators exist (making them is an NCCL init). It takes no call
+ * number and leaves error feedback's residuals untouched; `why` is said once
+ * per communicator (`reported`). */
+ncclResult_t run_exact(Segment& s, CommState& state, const std::function<ncclResult_t()>& allreduce,
+                       bool& reported, const char* why) {
+  if (!reported) {
+    reported = true;
+    info(s.comm, state.debug, ": %s", why);
   }
   state.stats.callsPassedThrough++;
   if (const ncclResult_t res = allreduce(); res != ncclSuccess)
-    return set_error(res, "quantized allreduce (hierarchical on one node): the exact call of %s "
+    return set_error(res, "quantized allreduce (hierarchical, run exact): the exact call of %s "
                      "failed (%d)", s.nccl->path, (int)res);
   return ncclSuccess;
 }
@@ -246,18 +227,13 @@ ncclResult_t run_quantized(Segment& s, QuantizedCall c, CommState& state) {
   QNCCL_CHECK(host_compute(&s.compute));
   float* residual = nullptr;
   if (c.config->errorFeedback && c.count > 0)
-    QNCCL_CHECK(residual_for_call(s.comm, state, c.sendbuff, c.count, s.type, -1, nullptr,
+    QNCCL_CHECK(residual_for_call(s.comm, state, c.sendbuff, c.count, s.type, -1, false,
                                   &residual));
   if (state.host_workspace_bytes < c.need.bytes()) {
     state.host_workspace.reset(new uint64_t[(c.need.bytes() + 7) / 8]);
     state.host_workspace_bytes = c.need.bytes();
   }
   return run_segments(s, state.host_workspace.get(), c, residual, state, -1);
-}
-
-DevicePlan plan_device_call(size_t have, size_t need, bool new_state, bool capturing) {
-  if (capturing && (need > have || new_state)) return DevicePlan::kPassThrough;
-  return need <= have ? DevicePlan::kRun : DevicePlan::kGrow;
 }
 
 size_t grown_bytes(size_t have, size_t need) { return need > 2 * have ? need : 2 * have; }
@@ -367,12 +343,30 @@ ncclResult_t run_call(Segment& s, const void* sendbuff, void* recvbuff, size_t c
                       ncclDataType_t datatype, ncclRedOp_t op, const qncclAllReduceConfig_t& config,
                       ncclComm_t comm, cudaStream_t stream, CommState& state) {
   QNCCL_CHECK(begin_call(s, "allreduce", comm, stream, config, datatype, op));
-  if (config.algo == qncclAlgoAuto)
+  bool capturing = false;
+#ifdef QNCCL_WITH_CUDA
+  int device = -1;
+  if (count > 0) QNCCL_CHECK(pointer_device("quantized allreduce", sendbuff, &device));
+  QNCCL_CHECK(capture_status(s, device, &capturing));
+#endif
+  // Finding the node layout splits the communicator (an NCCL init): never
+  // inside a capture (docs/allreduce.md, "Decisions every rank shares").
+  if (config.algo == qncclAlgoAuto && !capturing)
     QNCCL_CHECK(discover_topology(*s.nccl, comm, s.rank, s.nranks, state));
-  const qncclAlgo_t algo = resolve_algo(config.algo, count, datatype, s.nranks, &state.topology);
+  qncclAlgo_t algo = resolve_algo(config.algo, count, datatype, s.nranks, &state.topology);
   auto exact = [&] {  // the real library's call
     return s.nccl->allReduce(sendbuff, recvbuff, count, datatype, op, comm, stream);
   };
+  if (algo == qncclAlgoHier && capturing && !state.topology.ready()) {
+    if (config.algo == qncclAlgoAuto) {
+      algo = resolve_algo(qncclAlgoAuto, count, datatype, s.nranks, nullptr);  // a flat one
+    } else {
+      return run_exact(s, state, exact, state.reported_capture_hier,
+                       "a hierarchical call captured before its communicator's node layout and "
+                       "node communicators were made runs exact (the real NCCL's); run one "
+                       "uncaptured call first to have captured ones quantized");
+    }
+  }
   HierPlan plan = {};
   WorkspaceSize need;
   if (algo == qncclAlgoHier) {
@@ -387,7 +381,10 @@ ncclResult_t run_call(Segment& s, const void* sendbuff, void* recvbuff, size_t c
                        state.topology.host.c_str(), state.topology.local_ranks, s.nranks);
     }
     const Topology& t = state.topology;
-    if (t.nodes == 1) return run_exact_on_one_node(s, state, exact);
+    if (t.nodes == 1)
+      return run_exact(s, state, exact, state.reported_one_node,
+                       "hierarchical on one node, nothing crosses a node link: quantized calls "
+                       "run exact (the real NCCL's)");
     QNCCL_CHECK(make_hierarchy(*s.nccl, comm, s.rank, state));
     plan.topology = &t;
     plan.inter_algo = resolve_inter_algo(config.interAlgo, count, datatype, t.local_ranks, t.nodes);
@@ -409,7 +406,7 @@ ncclResult_t run_call(Segment& s, const void* sendbuff, void* recvbuff, size_t c
   }
   const QuantizedCall call = {
       "allreduce", algo, algorithm(algo), need, sendbuff, recvbuff, count, count * s.type_size,
-      &config, exact};
+      &config};
   return run_quantized(s, call, state);
 }
 

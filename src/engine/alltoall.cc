@@ -63,13 +63,7 @@ ncclResult_t run_alltoall(const void* sendbuff, void* recvbuff, size_t count,
                                        config.codec.bits, config.codec.bucketSize);
     const QuantizedCall call = {
         "all-to-all", qncclAlgoAuto, direct_alltoall, need, sendbuff, recvbuff, count,
-        count * s.type_size * (size_t)s.nranks, &config,
-        [&] {
-          if (s.nccl->alltoAll == nullptr)  // NCCL before 2.28
-            return set_error(ncclInvalidUsage, "%s has no ncclAlltoAll to pass the call to",
-                             s.nccl->path);
-          return s.nccl->alltoAll(sendbuff, recvbuff, count, datatype, comm, stream);
-        }};
+        count * s.type_size * (size_t)s.nranks, &config};
     return run_quantized(s, call, state);
   });
 }

@@ -25,9 +25,9 @@ namespace qnccl {
  * (engine/compute_cuda.cc, docs/allreduce.md "Device buffers"): device
  * memory that only grows, so repeated calls allocate nothing and a CUDA
  * graph captured with it stays valid. Made, with its private stream, event
- * and call counter, by the first call that needs memory (never during a
- * capture); freed when the communicator is forgotten, ordered after its
- * calls on the private stream, without waiting for the device. */
+ * and call counter, by the first call that needs memory (captured or not);
+ * freed when the communicator is forgotten, ordered after its calls on the
+ * private stream, without waiting for the device. */
 struct DeviceWorkspace {
   int device = -1;               // the device it lives on (-1: none yet)
   void* memory = nullptr;
@@ -49,7 +49,6 @@ struct DeviceWorkspace {
   uint64_t* calls = nullptr;
   static constexpr size_t kCallCounters = 4;
   bool async_alloc = false;      // the device has stream-ordered allocation (cudaMallocAsync)
-  bool warned_capture = false;   // the pass-through during capture was reported
 };
 
 /* Error feedback's residual of one buffer (docs/allreduce.md, "Error
@@ -58,9 +57,9 @@ struct DeviceWorkspace {
 class Residual {
  public:
   /* Zeroed residuals: in host memory for device < 0, else on `device` in
-   * the communicator's workspace `ws`, cleared on `stream`
-   * (engine/compute_cuda.cc). */
-  static ncclResult_t make(size_t count, int device, cudaStream_t stream, DeviceWorkspace* ws,
+   * the communicator's workspace `ws` (engine/compute_cuda.cc;
+   * `capturing`: the call's stream is being captured). */
+  static ncclResult_t make(size_t count, int device, bool capturing, DeviceWorkspace* ws,
                            std::unique_ptr<Residual>* out);
   ~Residual();
   Residual(const Residual&) = delete;
@@ -123,9 +122,9 @@ struct CommState {
   std::unique_ptr<uint64_t[]> host_workspace;
   size_t host_workspace_bytes = 0;
   ResidualStore residuals;       // error feedback
-  bool warned_residual_capture = false;  // the pass-through during capture was reported
   bool warned_feedback_ring = false;     // error feedback on a low-bit ring was reported
   bool reported_one_node = false;        // hierarchical calls on one node run exact: said
+  bool reported_capture_hier = false;    // a hierarchical call captured too early ran exact: said
 };
 
 /* The state of `comm`, made on first use with the debug level of `config`
@@ -155,8 +154,8 @@ Residual* find_residual(CommState& state, const void* sendbuff, size_t count,
 /* The residual values a call with error feedback on the buffer uses: found,
  * or made zeroed (reported at QNCCL_DEBUG=INFO). */
 ncclResult_t residual_for_call(ncclComm_t comm, CommState& state, const void* sendbuff,
-                               size_t count, ncclDataType_t type, int device,
-                               cudaStream_t stream, float** values);
+                               size_t count, ncclDataType_t type, int device, bool capturing,
+                               float** values);
 
 /* Frees the residuals of `state` (keeping the counters right). */
 void clear_residuals(CommState& state);

@@ -76,25 +76,30 @@ Compute device_compute(cudaStream_t stream);
 struct DeviceWorkspace;  // engine/comm_state.h
 struct CommState;
 
-/* Makes `device` the current device; *previous is the one to restore, or -1
- * when it already was current. */
-ncclResult_t set_current_device(int device, int* previous);
-void restore_current_device(int previous);
-
-/* Whether `stream` is being captured into a CUDA graph. */
-ncclResult_t stream_capturing(cudaStream_t stream, bool* capturing);
+/* Whether `stream` (of `device`, whose context is entered for the query: a
+ * runtime call on a thread without a context would make device 0's) is
+ * being captured into a CUDA graph. The legacy default
+ * stream while a blocking stream of its device captures has no answer (CUDA
+ * error cudaErrorStreamCaptureImplicit: any work on it would invalidate that
+ * capture): ncclInvalidUsage, with a message saying so, CUDA's last error
+ * cleared. */
+ncclResult_t stream_capturing(int device, cudaStream_t stream, bool* capturing);
 
 /* Gives `ws` `bytes` of new memory on the current device (`device`),
- * allocated in stream order on the caller's `stream` where the device can
- * (cudaMallocAsync), in relaxed capture mode so another thread's capture
- * neither fails it nor is invalidated by it. The first time it also makes
- * the workspace's private stream, its `done` event and its call counter,
- * which starts at `next_call` (and `next_p2p_call`). The old buffer is retired, not freed: a
- * captured graph may still use it. Never called while the caller's stream
- * is being captured: nothing is allocated or created during a capture. */
+ * allocated on the workspace's private stream (in stream order where the
+ * device can: cudaMallocAsync), in relaxed capture mode, so neither a
+ * capture of the caller's stream nor another thread's fails it or is
+ * invalidated by it, and `done` recorded after it: the call waits for it
+ * before its work. The first time it also makes the private stream, `done`
+ * and the call counter, which starts at `next_call` (and `next_p2p_call`).
+ * The old buffer is retired, not freed: a captured graph may still use it.
+ * `capturing`: the caller's stream is being captured; the host then waits
+ * for the private stream, so no replay depends on work outside its graph.
+ * A captured call therefore runs exactly as an eager one: whether it is
+ * quantized never depends on this rank's history (docs/allreduce.md,
+ * "Decisions every rank shares"). */
 ncclResult_t grow_device_workspace(DeviceWorkspace& ws, int device, size_t bytes,
-                                   uint64_t next_call, uint64_t next_p2p_call,
-                                   cudaStream_t stream);
+                                   uint64_t next_call, uint64_t next_p2p_call, bool capturing);
 
 /* Before a call's work on `stream`: waits for the communicator's previous
  * call, which may have used the workspace on another stream (an event, no
@@ -116,8 +121,8 @@ ncclResult_t device_call_skipped(DeviceWorkspace& ws, bool point_to_point);
 
 /* Runs lanes of a call on streams of their own (docs/allreduce.md,
  * "Pipelined segments"). make gives the workspace `lanes` streams
- * (non-blocking, private) with their events, kept until the workspace goes;
- * never called during a capture. fork orders each of the first `lanes`
+ * (non-blocking, private) with their events, kept until the workspace goes
+ * (creating streams and events is allowed during a capture). fork orders each of the first `lanes`
  * after the work queued so far on the caller's `stream` (an event, no host
  * synchronization; during a capture the graph's fork) and gives them in
  * streams[0..lanes); join orders `stream` after everything queued on them.
@@ -136,8 +141,9 @@ void release_device_workspace(DeviceWorkspace& ws);
 void release_device_memory(DeviceWorkspace& ws, void* memory);
 
 /* Error feedback's residuals on the workspace's device (the current one):
- * `count` float32 zeros, allocated and cleared on `stream`. */
-ncclResult_t alloc_device_residual(DeviceWorkspace& ws, size_t count, cudaStream_t stream,
+ * `count` float32 zeros, allocated and cleared on the private stream like
+ * grow_device_workspace's memory (`capturing` as there). */
+ncclResult_t alloc_device_residual(DeviceWorkspace& ws, size_t count, bool capturing,
                                    float** values);
 /* Copies to or from host memory (a residual, the call counters) once the
  * communicator's calls queued so far are done (its own event: not the whole

@@ -43,7 +43,7 @@ ncclResult_t step(const char* what, ncclResult_t res) {
 template <class... Args>
 ncclResult_t launch(const char* name, unsigned grid, cudaStream_t stream, Args... args) {
   void* params[] = {&args...};
-  return launch_kernel(kCudaImages_engine, name, grid, kBlockThreads, stream, params);
+  return launch_kernel(kCudaModule_engine, name, grid, kBlockThreads, stream, params);
 }
 
 /* A kernel that is one thread's work (a counter's update): one thread, or
@@ -51,7 +51,7 @@ ncclResult_t launch(const char* name, unsigned grid, cudaStream_t stream, Args..
 template <class... Args>
 ncclResult_t launch_one(const char* name, cudaStream_t stream, Args... args) {
   void* params[] = {&args...};
-  return launch_kernel(kCudaImages_engine, name, 1, 1, stream, params);
+  return launch_kernel(kCudaModule_engine, name, 1, 1, stream, params);
 }
 
 ncclResult_t quantize(const Compute& c, const void* src, size_t n, ncclDataType_t type,
@@ -141,24 +141,20 @@ Compute device_compute(cudaStream_t stream) {
                  decode_many, reduce,  widen,  divide,   narrow,        copy, residual};
 }
 
-ncclResult_t set_current_device(int device, int* previous) {
-  *previous = -1;
-  int current = -1;
-  cudaError_t err = cudaGetDevice(&current);
-  if (err == cudaSuccess && current != device) {
-    err = cudaSetDevice(device);
-    if (err == cudaSuccess) *previous = current;
-  }
-  return err == cudaSuccess ? ncclSuccess : cuda_failed("selecting the buffers' device", err);
-}
-
-void restore_current_device(int previous) {
-  if (previous >= 0 && cudaSetDevice(previous) != cudaSuccess) (void)cudaGetLastError();
-}
-
-ncclResult_t stream_capturing(cudaStream_t stream, bool* capturing) {
+ncclResult_t stream_capturing(int device, cudaStream_t stream, bool* capturing) {
+  DeviceScope scope;
+  QNCCL_CHECK(scope.enter("asking whether the stream is captured", device));
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   const cudaError_t err = cudaStreamIsCapturing(stream, &status);
+  if (err == cudaErrorStreamCaptureImplicit) {
+    (void)cudaGetLastError();
+    return set_error(ncclInvalidUsage,
+                     "the call is on the legacy default stream while another stream of its "
+                     "device is being captured into a CUDA graph: CUDA allows no work on the "
+                     "legacy stream then (it would invalidate that capture), so QNCCL issued "
+                     "nothing for this call; retry it once the capture has ended, or issue "
+                     "collectives on a stream of their own");
+  }
   if (err != cudaSuccess) return cuda_failed("cudaStreamIsCapturing on the caller's stream", err);
   *capturing = status != cudaStreamCaptureStatusNone;
   return ncclSuccess;
@@ -166,8 +162,9 @@ ncclResult_t stream_capturing(cudaStream_t stream, bool* capturing) {
 
 namespace {
 
-/* Runs `op` in relaxed capture mode: a capture in another thread neither
- * fails an allocation here nor is invalidated by it. */
+/* Runs `op` in relaxed capture mode: a capture in another thread, or this
+ * thread's own, neither fails an allocation here nor is invalidated by it
+ * (PyTorch's caching allocator allocates during a capture the same way). */
 template <class Op>
 cudaError_t relaxed(Op op) {
   cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
@@ -178,15 +175,31 @@ cudaError_t relaxed(Op op) {
   return err;
 }
 
-cudaError_t allocate(const DeviceWorkspace& ws, size_t bytes, cudaStream_t stream, void** out) {
+/* `bytes` of device memory for the workspace, on its private stream (never
+ * a captured one): in stream order after the communicator's calls so far
+ * where the device can (cudaMallocAsync), else cudaMalloc. */
+cudaError_t allocate(const DeviceWorkspace& ws, size_t bytes, void** out) {
+  const cudaStream_t own = static_cast<cudaStream_t>(ws.stream);
   return relaxed([&] {
-    return ws.async_alloc ? cudaMallocAsync(out, bytes, stream) : cudaMalloc(out, bytes);
+    return ws.async_alloc ? cudaMallocAsync(out, bytes, own) : cudaMalloc(out, bytes);
   });
+}
+
+/* Publishes what was just queued on the private stream (an allocation, a
+ * clearing, the counter's start) to the communicator's next call, which
+ * waits for `done` first. During a capture the host also waits for it, so
+ * the graph never depends on work outside it. */
+ncclResult_t publish(const DeviceWorkspace& ws, bool capturing) {
+  const cudaStream_t own = static_cast<cudaStream_t>(ws.stream);
+  cudaError_t err = cudaEventRecord(static_cast<cudaEvent_t>(ws.done), own);
+  if (err == cudaSuccess && capturing) err = relaxed([&] { return cudaStreamSynchronize(own); });
+  return err == cudaSuccess ? ncclSuccess
+                            : cuda_failed("making the communicator's device memory ready", err);
 }
 
 /* The workspace's stream, event and counter, made once: all or nothing. */
 ncclResult_t open_workspace(DeviceWorkspace& ws, int device, uint64_t next_call,
-                            uint64_t next_p2p_call, cudaStream_t stream) {
+                            uint64_t next_p2p_call) {
   int pools = 0;
   cudaError_t err = cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device);
   if (err != cudaSuccess) return cuda_failed("asking whether the device has memory pools", err);
@@ -197,25 +210,25 @@ ncclResult_t open_workspace(DeviceWorkspace& ws, int device, uint64_t next_call,
   cudaEvent_t done = nullptr;
   void* calls = nullptr;
   err = cudaStreamCreateWithFlags(&own, cudaStreamNonBlocking);
+  made.stream = own;
   if (err == cudaSuccess) err = cudaEventCreateWithFlags(&done, cudaEventDisableTiming);
-  if (err == cudaSuccess) err = allocate(made, DeviceWorkspace::kCallCounters * sizeof(uint64_t), stream, &calls);
+  if (err == cudaSuccess) err = allocate(made, DeviceWorkspace::kCallCounters * sizeof(uint64_t), &calls);
   ncclResult_t res = err == cudaSuccess ? ncclSuccess
                                         : cuda_failed("making the workspace's stream, event and "
                                                       "call counter", err);
   if (res == ncclSuccess)
     res = step("starting the call counter",
-               launch_one("qnccl_set_calls", stream, static_cast<uint64_t*>(calls), next_call));
+               launch_one("qnccl_set_calls", own, static_cast<uint64_t*>(calls), next_call));
   if (res == ncclSuccess)
     res = step("starting the call counter",
-               launch_one("qnccl_set_calls", stream, static_cast<uint64_t*>(calls) + 2,
+               launch_one("qnccl_set_calls", own, static_cast<uint64_t*>(calls) + 2,
                           kP2pCall | next_p2p_call));
   if (res != ncclSuccess) {
-    if (calls != nullptr) made.async_alloc ? cudaFreeAsync(calls, stream) : cudaFree(calls);
+    if (calls != nullptr) made.async_alloc ? cudaFreeAsync(calls, own) : cudaFree(calls);
     if (done != nullptr) cudaEventDestroy(done);
     if (own != nullptr) cudaStreamDestroy(own);
     return res;
   }
-  made.stream = own;
   made.done = done;
   made.calls = static_cast<uint64_t*>(calls);
   ws = made;
@@ -225,12 +238,10 @@ ncclResult_t open_workspace(DeviceWorkspace& ws, int device, uint64_t next_call,
 }  // namespace
 
 ncclResult_t grow_device_workspace(DeviceWorkspace& ws, int device, size_t bytes,
-                                   uint64_t next_call, uint64_t next_p2p_call,
-                                   cudaStream_t stream) {
-  if (ws.stream == nullptr)
-    QNCCL_CHECK(open_workspace(ws, device, next_call, next_p2p_call, stream));
+                                   uint64_t next_call, uint64_t next_p2p_call, bool capturing) {
+  if (ws.stream == nullptr) QNCCL_CHECK(open_workspace(ws, device, next_call, next_p2p_call));
   void* memory = nullptr;
-  const cudaError_t err = allocate(ws, bytes, stream, &memory);
+  const cudaError_t err = allocate(ws, bytes, &memory);
   if (err != cudaSuccess) {
     (void)cudaGetLastError();
     return set_error(ncclUnhandledCudaError,
@@ -241,7 +252,7 @@ ncclResult_t grow_device_workspace(DeviceWorkspace& ws, int device, size_t bytes
   if (ws.memory != nullptr) ws.retired.push_back(ws.memory);
   ws.memory = memory;
   ws.bytes = bytes;
-  return ncclSuccess;
+  return publish(ws, capturing);
 }
 
 ncclResult_t device_call_begin(DeviceWorkspace& ws, cudaStream_t stream, bool capturing,
@@ -260,8 +271,8 @@ ncclResult_t device_call_end(DeviceWorkspace& ws, cudaStream_t stream, bool capt
 }
 
 ncclResult_t device_call_skipped(DeviceWorkspace& ws, bool point_to_point) {
-  int previous = -1;
-  QNCCL_CHECK(set_current_device(ws.device, &previous));
+  DeviceScope scope;
+  QNCCL_CHECK(scope.enter("quantized call", ws.device));
   const cudaStream_t own = static_cast<cudaStream_t>(ws.stream);
   const cudaEvent_t done = static_cast<cudaEvent_t>(ws.done);
   cudaError_t err = cudaStreamWaitEvent(own, done, 0);
@@ -272,7 +283,6 @@ ncclResult_t device_call_skipped(DeviceWorkspace& ws, bool point_to_point) {
                launch_one("qnccl_take_call", own, ws.calls + (point_to_point ? 2 : 0)));
   if (res == ncclSuccess && (err = cudaEventRecord(done, own)) != cudaSuccess)
     res = cuda_failed("recording the counted call", err);
-  restore_current_device(previous);
   return res;
 }
 
@@ -320,10 +330,10 @@ ncclResult_t device_lanes_join(DeviceWorkspace& ws, cudaStream_t stream, size_t 
   return err == cudaSuccess ? ncclSuccess : cuda_failed("joining a pipelined call's lanes", err);
 }
 
-ncclResult_t alloc_device_residual(DeviceWorkspace& ws, size_t count, cudaStream_t stream,
+ncclResult_t alloc_device_residual(DeviceWorkspace& ws, size_t count, bool capturing,
                                    float** values) {
   void* memory = nullptr;
-  cudaError_t err = allocate(ws, count * sizeof(float), stream, &memory);
+  cudaError_t err = allocate(ws, count * sizeof(float), &memory);
   if (err != cudaSuccess) {
     (void)cudaGetLastError();
     return set_error(ncclUnhandledCudaError,
@@ -332,13 +342,13 @@ ncclResult_t alloc_device_residual(DeviceWorkspace& ws, size_t count, cudaStream
                      "or turn error feedback off",
                      count * sizeof(float), count, ws.device, (int)err, cudaGetErrorString(err));
   }
-  err = cudaMemsetAsync(memory, 0, count * sizeof(float), stream);
+  err = cudaMemsetAsync(memory, 0, count * sizeof(float), static_cast<cudaStream_t>(ws.stream));
   if (err != cudaSuccess) {
     release_device_memory(ws, memory);
     return cuda_failed("clearing a new error-feedback residual", err);
   }
   *values = static_cast<float*>(memory);
-  return ncclSuccess;
+  return publish(ws, capturing);
 }
 
 namespace {
@@ -360,14 +370,10 @@ void free_after_calls(const DeviceWorkspace& ws, void* memory) {
  * may be gone: nothing is reported then. */
 template <class F>
 void on_device(const DeviceWorkspace& ws, F f) {
-  int previous = -1;
-  if (cudaGetDevice(&previous) == cudaSuccess && previous != ws.device)
-    cudaSetDevice(ws.device);
-  else
-    previous = -1;
+  DeviceScope scope;
+  (void)scope.enter("releasing device memory", ws.device);
   f();
   (void)cudaGetLastError();
-  restore_current_device(previous);
 }
 
 }  // namespace
@@ -380,13 +386,12 @@ void release_device_memory(DeviceWorkspace& ws, void* memory) {
 }
 
 ncclResult_t copy_after_calls(DeviceWorkspace& ws, void* dst, const void* src, size_t bytes) {
-  int previous = -1;
-  QNCCL_CHECK(set_current_device(ws.device, &previous));
+  DeviceScope scope;
+  QNCCL_CHECK(scope.enter("copying from or to the device", ws.device));
   const cudaStream_t own = static_cast<cudaStream_t>(ws.stream);
   cudaError_t err = cudaStreamWaitEvent(own, static_cast<cudaEvent_t>(ws.done), 0);
   if (err == cudaSuccess) err = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, own);
   if (err == cudaSuccess) err = cudaStreamSynchronize(own);
-  restore_current_device(previous);
   return err == cudaSuccess ? ncclSuccess : cuda_failed("copying from or to the device", err);
 }
 
@@ -399,8 +404,8 @@ ncclResult_t read_device_calls(DeviceWorkspace& ws, uint64_t* next_call, uint64_
 }
 
 ncclResult_t write_device_calls(DeviceWorkspace& ws, uint64_t next_call, uint64_t next_p2p_call) {
-  int previous = -1;
-  QNCCL_CHECK(set_current_device(ws.device, &previous));
+  DeviceScope scope;
+  QNCCL_CHECK(scope.enter("setting the call counter", ws.device));
   const cudaStream_t own = static_cast<cudaStream_t>(ws.stream);
   const cudaEvent_t done = static_cast<cudaEvent_t>(ws.done);
   ncclResult_t res = ncclSuccess;
@@ -415,7 +420,6 @@ ncclResult_t write_device_calls(DeviceWorkspace& ws, uint64_t next_call, uint64_
     const cudaError_t recorded = cudaEventRecord(done, own);  // the next call waits for it
     if (recorded != cudaSuccess) res = cuda_failed("recording the counter's new value", recorded);
   }
-  restore_current_device(previous);
   return res;
 }
 
@@ -444,15 +448,14 @@ void release_device_workspace(DeviceWorkspace& ws) {
 namespace qnccl {
 
 ncclResult_t timing_event(int device, cudaStream_t stream, void** event) {
-  int previous = -1;
-  QNCCL_CHECK(set_current_device(device, &previous));
+  DeviceScope scope;
+  QNCCL_CHECK(scope.enter("measured auto", device));
   cudaEvent_t e = nullptr;
   cudaError_t err = cudaEventCreate(&e);  // with timing
   if (err == cudaSuccess) {
     err = cudaEventRecord(e, stream);
     if (err != cudaSuccess) cudaEventDestroy(e);
   }
-  restore_current_device(previous);
   if (err != cudaSuccess) return cuda_failed("recording a trial's timing event", err);
   *event = e;
   return ncclSuccess;
@@ -474,14 +477,11 @@ ncclResult_t device_max_allreduce(const NcclApi& nccl, ncclComm_t comm, int devi
                                   cudaStream_t stream, double* values, size_t n,
                                   CommState& state) {
   const size_t bytes = n * sizeof(double);
-  int previous = -1;
-  QNCCL_CHECK(set_current_device(device, &previous));
+  DeviceScope scope;
+  QNCCL_CHECK(scope.enter("measured auto", device));
   void* memory = nullptr;
   cudaError_t err = cudaMalloc(&memory, bytes);
-  if (err != cudaSuccess) {
-    restore_current_device(previous);
-    return cuda_failed("allocating the tuning agreement's buffer", err);
-  }
+  if (err != cudaSuccess) return cuda_failed("allocating the tuning agreement's buffer", err);
   ncclResult_t res = ncclSuccess;
   err = cudaMemcpyAsync(memory, values, bytes, cudaMemcpyHostToDevice, stream);
   if (err != cudaSuccess) res = cuda_failed("copying the trials' times to the device", err);
@@ -496,7 +496,6 @@ ncclResult_t device_max_allreduce(const NcclApi& nccl, ncclComm_t comm, int devi
     if (err != cudaSuccess) res = cuda_failed("reading the agreed times", err);
   }
   cudaFree(memory);
-  restore_current_device(previous);
   return res;
 }
 

@@ -112,7 +112,11 @@ class Segment {
   Lockstep* lockstep = nullptr;  // set when the segment runs in step with others
   size_t lane = 0;               // its lane of `lockstep`
   mutable bool in_progress = false;  // the real NCCL answered ncclInProgress (nonblocking comm)
-  bool refused = false;  // failed on every rank alike before any transfer: nobody waits
+  /* Failed before any transfer and before taking a call number, so the
+   * communicator is not failed: on every rank alike (nobody waits), or on
+   * this rank alone on a condition of the moment (the legacy stream while
+   * another stream captures), where a retry stays in step with the peers. */
+  bool refused = false;
   cudaStream_t stream;
   Compute compute;     // host code or CUDA kernels, by where the buffers live
   CodecParams params;  // params.stream is set per quantization
@@ -311,15 +315,6 @@ WorkspaceSize hier_workspace_size(qncclAlgo_t inter, size_t count,
                                   const qncclAllReduceConfig_t& config, int local_ranks,
                                   int nodes);
 
-/* What a call on device buffers does with its communicator's workspace of
- * `have` bytes when it needs `need` (and, with `new_state`, something not
- * made yet: an error-feedback residual, streams for its pipeline lanes): run
- * in it, grow it first, or (while its stream is being captured into a CUDA
- * graph, when nothing may be allocated or created) pass the call through to
- * the real NCCL. A pure function of values every rank shares (all make the
- * same calls), so ranks agree. */
-enum class DevicePlan { kRun, kGrow, kPassThrough };
-DevicePlan plan_device_call(size_t have, size_t need, bool new_state, bool capturing);
 /* The size to grow to: at least double, so the buffers outgrown on the way
  * add up to less than the current one. */
 size_t grown_bytes(size_t have, size_t need);
@@ -478,8 +473,7 @@ ncclResult_t run_collectives(const std::vector<CollectiveCall>& calls);
 /* One quantized call, planned: run_quantized runs `run` on each segment of
  * `count` values (pipelined on lanes as pipeline_lanes(algo, ...) says) in
  * a workspace of `need`, on the host or, for device buffers, on the
- * caller's stream (where a call captured into a CUDA graph that would need
- * new memory or state goes to pass_through, the real NCCL's own call). */
+ * caller's stream. */
 struct QuantizedCall {
   const char* what;  // "allreduce", "reduce-scatter": for messages
   qncclAlgo_t algo;
@@ -490,7 +484,6 @@ struct QuantizedCall {
   size_t count;  // values per rank and chunk (allreduce: of the call)
   size_t input_bytes;  // of this rank's input (statistics)
   const qncclAllReduceConfig_t* config;
-  std::function<ncclResult_t()> pass_through;
   /* A group's sends and receives (run_sendrecv): `run` once, on the
    * workspace of lane 0, with kP2pCall | the point-to-point call count as
    * its `call`. */

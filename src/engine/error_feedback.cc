@@ -11,7 +11,7 @@
 
 namespace qnccl {
 
-ncclResult_t Residual::make(size_t count, int device, cudaStream_t stream, DeviceWorkspace* ws,
+ncclResult_t Residual::make(size_t count, int device, bool capturing, DeviceWorkspace* ws,
                             std::unique_ptr<Residual>* out) {
   float* values = nullptr;
   if (device < 0) {
@@ -24,9 +24,9 @@ ncclResult_t Residual::make(size_t count, int device, cudaStream_t stream, Devic
                        count * sizeof(float), count);
   } else {
 #ifdef QNCCL_WITH_CUDA
-    QNCCL_CHECK(alloc_device_residual(*ws, count, stream, &values));
+    QNCCL_CHECK(alloc_device_residual(*ws, count, capturing, &values));
 #else
-    (void)stream;
+    (void)capturing;
     (void)ws;
     return set_error(ncclInternalError, "error feedback: a device residual in a build without CUDA");
 #endif
@@ -53,14 +53,14 @@ Residual* find_residual(CommState& state, const void* sendbuff, size_t count,
 }
 
 ncclResult_t residual_for_call(ncclComm_t comm, CommState& state, const void* sendbuff,
-                               size_t count, ncclDataType_t type, int device,
-                               cudaStream_t stream, float** values) {
+                               size_t count, ncclDataType_t type, int device, bool capturing,
+                               float** values) {
   if (Residual* found = find_residual(state, sendbuff, count, type, device)) {
     *values = found->values();
     return ncclSuccess;
   }
   std::unique_ptr<Residual> made;
-  QNCCL_CHECK(Residual::make(count, device, stream, &state.device, &made));
+  QNCCL_CHECK(Residual::make(count, device, capturing, &state.device, &made));
   *values = made->values();
   std::unique_ptr<Residual>& slot = state.residuals[ResidualKey{sendbuff, count, type}];
   if (slot != nullptr) {  // a stale one, on another device

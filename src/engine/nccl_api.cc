@@ -65,7 +65,8 @@ Resolved resolve() {
                   bind(h, "ncclCommSplit", &a.commSplit, r.error, sizeof r.error) &&
                   bind(h, "ncclRedOpCreatePreMulSum", &a.redOpCreatePreMulSum, r.error,
                        sizeof r.error) &&
-                  bind(h, "ncclRedOpDestroy", &a.redOpDestroy, r.error, sizeof r.error);
+                  bind(h, "ncclRedOpDestroy", &a.redOpDestroy, r.error, sizeof r.error) &&
+                  bind(h, "ncclCommCuDevice", &a.commCuDevice, r.error, sizeof r.error);
   if (!ok) return r;
   // NCCL 2.28 added ncclAlltoAll; an older library simply has none.
   a.alltoAll = reinterpret_cast<decltype(a.alltoAll)>(dlsym(h, "ncclAlltoAll"));

@@ -40,6 +40,7 @@ struct NcclApi {
   ncclResult_t (*redOpCreatePreMulSum)(ncclRedOp_t*, void*, ncclDataType_t, ncclScalarResidence_t,
                                        ncclComm_t);
   ncclResult_t (*redOpDestroy)(ncclRedOp_t, ncclComm_t);
+  ncclResult_t (*commCuDevice)(const ncclComm_t, int*);
   char path[512];  // the file it was loaded from
 };
 

@@ -10,6 +10,9 @@
 #include "common/error.h"
 #include "engine/engine.h"
 #include "engine/lockstep.h"
+#ifdef QNCCL_WITH_CUDA
+#include "codec/cuda_module.h"
+#endif
 
 namespace qnccl {
 
@@ -50,8 +53,8 @@ void run_lane(Lane& lane, const Segments& segs, Algorithm run, Workspace& w, siz
   s.fed_input = w.fed_input;
   ncclResult_t res = ncclSuccess;
 #ifdef QNCCL_WITH_CUDA
-  int previous = -1;  // a new thread: nothing to restore
-  if (device >= 0) res = set_current_device(device, &previous);
+  DeviceScope scope;  // the lane's thread computes on the buffers' device
+  if (device >= 0) res = scope.enter("a pipelined call's lane", device);
   if (stream != nullptr) {
     s.stream = stream;
     s.compute = device_compute(stream);

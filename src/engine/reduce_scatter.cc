@@ -57,10 +57,7 @@ ncclResult_t run_reduce_scatter(const void* sendbuff, void* recvbuff, size_t rec
         recvbuff,
         recvcount,
         recvcount * s.type_size * (size_t)s.nranks,
-        &config,
-        [&] {
-          return s.nccl->reduceScatter(sendbuff, recvbuff, recvcount, datatype, op, comm, stream);
-        }};
+        &config};
     return run_quantized(s, call, state);
   });
 }

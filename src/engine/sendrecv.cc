@@ -96,19 +96,7 @@ ncclResult_t run_sendrecv(const std::vector<P2pOp>& ops, const qncclAllReduceCon
     }
     const QuantizedCall call = {
         "send/receive", qncclAlgoAuto, sendrecv, need, ops[0].buffer, ops[0].buffer, values,
-        input_bytes, &config,
-        [&] {  // the operations as the application issued them, in one real group
-          QNCCL_CHECK(s.nccl->groupStart());
-          ncclResult_t res = ncclSuccess;
-          for (size_t i = 0; i < ops.size() && res == ncclSuccess; i++) {
-            const P2pOp& op = ops[i];
-            res = op.send ? s.nccl->send(op.buffer, op.count, op.type, op.peer, comm, stream)
-                          : s.nccl->recv(op.buffer, op.count, op.type, op.peer, comm, stream);
-          }
-          const ncclResult_t end = s.nccl->groupEnd();
-          return res != ncclSuccess ? res : end;
-        },
-        true};
+        input_bytes, &config, true};
     return run_quantized(s, call, state);
   });
 }

@@ -30,6 +30,12 @@ struct Topology {
   /* What qncclAlgoAuto needs to pick the hierarchical algorithm: at least
    * two nodes, at least two ranks on each, the same number everywhere. */
   bool hierarchical() const { return known && uniform && nodes >= 2 && local_ranks >= 2; }
+  /* Whether a hierarchical call needs no more NCCL inits (splits): the
+   * layout is known and, where it has several nodes, their communicators
+   * are made. */
+  bool ready() const {
+    return known && (!uniform || nodes == 1 || (local != nullptr && cross != nullptr));
+  }
 };
 
 /* Fills state.topology once per communicator: collective over `comm`

@@ -152,11 +152,14 @@ ncclResult_t init_rank(ncclComm_t* out, int nranks, const ncclUniqueId& id, int 
   if (blocking) {
     MPI_Comm mpi;
     QNCCL_CHECK(rendezvous(id, nranks, rank, timeout_s, &mpi));
-    *out = make_comm(mpi, rank, nranks, timeout_s, true).get();
+    CommRef comm = make_comm(mpi, rank, nranks, timeout_s, true);
+    comm->cuda_device = current_device();  // as NCCL's: the caller's current device
+    *out = comm.get();
     return ncclSuccess;
   }
   // Nonblocking: the handle now, the rendezvous in the background.
   CommRef comm = make_comm(MPI_COMM_NULL, rank, nranks, timeout_s, false);
+  comm->cuda_device = current_device();
   *out = comm.get();
   std::thread([comm, id, nranks, rank, timeout_s] {
     MPI_Comm mpi = MPI_COMM_NULL;
@@ -495,9 +498,11 @@ QNCCL_EXPORT ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank) {
   return ncclSuccess;
 }
 
-/* The device ncclCommInitAll gave the rank; -1 for communicators of
- * ncclCommInitRank, which no device backs (cudaSetDevice rejects it, so code
- * that assumes a GPU fails loudly instead of using device 0). */
+/* The device ncclCommInitAll gave the rank, or for ncclCommInitRank the
+ * device of the context current when it was called (NCCL binds a
+ * communicator to the caller's current device); -1 when none was (no CUDA
+ * in the process: cudaSetDevice rejects -1, so code that assumes a GPU fails
+ * loudly instead of using device 0). */
 QNCCL_EXPORT ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int* device) {
   CommRef ref;
   QNCCL_CHECK(acquire_ready(comm, "ncclCommCuDevice", &ref));

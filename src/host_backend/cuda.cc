@@ -39,6 +39,7 @@ const Cuda* load() {
       bind(get, "cuStreamGetCtx", &c.streamGetCtx) &&
       bind(get, "cuCtxPushCurrent", &c.ctxPushCurrent) &&
       bind(get, "cuCtxPopCurrent", &c.ctxPopCurrent) &&
+      bind(get, "cuCtxGetDevice", &c.ctxGetDevice) &&
       bind(get, "cuMemcpyAsync", &c.memcpyAsync) &&
       bind(get, "cuLaunchHostFunc", &c.launchHostFunc) &&
       bind(get, "cuEventCreate", &c.eventCreate) &&
@@ -101,6 +102,13 @@ int device_of(const void* p) {
   // Never an error for memory CUDA does not know: its type is 0 then.
   if (c->pointerGetAttributes(2, attributes, values, (uintptr_t)p) != 0) return -1;
   return type == (unsigned)kCuMemoryTypeDevice ? device : -1;
+}
+
+int current_device() {
+  const Cuda* c = cuda();
+  int device = -1;
+  if (c == nullptr || c->ctxGetDevice(&device) != 0) return -1;
+  return device;
 }
 
 const char* cuda_error(CuResult r) {

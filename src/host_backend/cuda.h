@@ -43,6 +43,7 @@ struct Cuda {
   CuResult (*streamGetCtx)(CuStream, CuContext*);
   CuResult (*ctxPushCurrent)(CuContext);
   CuResult (*ctxPopCurrent)(CuContext*);
+  CuResult (*ctxGetDevice)(int*);
   CuResult (*memcpyAsync)(uintptr_t, uintptr_t, size_t, CuStream);
   CuResult (*launchHostFunc)(CuStream, CuHostFn, void*);
   CuResult (*eventCreate)(CuEvent*, unsigned);
@@ -64,6 +65,10 @@ const Cuda* cuda();
 
 /* The device whose memory holds p, or -1 (host memory, or no CUDA). */
 int device_of(const void* p);
+
+/* The device of the calling thread's current CUDA context, or -1 (no CUDA,
+ * or no context current). */
+int current_device();
 
 /* "CUDA error 700 (an illegal memory access was encountered)". */
 const char* cuda_error(CuResult r);

@@ -47,12 +47,17 @@ Decision decide(ShimComm& st, qncclCollective_t kind, size_t count, ncclDataType
   d.reduction = op;  // the quantized op's own reduction for an explicit request
   const qncclEnvConfig_t& c = st.config;
   const int bits = quantization_bits(st, kind);
-  auto quantized = kind == qncclCollAllReduce ? st.ops.find((int)op) : st.ops.end();
-  if (quantized != st.ops.end()) {  // an explicit request: the environment does not apply
+  const auto quantized = st.ops.find((int)op);
+  if (quantized != st.ops.end() && kind == qncclCollAllReduce) {
+    // An explicit request: the environment does not apply.
     d.compress = true;
     d.config = quantized->second.allreduce;
     d.reduction = quantized->second.reduction;
-  } else if (!c.enable) {
+    return d;
+  }
+  if (quantized != st.ops.end())  // elsewhere the exact sum or average it stands for
+    op = d.reduction = quantized->second.reduction;
+  if (!c.enable) {
     snprintf(d.why, sizeof d.why, "QNCCL_ENABLE=0");
   } else if (bits == 0) {
     snprintf(d.why, sizeof d.why, "%s",
@@ -164,21 +169,29 @@ void run_candidate(int candidate, qncclCollective_t kind, bool trial, Decision& 
   }
 }
 
+/* Where the call's buffers are (`device`, -1: host memory) and whether its
+ * stream is being captured (device buffers only). */
+ncclResult_t placement(qncclCollective_t kind, const void* send, size_t count,
+                       cudaStream_t stream, int* device, bool* capturing) {
+  *device = -1;
+  *capturing = false;
+#ifdef QNCCL_WITH_CUDA
+  if (count > 0) QNCCL_CHECK(pointer_device(call_name(kind), send, device));
+  if (*device >= 0)
+    return prefix_error(stream_capturing(*device, stream, capturing), "%s", call_name(kind));
+#else
+  (void)kind, (void)send, (void)count, (void)stream;  // host memory, without CUDA
+#endif
+  return ncclSuccess;
+}
+
 /* Measured auto for an eligible call outside a group (d.measured): picks
  * what it runs, deciding first at its key's deciding call, and fills `trial`
  * for a trial. During a CUDA graph capture nothing is tried or counted: a
  * decision made before applies, else auto's rule. */
 ncclResult_t tune(ncclComm_t comm, ShimComm& shim, CommState& st, const NcclApi& nccl,
-                  qncclCollective_t kind, const void* send, size_t count, ncclDataType_t type,
-                  cudaStream_t stream, int nranks, Decision& d, Trial* trial) {
-  int device = -1;
-  bool capturing = false;
-#ifdef QNCCL_WITH_CUDA
-  if (count > 0) QNCCL_CHECK(pointer_device(call_name(kind), send, &device));
-  if (device >= 0) QNCCL_CHECK(stream_capturing(stream, &capturing));
-#else
-  (void)send;  // host memory: every pointer is, without CUDA
-#endif
+                  qncclCollective_t kind, size_t count, ncclDataType_t type, cudaStream_t stream,
+                  int device, bool capturing, int nranks, Decision& d, Trial* trial) {
   const int size = size_class(count * float_type_size(type));
   const TuneKey key{kind, type, size};
   if (capturing) {  // the decision made before, else the rule; nothing made or counted
@@ -312,11 +325,19 @@ ncclResult_t collective(qncclCollective_t kind, const void* send, void* recv, si
   if (d.compress &&
       check_call(kind, send, recv, count, type, d.reduction, d.config, comm) != ncclSuccess)
     return fail(ncclInvalidArgument);
+  int device = -1;
+  bool capturing = false;
+  if (d.compress) {
+    if (const ncclResult_t res = placement(kind, send, count, stream, &device, &capturing);
+        res != ncclSuccess)
+      return fail(res);
+  }
   if (d.compress && kind == qncclCollAllReduce) {
-    // Outside a group the node layout can be found now (a collective, as the
-    // call itself), so the report names the algorithm auto picks.
+    // Outside a group and a capture the node layout can be found now (a
+    // split of the communicator: an NCCL init), so the report names the
+    // algorithm auto picks.
     const bool layout = d.config.algo == qncclAlgoAuto || d.config.algo == qncclAlgoHier;
-    if (layout && group_depth == 0 && !st->topology.known) {
+    if (layout && group_depth == 0 && !capturing && !st->topology.known) {
       int rank = 0, nranks = 0;
       nccl->commUserRank(comm, &rank);
       nccl->commCount(comm, &nranks);
@@ -335,8 +356,8 @@ ncclResult_t collective(qncclCollective_t kind, const void* send, void* recv, si
   if (d.measured && group_depth == 0) {
     int nranks = 1;
     nccl->commCount(comm, &nranks);
-    if (const ncclResult_t res =
-            tune(comm, *shim, *st, *nccl, kind, send, count, type, stream, nranks, d, &trial);
+    if (const ncclResult_t res = tune(comm, *shim, *st, *nccl, kind, count, type, stream, device,
+                                      capturing, nranks, d, &trial);
         res != ncclSuccess)
       return fail(res);
   } else if (d.measured) {

@@ -3,7 +3,10 @@
  * handed out for this communicator (a float32 PreMulSum by 1, or by 1/nranks
  * for an average), so it can equal no other op of the communicator: the
  * shim recognizes quantized ops by exact value and passes every other value,
- * whatever its range, to the real NCCL untouched. */
+ * whatever its range, to the real NCCL untouched. A quantized op that
+ * reaches the real NCCL (an allreduce passed through, a reduce-scatter,
+ * ncclReduce) goes as the exact ncclSum or ncclAvg it stands for, on any
+ * type. */
 #include "common/error.h"
 #include "engine/engine.h"
 #include "engine/nccl_api.h"
@@ -46,4 +49,38 @@ QNCCL_EXPORT ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm) {
   std::shared_ptr<ShimComm> st;
   if (comm != nullptr && shim_comm(comm, nullptr, &st) == ncclSuccess) st->ops.erase((int)op);
   return nccl->redOpDestroy(op, comm);  // frees the PreMulSum behind a quantized op too
+}
+
+namespace {
+
+/* The reduction a call outside ncclAllReduce passes to the real NCCL: a
+ * quantized op of `comm` becomes the exact sum or average it stands for (the
+ * float32 PreMulSum behind it would fail on other types there), any other
+ * value stays. */
+ncclRedOp_t exact_op(ncclComm_t comm, ncclRedOp_t op) {
+  std::shared_ptr<ShimComm> st;
+  if (comm == nullptr || shim_comm(comm, nullptr, &st) != ncclSuccess) return op;
+  const auto quantized = st->ops.find((int)op);
+  return quantized == st->ops.end() ? op : quantized->second.reduction;
+}
+
+ncclResult_t reduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+                    ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream) {
+  const NcclApi* nccl;
+  if (real_nccl(&nccl) != ncclSuccess) return fail(ncclSystemError);
+  return nccl->reduce(sendbuff, recvbuff, count, datatype, exact_op(comm, op), root, comm, stream);
+}
+
+}  // namespace
+
+QNCCL_EXPORT ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count,
+                                     ncclDataType_t datatype, ncclRedOp_t op, int root,
+                                     ncclComm_t comm, cudaStream_t stream) {
+  return reduce(sendbuff, recvbuff, count, datatype, op, root, comm, stream);
+}
+
+QNCCL_EXPORT ncclResult_t pncclReduce(const void* sendbuff, void* recvbuff, size_t count,
+                                      ncclDataType_t datatype, ncclRedOp_t op, int root,
+                                      ncclComm_t comm, cudaStream_t stream) {
+  return reduce(sendbuff, recvbuff, count, datatype, op, root, comm, stream);
 }

@@ -7,6 +7,10 @@
 #include "engine/nccl_api.h"
 #include "engine/report.h"
 #include "shim/shim.h"
+#ifdef QNCCL_WITH_CUDA
+#include "codec/codec.h"
+#include "codec/cuda_module.h"
+#endif
 
 namespace qnccl {
 
@@ -61,6 +65,16 @@ void adopt_comm(ncclComm_t comm, const qncclEnvConfig_t& config) {
   int nranks = 0;
   if (real_nccl(&nccl) != ncclSuccess) return;
   nccl->commCount(comm, &nranks);
+#ifdef QNCCL_WITH_CUDA
+  // Every kernel loaded now, before any NCCL work of QNCCL's on the device
+  // (cuda_module.h). A failure shows again, with its message, at the first
+  // call that needs the kernels.
+  int device = -1;
+  if (nccl->commCuDevice(comm, &device) == ncclSuccess && device >= 0 && cuda_devices() > 0 &&
+      load_kernels(device) != ncclSuccess)
+    info(comm, config.debug, ": loading the CUDA kernels on device %d failed: %s", device,
+         last_error());
+#endif
   const qncclCodecConfig_t& c = config.allreduce.codec;
   info(comm, config.debug,
        "/%d: bits=%d bucket=%zu rounding=%s algo=%s inter_algo=%s intra_bits=%d lanes=%d "

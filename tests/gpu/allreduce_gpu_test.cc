@@ -7,11 +7,12 @@
  *      outputs get garbage first and guard bytes after, inputs stay intact;
  *   2. mixed host/device buffers fail with ncclInvalidArgument;
  *   3. a call enqueued behind a held stream returns without waiting for it;
- *   4. CUDA graph capture through the interposed ncclAllReduce: without a
- *      workspace the captured calls go to NCCL unquantized (exact; the
- *      warning is printed once, which the Python side counts); after one
- *      eager call the captured call is quantized, and each replay writes the
- *      host path's bytes of the next call number (a device counter the graph
+ *   4. CUDA graph capture through the interposed ncclAllReduce: on a new
+ *      communicator (no workspace yet: it is allocated during the capture,
+ *      in relaxed mode) two captured calls are quantized, and a replay
+ *      writes the host path's bytes of calls 0 and 1; after an eager call a
+ *      captured call is quantized again, and each replay writes the host
+ *      path's bytes of the next call number (a device counter the graph
  *      advances), as does an eager call after the replays;
  *   5. error feedback: four calls on the same host and device buffers give
  *      the same bytes and leave the same residuals on both sides, for every
@@ -367,21 +368,24 @@ bool check_capture(cudaStream_t stream) {
   const Bytes input = make_input(c.type, c.count, 5, false);
   DeviceBuffer send(input.size()), recv(input.size());
   if (!send.upload(input)) return false;
-  // No workspace yet: both captured calls pass through, exact (one rank: a copy).
+  // No workspace yet: it is made during the capture, and both captured calls
+  // are quantized; one replay runs calls 0 and 1 (the second's bytes stay).
   cudaGraphExec_t exec;
-  if (!capture(stream, twin.device, send, recv, c.count, 2, &exec)) return false;
-  bool ok = replay(exec, stream, recv, input, "captured pass-through");
+  Bytes want;
+  if (!capture(stream, twin.device, send, recv, c.count, 2, &exec) ||
+      !host_result(c, twin.host, input, &want) || !host_result(c, twin.host, input, &want))
+    return false;
+  bool ok = replay(exec, stream, recv, want, "captured calls on a new communicator");
   cudaGraphExecDestroy(exec);
   qncclStats_t stats;
   if (!ok || !nccl_ok(qncclCommGetStats(twin.device, &stats), "stats")) return false;
-  if (stats.callsPassedThrough != 2 || stats.callsCompressed != 0) {
-    printf("FAIL: capture without workspace: %llu passed through, %llu compressed; want 2, 0\n",
+  if (stats.callsPassedThrough != 0 || stats.callsCompressed != 2) {
+    printf("FAIL: capture without workspace: %llu passed through, %llu compressed; want 0, 2\n",
            (unsigned long long)stats.callsPassedThrough,
            (unsigned long long)stats.callsCompressed);
     return false;
   }
-  // One eager call (call 0) sizes the workspace; a captured one (call 1) is then quantized.
-  Bytes want;
+  // An eager call (call 2), then a captured one: replays take calls 3, 4.
   if (!host_result(c, twin.host, input, &want) ||
       !nccl_ok(ncclAllReduce(send.ptr, recv.ptr, c.count, c.type, c.op, twin.device, stream),
                "eager ncclAllReduce") ||
@@ -392,8 +396,8 @@ bool check_capture(cudaStream_t stream) {
       !capture(stream, twin.device, send, recv, c.count, 1, &exec))
     return false;
   // Each replay takes the next call number from the device counter: replay 1
-  // is call 1, replay 2 call 2 (new rounding noise), and an eager call after
-  // them call 3, ordered after the replays that share its workspace.
+  // is call 3, replay 2 call 4 (new rounding noise), and an eager call after
+  // them call 5, ordered after the replays that share its workspace.
   ok = replay(exec, stream, recv, want, "captured quantized call, replay 1") &&
        host_result(c, twin.host, input, &want) &&
        replay(exec, stream, recv, want, "captured quantized call, replay 2") &&
@@ -404,7 +408,7 @@ bool check_capture(cudaStream_t stream) {
        same_bytes("eager call after the replays", want, recv.download(), 4);
   cudaGraphExecDestroy(exec);
   return ok && nccl_ok(qncclCommGetStats(twin.device, &stats), "stats") &&
-         stats.callsCompressed == 3;
+         stats.callsCompressed == 5;
 }
 
 /* Part 5: `calls` calls with error feedback on one pair of buffers (host and

@@ -409,7 +409,8 @@ static void rule_host_function(void) {
   say("host-function", "cudaGetDevice in a host function", host_function_result);
 }
 
-/* A kernel on device 1 reading device 0's memory without peer access. */
+/* The codec on buffers of two devices (refused: no kernel could read both
+ * without peer access). */
 static void rule_peer(void) {
   size_t bytes;
   NCCL_OK(qncclCompressedSize(COUNT, &kConfig, &bytes));

@@ -557,7 +557,8 @@ CUresult cuGetProcAddress(const char* symbol, void** pfn, int cudaVersion, cuuin
 int simdevGetCounters(simdevCounters* out) {
   if (out == nullptr) return 1;
   const Counters c = counters();
-  *out = simdevCounters{c.kernels, c.graph_launches, c.allocations_in_capture, c.host_functions};
+  *out = simdevCounters{c.kernels,        c.graph_launches,  c.allocations_in_capture,
+                        c.host_functions, c.modules_loaded, c.kernels_resolved};
   return 0;
 }
 

@@ -11,10 +11,10 @@ written):
                           first) and the module's image: every
                           `extern "C" __global__` function by name, with its
                           launch bounds (clang++ compiles it, see simdev.mk)
-  OUT/<module>_images.cc  the table libqnccl.so looks its images up in
-                          (src/codec/cuda_module.h): one entry, the
-                          simulated device's architecture, pointing at the
-                          image (compiled with the library's own flags)
+  OUT/<module>_images.cc  the module libqnccl.so loads: its images and kernel names
+                          (src/codec/cuda_module.h): one image, for the
+                          simulated device's architecture (compiled with the
+                          library's own flags), and every kernel's name
 
 The kernel source is not changed and carries nothing for the simulator."""
 import argparse
@@ -64,10 +64,16 @@ def main():
         f'#include "simdev/abi.h"\n\n'
         f'extern "C" const simdev_module_image simdev_image_{m};\n\n'
         f"namespace qnccl {{\n"
-        f"extern const CudaImage kCudaImages_{m}[] = {{\n"
+        f"namespace {{\n"
+        f"const CudaImage kImages[] = {{\n"
         f'    {{"{m}", {ARCH}, false, reinterpret_cast<const char*>(&simdev_image_{m}),\n'
         f"     sizeof(simdev_module_image)}},\n"
         f"    {{nullptr, 0, false, nullptr, 0}}}};\n"
+        f"const char* const kKernels[] = {{\n"
+        + "".join(f'    "{name}",\n' for name, _ in found) +
+        f"    nullptr}};\n"
+        f"}}  // namespace\n"
+        f'extern const CudaModule kCudaModule_{m} = {{"{m}", kImages, kKernels}};\n'
         f"}}  // namespace qnccl\n")
     print(f"gen_module: {m}: {len(found)} kernels")
 

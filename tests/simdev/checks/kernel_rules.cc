@@ -163,6 +163,16 @@ const std::map<std::string, std::function<void()>> rules = {
        for (size_t k = 0; k < in.size(); k++) exact &= got[k] == in[k] * 0.5f && got[k] != 0;
        printf("halve: subnormal results %s\n", exact ? "kept" : "flushed");
      }},
+    {"peer", [] {
+       // A kernel on device 1 reading device 0's memory, without peer access.
+       CUdeviceptr in = upload(std::vector<float>(32, 1.0f));
+       open_device(1);
+       must(cuModuleLoadData(&module, &simdev_image_checks), "cuModuleLoadData");
+       must(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+       CUdeviceptr out = upload(std::vector<float>(32, 0.0f));
+       int n = 32;
+       launch("copy_values", 1, 32, {&in, &out, &n});
+     }},
     {"other-device", [] {
        // The module is device 0's: a launch with device 1 current is refused.
        CUdeviceptr out = upload(std::vector<int>(32, 0));

@@ -2,6 +2,9 @@
  * setting (a thread starts with none: CUDA makes device 0's current on the
  * first call that needs one); a device's primary context, with its legacy
  * default stream, is made when first used. */
+#include <stdio.h>
+#include <stdlib.h>
+
 #include "core/config.h"
 #include "core/core.h"
 #include "core/errors.h"
@@ -10,7 +13,12 @@
 namespace simdev {
 namespace {
 
-thread_local std::vector<Device*> contexts;  // the thread's context stack; its top is current
+/* The thread's context stack; its top is current. Trivially destructible, so
+ * it stays valid while the process exits (a library's exit handlers may
+ * still ask for the current context, as the CUDA driver allows). */
+constexpr int kMaxContextDepth = 64;
+thread_local Device* contexts[kMaxContextDepth];
+thread_local int depth = 0;
 
 }  // namespace
 
@@ -33,26 +41,28 @@ Device* device(int ordinal) {
   return sim().devices[(size_t)ordinal].get();
 }
 
-Device* current_context() { return contexts.empty() ? nullptr : contexts.back(); }
+Device* current_context() { return depth == 0 ? nullptr : contexts[depth - 1]; }
 
 void set_current_context(Device* d) {
   if (d == nullptr) {
-    contexts.clear();
-  } else if (contexts.empty()) {
-    contexts.push_back(d);
+    depth = 0;
+  } else if (depth == 0) {
+    contexts[depth++] = d;
   } else {
-    contexts.back() = d;
+    contexts[depth - 1] = d;
   }
 }
 
-void push_context(Device* d) { contexts.push_back(d); }
-
-Device* pop_context() {
-  if (contexts.empty()) return nullptr;
-  Device* d = contexts.back();
-  contexts.pop_back();
-  return d;
+void push_context(Device* d) {
+  if (depth == kMaxContextDepth) {
+    fprintf(stderr, "simdev: cuCtxPushCurrent: more than %d contexts pushed on one thread\n",
+            kMaxContextDepth);
+    abort();
+  }
+  contexts[depth++] = d;
 }
+
+Device* pop_context() { return depth == 0 ? nullptr : contexts[--depth]; }
 
 Device* runtime_device() {
   if (current_context() == nullptr) set_current_context(device(0));

@@ -31,6 +31,7 @@ cudaError_t module_load(Device* d, const void* image, Module** out) {
   Lock lock(sim().mutex);
   auto* m = new Module{d, img};
   sim().modules.insert(m);
+  sim().counters.modules_loaded++;
   *out = m;
   return cudaSuccess;
 }
@@ -51,7 +52,32 @@ cudaError_t module_unload(Module* m) {
   return cudaSuccess;
 }
 
+/* CUDA's lazy loading (the default since CUDA 12.2): a kernel's first
+ * cuModuleGetFunction loads it, which may need the context synchronized and,
+ * on drivers before 12.3, fails while a stream of the device captures. The
+ * simulator does both, always: a program must resolve its kernels before
+ * work that waits on other threads or processes is in flight (NCCL touches
+ * all of its own at init). */
+static cudaError_t lazy_load(Module* m, const char* name) {
+  Device* d = nullptr;
+  {
+    Lock lock(sim().mutex);
+    if (!sim().modules.count(m)) return cudaSuccess;  // reported by the caller
+    for (Function* f : sim().functions)
+      if (f->module == m && strcmp(f->kernel->name, name) == 0) return cudaSuccess;
+    d = m->device;
+    for (Stream* s : d->streams)
+      if (s->capture != nullptr)
+        return fail(cudaErrorStreamCaptureUnsupported,
+                    "cuModuleGetFunction(%s): loading a kernel while a stream of device %d "
+                    "captures (CUDA's lazy loading cannot on drivers before 12.3): resolve "
+                    "every kernel before capturing", name, d->ordinal);
+  }
+  return device_synchronize(d);
+}
+
 cudaError_t module_function(Module* m, const char* name, Function** out) {
+  SIMDEV_CHECK(lazy_load(m, name));
   Lock lock(sim().mutex);
   if (!sim().modules.count(m))
     return fail(cudaErrorInvalidResourceHandle, "cuModuleGetFunction: %p is not a loaded module",
@@ -74,6 +100,7 @@ cudaError_t module_function(Module* m, const char* name, Function** out) {
     }
     f->param_bytes = end;
     sim().functions.insert(f);
+    sim().counters.kernels_resolved++;
     *out = f;
     return cudaSuccess;
   }

@@ -171,6 +171,8 @@ struct Counters {
   uint64_t graph_launches = 0;
   uint64_t allocations_in_capture = 0;  // memory allocated while any stream was capturing
   uint64_t host_functions = 0;
+  uint64_t modules_loaded = 0;       // cuModuleLoadData calls that loaded a module
+  uint64_t kernels_resolved = 0;     // kernels loaded by a first cuModuleGetFunction
 };
 
 struct Sim {

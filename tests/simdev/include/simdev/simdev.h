@@ -15,6 +15,8 @@ typedef struct simdevCounters {
   uint64_t graphLaunches;          /* graph instances executed */
   uint64_t allocationsInCapture;   /* memory allocations made while a stream captured */
   uint64_t hostFunctions;          /* host functions run */
+  uint64_t modulesLoaded;          /* modules loaded (cuModuleLoadData) */
+  uint64_t kernelsResolved;        /* kernels loaded by their first cuModuleGetFunction */
 } simdevCounters;
 
 /* 0 on success. */
