@@ -21,12 +21,14 @@ PYTHON  ?= $(VENV)/bin/python
 # A library built with it serves every driver from R525 on. No nvcc is used.
 CUDA ?= 1
 CUDA_ROOT ?= $(patsubst %/cuda_nvrtc,%,$(firstword $(wildcard $(VENV)/lib/python3*/site-packages/nvidia/cuda_nvrtc)))
-# GPU architectures: machine code for each of CUDA_ARCHS (A100, A10/3090,
-# L4/4090, H100/H200, B200, RTX 50), PTX for CUDA_PTX, which newer GPUs
-# compile at load time. `qnccl info` lists what a library carries; for a
-# quicker development build pick one, e.g. CUDA_ARCHS=80.
-CUDA_ARCHS ?= 80 86 89 90 100 120
-CUDA_PTX ?= $(lastword $(CUDA_ARCHS))
+# GPU architectures: machine code for each of CUDA_ARCHS (V100, T4, A100,
+# A10/3090, L4/4090, H100/H200, B200, RTX 50), PTX for CUDA_PTX, the oldest
+# (compute_70: the kernels need nothing newer), which any later GPU compiles
+# at load time (with a driver of CUDA 12.9 or later, the PTX's ISA).
+# `qnccl info` lists what a library carries; for a quicker development build
+# pick one, e.g. CUDA_ARCHS=80.
+CUDA_ARCHS ?= 70 75 80 86 89 90 100 120
+CUDA_PTX ?= $(firstword $(CUDA_ARCHS))
 
 # -ffp-contract=off and no -ffast-math: the codec must round exactly as the
 # kernels and the emulator do (docs/wire-format.md).

@@ -132,6 +132,10 @@ RUN_OPTIONS = (
         action="store_const", const=1,
         help="1: carry each buffer's quantization error into its next allreduce "
              "(docs/allreduce.md, Error feedback)")),
+    ("--error-feedback-max-bytes", "QNCCL_ERROR_FEEDBACK_MAX_BYTES", dict(
+        type=_byte_size, metavar="N",
+        help="the residuals a communicator keeps at most; past it the least recently used "
+             "go; K, M, G suffixes allowed (default 4G)")),
     ("--debug", "QNCCL_DEBUG", dict(type=str.upper, choices=("WARN", "INFO", "TRACE"),
                                     metavar="LEVEL", help="WARN (default), INFO or TRACE")),
     ("--nccl-lib", "QNCCL_NCCL_LIB", dict(
@@ -298,6 +302,7 @@ def describe_env_config(config):
             f"min_bytes={config.minBytes} seed={allreduce.codec.seed} "
             f"warmup={config.warmupCalls} enable={config.enable} "
             f"error_feedback={config.allreduce.errorFeedback} "
+            f"error_feedback_max_bytes={config.errorFeedbackMaxBytes} "
             f"debug={_DEBUG_NAMES.get(config.debug, config.debug)} "
             f"{describe_collectives(config)}")
 

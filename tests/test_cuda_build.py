@@ -17,8 +17,8 @@ from qnccl import _lib, cli
 
 LIBQNCCL = BUILD / "lib" / "libqnccl.so"
 # What the Makefile builds by default (CUDA_ARCHS, CUDA_PTX).
-DEFAULT_SASS = ["80", "86", "89", "90", "100", "120"]
-DEFAULT_PTX = ["120"]
+DEFAULT_SASS = ["70", "75", "80", "86", "89", "90", "100", "120"]
+DEFAULT_PTX = ["70"]
 
 
 @pytest.mark.parametrize("runtime, driver, verdict", [
@@ -107,13 +107,13 @@ def test_library_carries_the_architectures_it_reports():
 
 
 def test_default_build_targets_every_supported_gpu():
-    """`make` without CUDA_ARCHS builds sm_80 to sm_120 machine code and PTX of the
-    newest, so one library loads where PyTorch runs (the library test above then
-    checks that a library carries what it says)."""
+    """`make` without CUDA_ARCHS builds sm_70 to sm_120 machine code and PTX of the
+    oldest (compute_70), so one library loads on every GPU from V100 on, where PyTorch
+    runs (the library test above then checks that a library carries what it says)."""
     makefile = (cli.REPO / "Makefile").read_text()
     assert re.search(r"^CUDA_ARCHS \?= (.*)$", makefile, re.M).group(1).split() == DEFAULT_SASS
     assert re.search(r"^CUDA_PTX \?= (.*)$", makefile, re.M).group(1) == \
-        "$(lastword $(CUDA_ARCHS))" and DEFAULT_PTX == DEFAULT_SASS[-1:]
+        "$(firstword $(CUDA_ARCHS))" and DEFAULT_PTX == DEFAULT_SASS[:1]
 
 
 # PTX opcodes whose float results differ from the host codec's (codec_math.h computes every

@@ -53,6 +53,7 @@ CONFIG_VARIABLES = tuple(variable for _, variable, _ in cli.RUN_OPTIONS) + (
 INTERPOSED = ("ncclAllReduce", "pncclAllReduce", "ncclCommInitRank", "ncclCommInitRankConfig",
               "ncclCommInitAll", "ncclCommSplit", "ncclCommDestroy", "ncclCommAbort",
               "ncclGroupStart", "ncclGroupEnd", "ncclRedOpDestroy", "ncclCommGetAsyncError",
+              "ncclReduce", "pncclReduce", "ncclReduceScatter",
               "qncclConfigFromEnv",
               "qncclRedOpCreateQuantized", "qncclCommGetStats")
 
@@ -254,7 +255,8 @@ def test_info_lines(preloaded):
     configs = re.findall(
         rf"{INFO}/{NRANKS}: bits=4 bucket=64 rounding=stochastic algo=rule inter_algo=auto "
         rf"intra_bits=0 lanes=0 min_bytes={MIN_BYTES} "
-        rf"seed={SEED} warmup=0 error_feedback=0 enable=1 collectives=allreduce nccl=(\S+)$",
+        rf"seed={SEED} warmup=0 error_feedback=0 error_feedback_max_bytes={4 << 30} enable=1 "
+        rf"collectives=allreduce nccl=(\S+)$",
         output, re.M)
     assert sorted(int(rank) for rank, _ in configs) == list(range(NRANKS)), output[-4000:]
     assert {Path(path).resolve() for _, path in configs} == {HOST_NCCL.resolve()}
@@ -388,7 +390,8 @@ def env_config(capi):
 
 
 DEFAULTS = ("bits=4 bucket=128 rounding=stochastic algo=auto inter_algo=auto intra_bits=0 "
-            "lanes=0 min_bytes=65536 seed=0 warmup=0 enable=1 error_feedback=0 debug=WARN "
+            "lanes=0 min_bytes=65536 seed=0 warmup=0 enable=1 error_feedback=0 "
+            f"error_feedback_max_bytes={4 << 30} debug=WARN "
             "collectives=allreduce")
 
 
@@ -420,6 +423,7 @@ def test_default_configuration(capi):
     ("QNCCL_MIN_BYTES", "2K", "min_bytes=2048"),
     ("QNCCL_MIN_BYTES", "3M", f"min_bytes={3 << 20}"),
     ("QNCCL_MIN_BYTES", "1G", f"min_bytes={1 << 30}"),
+    ("QNCCL_ERROR_FEEDBACK_MAX_BYTES", "16M", f"error_feedback_max_bytes={16 << 20}"),
     ("QNCCL_SEED", str(2**64 - 1), f"seed={2**64 - 1}"),
     ("QNCCL_WARMUP_CALLS", "7", "warmup=7"),
     ("QNCCL_ERROR_FEEDBACK", "0", "error_feedback=0"),
@@ -462,6 +466,7 @@ ALLOWED = {
     "QNCCL_MIN_BYTES": r">= ?0.*K.*M.*G",
     "QNCCL_SEED": r"64-bit|2\^64",
     "QNCCL_ERROR_FEEDBACK": r"\b0 or 1\b",
+    "QNCCL_ERROR_FEEDBACK_MAX_BYTES": r">= ?1.*K.*M.*G",
     "QNCCL_WARMUP_CALLS": r">= ?0",
     "QNCCL_DEBUG": r"WARN.*INFO.*TRACE",
     "QNCCL_COLLECTIVES": r"none, or a comma list of allreduce, reducescatter, allgather, "
@@ -488,6 +493,7 @@ ALLOWED = {
     ("QNCCL_MIN_BYTES", "99999999999G"),
     ("QNCCL_SEED", "-1"), ("QNCCL_SEED", str(2**64)), ("QNCCL_SEED", "abc"),
     ("QNCCL_ERROR_FEEDBACK", "2"), ("QNCCL_ERROR_FEEDBACK", "on"),
+    ("QNCCL_ERROR_FEEDBACK_MAX_BYTES", "0"), ("QNCCL_ERROR_FEEDBACK_MAX_BYTES", "lots"),
     ("QNCCL_WARMUP_CALLS", "-1"), ("QNCCL_WARMUP_CALLS", "many"),
     ("QNCCL_DEBUG", "VERBOSE"),
     ("QNCCL_COLLECTIVES", "allreduce,allreduce"), ("QNCCL_COLLECTIVES", "none,allreduce"),

@@ -18,6 +18,7 @@ const char* name(Var var) {
     case Var::kMinBytes: return "QNCCL_MIN_BYTES";
     case Var::kSeed: return "QNCCL_SEED";
     case Var::kErrorFeedback: return "QNCCL_ERROR_FEEDBACK";
+    case Var::kErrorFeedbackMaxBytes: return "QNCCL_ERROR_FEEDBACK_MAX_BYTES";
     case Var::kWarmupCalls: return "QNCCL_WARMUP_CALLS";
     case Var::kDebug: return "QNCCL_DEBUG";
     case Var::kCollectives: return "QNCCL_COLLECTIVES";

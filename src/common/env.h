@@ -19,6 +19,7 @@ enum class Var {
   kMinBytes,          // QNCCL_MIN_BYTES
   kSeed,              // QNCCL_SEED
   kErrorFeedback,     // QNCCL_ERROR_FEEDBACK
+  kErrorFeedbackMaxBytes,  // QNCCL_ERROR_FEEDBACK_MAX_BYTES: residual memory per communicator
   kWarmupCalls,       // QNCCL_WARMUP_CALLS
   kDebug,             // QNCCL_DEBUG
   kCollectives,       // QNCCL_COLLECTIVES: which interposed collectives are quantized

@@ -141,6 +141,7 @@ qncclEnvConfig_t default_config() {
   c.allreduce.intraBits = 0;
   c.allreduce.lanes = 0;
   c.warmupCalls = 0;
+  c.errorFeedbackMaxBytes = (size_t)4 << 30;
   c.debug = qncclDebugWarn;
   c.collectives = qncclCollAllReduce;
   return c;
@@ -186,6 +187,10 @@ ncclResult_t config_from_env(qncclEnvConfig_t* config) {
   v = (uint64_t)c.allreduce.errorFeedback;
   QNCCL_CHECK(read_unsigned(Var::kErrorFeedback, 0, 1, false, "0 or 1", &v));
   c.allreduce.errorFeedback = (int)v;
+  v = c.errorFeedbackMaxBytes;
+  QNCCL_CHECK(read_unsigned(Var::kErrorFeedbackMaxBytes, 1, UINT64_MAX, true,
+                            "an integer >= 1, optionally with K, M or G (x1024)", &v));
+  c.errorFeedbackMaxBytes = (size_t)v;
   QNCCL_CHECK(read_choice(Var::kDebug, kDebugLevels, "WARN, INFO or TRACE", &c.debug));
   QNCCL_CHECK(read_collectives(&c.collectives));
   QNCCL_CHECK(read_collective_bits(c.collectiveBits));

@@ -441,6 +441,7 @@ ncclResult_t guarded_call(const char* what, CommState& state, Lockstep* lockstep
   if (state.failure == ncclSuccess) {
     state.failure_message = last_error();
     state.failure = res;
+    note_comm_failed();
   }
   return res;
 }

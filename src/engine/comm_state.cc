@@ -29,6 +29,7 @@ ncclResult_t comm_state(ncclComm_t comm, const qncclEnvConfig_t* config,
           return res;
         }
         made.debug = c.debug;
+        made.residual_max_bytes = c.errorFeedbackMaxBytes;
         return ncclSuccess;
       },
       state);
@@ -49,6 +50,14 @@ void clear_residuals(CommState& state) {
 void reset_all_error_feedback() {
   registry().for_each([](CommState& s) { clear_residuals(s); });
 }
+
+namespace {
+std::atomic<bool> failed_anywhere{false};
+}  // namespace
+
+void note_comm_failed() { failed_anywhere.store(true, std::memory_order_release); }
+
+bool any_comm_failed() { return failed_anywhere.load(std::memory_order_acquire); }
 
 std::shared_ptr<CommState> existing_comm_state(ncclComm_t comm) { return registry().find(comm); }
 

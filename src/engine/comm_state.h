@@ -61,6 +61,8 @@ class Residual {
    * `capturing`: the call's stream is being captured). */
   static ncclResult_t make(size_t count, int device, bool capturing, DeviceWorkspace* ws,
                            std::unique_ptr<Residual>* out);
+  /* Frees the values: device memory that a captured call used is retired
+   * with the workspace instead (a graph may still replay it). */
   ~Residual();
   Residual(const Residual&) = delete;
   Residual& operator=(const Residual&) = delete;
@@ -69,6 +71,8 @@ class Residual {
   size_t count() const { return count_; }
   int device() const { return device_; }
   size_t bytes() const { return count_ * sizeof(float); }
+  uint64_t last_use = 0;   // CommState::residual_uses when a call last used it
+  bool captured = false;   // a call captured into a CUDA graph used it
 
  private:
   Residual(float* values, size_t count, int device, DeviceWorkspace* ws)
@@ -122,6 +126,9 @@ struct CommState {
   std::unique_ptr<uint64_t[]> host_workspace;
   size_t host_workspace_bytes = 0;
   ResidualStore residuals;       // error feedback
+  uint64_t residual_uses = 0;    // calls that used a residual so far (their LRU clock)
+  size_t residual_max_bytes = SIZE_MAX;  // QNCCL_ERROR_FEEDBACK_MAX_BYTES
+  bool warned_residual_max = false;      // the first eviction was reported
   bool warned_feedback_ring = false;     // error feedback on a low-bit ring was reported
   bool reported_one_node = false;        // hierarchical calls on one node run exact: said
   bool reported_capture_hier = false;    // a hierarchical call captured too early ran exact: said
@@ -138,6 +145,13 @@ ncclResult_t comm_state(ncclComm_t comm, const qncclEnvConfig_t* config,
  * a NULL `comm` fails with a message that names `fn`. */
 ncclResult_t checked_comm_state(const char* fn, ncclComm_t comm,
                                std::shared_ptr<CommState>* state);
+
+/* Whether a quantized call has failed on any communicator of the process
+ * (note_comm_failed() counts them): lets the interposed
+ * ncclCommGetAsyncError, which the real NCCL also calls for each of its own
+ * operations, answer without a lookup while none has. */
+void note_comm_failed();
+bool any_comm_failed();
 
 /* The state of `comm` if it has one (nothing is made). */
 std::shared_ptr<CommState> existing_comm_state(ncclComm_t comm);

@@ -41,9 +41,45 @@ Residual::~Residual() {
     return;
   }
 #ifdef QNCCL_WITH_CUDA
-  release_device_memory(*ws_, values_);
+  if (captured)
+    ws_->retired.push_back(values_);  // freed with the workspace
+  else
+    release_device_memory(*ws_, values_);
 #endif
 }
+
+namespace {
+
+/* Makes room for `bytes` more under QNCCL_ERROR_FEEDBACK_MAX_BYTES: drops the
+ * least recently used residuals (their buffers' next calls start from zero),
+ * reporting the first drop as a warning and each at QNCCL_DEBUG=INFO. */
+void make_room(ncclComm_t comm, CommState& state, size_t bytes) {
+  while (!state.residuals.empty() && state.stats.residualBytes + bytes > state.residual_max_bytes) {
+    auto oldest = state.residuals.begin();
+    for (auto it = state.residuals.begin(); it != state.residuals.end(); ++it)
+      if (it->second->last_use < oldest->second->last_use) oldest = it;
+    const Residual& r = *oldest->second;
+    const unsigned long long idle = state.residual_uses - r.last_use;
+    if (!state.warned_residual_max) {
+      state.warned_residual_max = true;
+      warn("comm %p: error feedback's residuals would exceed QNCCL_ERROR_FEEDBACK_MAX_BYTES=%zu "
+           "bytes: the least recently used are dropped (first: buffer %p, %zu values, unused "
+           "for %llu calls), and their buffers' next calls start from zero. Residuals belong "
+           "to buffer addresses: buffers that move (a caching allocator's) leave theirs behind. "
+           "If this job's buffers stay in place and need more, raise the limit (warned once "
+           "per communicator)",
+           (void*)comm, state.residual_max_bytes, oldest->first.buffer, r.count(), idle);
+    }
+    info(comm, state.debug, ": error feedback: dropped the residual of buffer %p (%zu values, "
+         "unused for %llu calls) to stay within QNCCL_ERROR_FEEDBACK_MAX_BYTES",
+         oldest->first.buffer, r.count(), idle);
+    state.stats.residualBuffers--;
+    state.stats.residualBytes -= r.bytes();
+    state.residuals.erase(oldest);
+  }
+}
+
+}  // namespace
 
 Residual* find_residual(CommState& state, const void* sendbuff, size_t count,
                         ncclDataType_t type, int device) {
@@ -55,18 +91,26 @@ Residual* find_residual(CommState& state, const void* sendbuff, size_t count,
 ncclResult_t residual_for_call(ncclComm_t comm, CommState& state, const void* sendbuff,
                                size_t count, ncclDataType_t type, int device, bool capturing,
                                float** values) {
+  const uint64_t use = ++state.residual_uses;
   if (Residual* found = find_residual(state, sendbuff, count, type, device)) {
+    found->last_use = use;
+    found->captured = found->captured || capturing;
     *values = found->values();
     return ncclSuccess;
   }
+  auto stale = state.residuals.find(ResidualKey{sendbuff, count, type});
+  if (stale != state.residuals.end()) {  // on another device: replaced
+    state.stats.residualBuffers--;
+    state.stats.residualBytes -= stale->second->bytes();
+    state.residuals.erase(stale);
+  }
+  make_room(comm, state, count * sizeof(float));
   std::unique_ptr<Residual> made;
   QNCCL_CHECK(Residual::make(count, device, capturing, &state.device, &made));
   *values = made->values();
+  made->last_use = use;
+  made->captured = capturing;
   std::unique_ptr<Residual>& slot = state.residuals[ResidualKey{sendbuff, count, type}];
-  if (slot != nullptr) {  // a stale one, on another device
-    state.stats.residualBuffers--;
-    state.stats.residualBytes -= slot->bytes();
-  }
   state.stats.residualBuffers++;
   state.stats.residualBytes += made->bytes();
   slot = std::move(made);

@@ -2,6 +2,7 @@
  * split, or of one rank; in the background for nonblocking ones), queries,
  * finalize, destroy and abort, and the registry that lets calls on a
  * destroyed or aborted communicator fail instead of touching freed memory. */
+#include <dlfcn.h>
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
@@ -327,12 +328,34 @@ ncclResult_t acquire_ready(const ncclComm* handle, const char* fn, CommRef* out)
   return ncclSuccess;
 }
 
+/* ncclCommGetAsyncError as NVIDIA's NCCL calls it on each operation's
+ * communicator: through the PLT (its API functions are not bound locally),
+ * so a library preloaded in front of it (libqnccl.so) answers. This library
+ * binds its own calls locally (-Bsymbolic-functions); looking the function up
+ * in the global scope does what NCCL's PLT does. */
+ncclResult_t interposable_async_error(ncclComm* comm, ncclResult_t* result) {
+  using Fn = ncclResult_t (*)(ncclComm_t, ncclResult_t*);
+  static const Fn fn = [] {
+    void* found = dlsym(RTLD_DEFAULT, "ncclCommGetAsyncError");
+    return found != nullptr ? reinterpret_cast<Fn>(found) : &ncclCommGetAsyncError;
+  }();
+  return fn(comm, result);
+}
+
 ncclResult_t acquire_usable(const ncclComm* handle, const char* fn, CommRef* out) {
   QNCCL_CHECK(acquire_ready(handle, fn, out));
   if ((*out)->finalized) {
     return set_error(ncclInvalidUsage, "%s: the communicator was finalized (ncclCommFinalize); "
                      "only ncclCommDestroy may follow", fn);
   }
+  // As NCCL checks each operation's communicator: through the exported
+  // ncclCommGetAsyncError, called through the PLT, so an interposer in front
+  // of this library (libqnccl.so) answers it too, with its own failures.
+  ncclResult_t async = ncclSuccess;
+  if (interposable_async_error(const_cast<ncclComm*>(handle), &async) == ncclSuccess &&
+      async != ncclSuccess && async != ncclInProgress)
+    return set_error(async, "%s: ncclCommGetAsyncError reports %s for this communicator: it is "
+                     "unusable; destroy it with ncclCommAbort", fn, ncclGetErrorString(async));
   if (mpi_finalized()) return set_error(ncclSystemError, "%s: MPI is already finalized", fn);
   return ncclSuccess;
 }

@@ -277,6 +277,10 @@ typedef struct {
                                         or a quantized algorithm) is fastest (docs/tuning.md);
                                         QNCCL_ALGO=rule: 0, auto's fixed rules; 0 for the
                                         fixed algorithms */
+  size_t errorFeedbackMaxBytes;      /* QNCCL_ERROR_FEEDBACK_MAX_BYTES: the residuals a
+                                        communicator keeps at most (default 4 GiB); past it
+                                        the least recently used go (docs/allreduce.md, "Error
+                                        feedback") */
 } qncclEnvConfig_t;
 
 /* qncclAllReduceErrorBound for any quantized collective (docs/collectives.md,

@@ -109,12 +109,19 @@ QNCCL_EXPORT ncclResult_t ncclCommAbort(ncclComm_t comm) {
 
 /* The real NCCL's answer, unless a quantized call failed on the communicator:
  * then that failure, so a framework polling here (PyTorch's watchdog) learns
- * of it and aborts the communicator. From any thread. */
+ * of it and aborts the communicator. From any thread. The real NCCL's own
+ * calls of ncclCommGetAsyncError (it checks each operation's communicator
+ * with it) reach this one too, as libnccl.so.2 calls its exported API
+ * functions through the PLT: so once a quantized call failed, NCCL's own
+ * operations on that communicator fail with the same error, which is right
+ * (its peers are out of step: it must be aborted); until any quantized call
+ * failed the answer costs one atomic load more than NCCL's (docs/allreduce.md,
+ * "Nonblocking communicators, abort and failures"). */
 QNCCL_EXPORT ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {
   const NcclApi* nccl;
   if (real_nccl(&nccl) != ncclSuccess) return fail(ncclSystemError);
   const ncclResult_t res = nccl->commGetAsyncError(comm, asyncError);
-  if (res != ncclSuccess || asyncError == nullptr) return res;
+  if (res != ncclSuccess || asyncError == nullptr || !any_comm_failed()) return res;
   std::shared_ptr<CommState> state = existing_comm_state(comm);
   if (state != nullptr && state->failure != ncclSuccess &&
       (*asyncError == ncclSuccess || *asyncError == ncclInProgress))

@@ -21,6 +21,10 @@ histories  (>= 2 ranks, error feedback) each rank captures its second call into 
            and a workspace), every other rank on a new buffer at another address (no
            residual): every rank runs it quantized, and the replay is the emulator's call 1
            with rank 0's residual and zeros for the others.
+retired    (error feedback) a call captured on a new buffer makes its residual during the
+           capture; qncclCommResetErrorFeedback then drops it, and the graph still replays
+           correctly (the emulator's call 0 from a zero residual): the residual's memory is
+           retired with the workspace, not freed under the graph.
 layout     (4 ranks, 2 emulated nodes, auto's rule) the communicator's first call is
            captured: the node layout is not looked for inside a capture (a split is an
            NCCL init), so the replay is the flat rule's (SRA) bytes; the next, eager call
@@ -262,6 +266,26 @@ def histories(_):
     return 2
 
 
+def retired(_):
+    """Section retired (module docstring)."""
+    result, comm = init_comm(algo="ring", error_feedback=1, **SETTINGS)
+    require(result, "ncclCommInitRank")
+    case = Case("ring", "float32", 24007, seed=SETTINGS["seed"])
+    x = rank_input(case, RANK)
+    out = np.zeros_like(x)
+    pointers = (ptr(x), ptr(out))
+    graph = MEMORY.capture(lambda: check_nccl(
+        lib.ncclAllReduce(*pointers, case.count, lib.ncclFloat32, lib.ncclSum, comm, STREAM),
+        "captured ncclAllReduce"))
+    check_nccl(lib.qncclCommResetErrorFeedback(comm), "qncclCommResetErrorFeedback")
+    assert cuda().cudaDeviceSynchronize() == 0  # whatever the reset queued has run
+    MEMORY.replay(graph)
+    synced(out)
+    gathered_check("retired", case, out, x, 0)
+    check_nccl(lib.ncclCommDestroy(comm), "ncclCommDestroy")
+    return 1
+
+
 def layout(_):
     """Section layout (module docstring): 4 ranks, NCCL_HOSTID node<rank // 2>."""
     if NRANKS != 4:
@@ -370,7 +394,8 @@ def ops(_):
     return checked
 
 
-SECTIONS = {f.__name__: f for f in (codec, context, legacy, histories, layout, kernels, ops)}
+SECTIONS = {f.__name__: f for f in (codec, context, legacy, histories, retired, layout, kernels,
+                                     ops)}
 
 
 def main():

@@ -231,6 +231,17 @@ def fault(seconds):
     if state[0] == SUCCESS:
         fail("ncclCommGetAsyncError reports success after the quantized call failed")
     print(f"rank {RANK}: fault: answered {code} after {elapsed:.2f} s: {message}", flush=True)
+    if RANK == 1:
+        # The real NCCL checks each operation's communicator through the exported
+        # ncclCommGetAsyncError, which libqnccl.so answers: a call QNCCL passes through
+        # (int32) fails with the quantized call's error, before it waits for any peer.
+        n = np.zeros(16, np.int32)
+        passed = lib.ncclAllReduce(ffi.from_buffer(n), ffi.from_buffer(n), n.size, lib.ncclInt32,
+                                   lib.ncclSum, comm, ffi.NULL)
+        why = ffi.string(nccl.ncclGetLastError(comm)).decode()  # the real library's words
+        if passed != state[0] or "ncclCommGetAsyncError reports" not in why:
+            fail(f"a passed-through call after the failure answered {passed} ({why!r}); "
+                 f"expected {state[0]} from ncclCommGetAsyncError")
     os.environ.pop("QNCCL_HOST_ISA", None)
     lib.ncclCommAbort(comm)
     COMM.Barrier()
