@@ -74,3 +74,10 @@ def test_steps_and_groups_per_call(nprocs):
     and SRA x sum/avg (8 ranks: the issue's figures; 3: a tree whose root has
     one leaf child and one missing)."""
     run_check(nprocs, "counts")
+
+
+def test_lanes_run_on_threads_kept_across_calls():
+    """Calls of two pipeline lanes on host buffers reuse their lane threads
+    (mpi_programs/device_path_check.py, section threads; on device buffers in
+    test_simdev_engine.py)."""
+    mpi.run_checks(2, PROGRAM.parent / "device_path_check.py", "threads", timeout=120)

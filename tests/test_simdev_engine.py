@@ -134,6 +134,7 @@ DEVICE_PATH = {
     "retired": (2, {}),
     "layout": (4, {}),
     "kernels": (1, {"SIMDEV_DEVICES": "2"}),
+    "threads": (2, {}),
     "ops": (2, {}),
 }
 

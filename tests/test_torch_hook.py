@@ -469,3 +469,36 @@ def test_cuda_buckets_give_the_host_paths_bytes():
                          cwd=REPO, capture_output=True, text=True, timeout=300,
                          env=dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(rendezvous_port())))
     assert out.returncode == 0 and out.stdout.strip().endswith("OK"), out.stdout + out.stderr
+
+
+@pytest.fixture(scope="module")
+def nccl_linkages(tmp_path_factory):
+    """Three libraries as the dynamic loader sees PyTorch's: one that defines
+    ncclCommInitRank itself (NCCL linked in statically), one that calls it from a
+    libnccl.so.2 it depends on (dynamic), and one without NCCL."""
+    folder = tmp_path_factory.mktemp("linkage")
+    nccl = folder / "libnccl.so.2"
+    sources = {"static": "int ncclCommInitRank(void) { return 0; }\n",
+               "dynamic": "int ncclCommInitRank(void);\nint init(void) { return ncclCommInitRank(); }\n",
+               "none": "int other(void) { return 1; }\n"}
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(nccl), "-Wl,-soname,libnccl.so.2", "-x",
+                    "c", "-"], input=sources["static"], text=True, check=True)
+    made = {}
+    for kind, source in sources.items():
+        made[kind] = folder / f"lib{kind}.so"
+        extra = ["-x", "none", str(nccl), f"-Wl,-rpath,{folder}"] if kind == "dynamic" else []
+        subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(made[kind]), "-x", "c", "-", *extra],
+                       input=source, text=True, check=True)
+    return made, nccl
+
+
+@pytest.mark.parametrize("kind", ["static", "dynamic", "none"])
+def test_the_engine_path_knows_which_nccl_torch_calls(nccl_linkages, kind):
+    """qnccl.torch.linkage.nccl_of, which the hook's CUDA path asks about libtorch_cuda.so
+    before handing PyTorch's communicator to libqnccl's engine (a statically linked NCCL's
+    communicator is a stranger to the libnccl.so.2 the engine calls)."""
+    from qnccl.torch.linkage import nccl_of
+    made, nccl = nccl_linkages
+    want = {"static": ("static", str(made["static"].resolve())),
+            "dynamic": ("dynamic", str(nccl.resolve())), "none": ("none", None)}[kind]
+    assert nccl_of(str(made[kind]), loaded=False) == want

@@ -16,12 +16,15 @@ import torch.distributed as dist
 from .. import _lib
 from .. import comm as _comm
 from .grads import gather, scatter, take_residuals
+from .linkage import check_torch_nccl
 
 
 def engine_for(state, buffer):
     """The NCCL communicator whose engine reduces `buffer`'s quantized groups, or None (the
     SRA over torch.distributed). A new communicator takes over the residuals and, after a
     restore, the call count to continue from."""
+    if buffer.is_cuda and state._engine_comm is None:
+        check_torch_nccl()  # once: a stranger's communicator would crash the engine
     comm = communicator(state._group()) if buffer.is_cuda else state.comm
     if comm is None or comm == state._engine_comm:
         return comm

@@ -2,6 +2,9 @@
  * communicators in lock-step (engine/lockstep.h). */
 #include "engine/lockstep.h"
 
+#include <pthread.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <map>
 #include <memory>
@@ -13,6 +16,86 @@
 #include "engine/comm_state.h"
 
 namespace qnccl {
+namespace {
+
+/* The threads lanes run on, kept for the next call: a call of two lanes
+ * used to start two threads and join them, every call. A lane takes an idle
+ * thread, or a new one when none is idle (a lockstep inside a lane takes
+ * more while its outer lane waits), named "qnccl-lane". The pool is never
+ * destroyed and its threads are detached: at process exit they wait on
+ * their condition variable and end with the process. */
+class LanePool {
+ public:
+  static LanePool& get() {
+    static LanePool* pool = new LanePool();
+    return *pool;
+  }
+
+  /* Runs `task` on a pooled thread, then `done` once that thread is idle
+   * again (so a call that waits for every `done` finds its threads idle for
+   * the next); false (with `why`) when no thread could be started for it. */
+  bool start(std::function<void()> task, std::function<void()> done, std::string* why) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (getpid() != pid_) {  // a forked child: its parent's threads are not here
+      workers_.clear();
+      pid_ = getpid();
+    }
+    for (const std::shared_ptr<Worker>& w : workers_) {
+      if (w->busy) continue;
+      w->busy = true;
+      w->task = std::move(task);
+      w->done = std::move(done);
+      w->wake.notify_one();
+      return true;
+    }
+    auto worker = std::make_shared<Worker>();
+    worker->busy = true;
+    worker->task = std::move(task);
+    worker->done = std::move(done);
+    try {
+      std::thread thread([this, worker] { serve(*worker); });
+      pthread_setname_np(thread.native_handle(), "qnccl-lane");
+      thread.detach();
+    } catch (const std::system_error& e) {
+      *why = e.what();
+      return false;
+    }
+    workers_.push_back(worker);  // (its thread waits for `mutex_`, held here)
+    return true;
+  }
+
+ private:
+  struct Worker {
+    bool busy = false;           // given a task whose `done` has not run yet
+    std::function<void()> task;  // the task given, until its thread takes it
+    std::function<void()> done;
+    std::condition_variable wake;
+  };
+
+  void serve(Worker& w) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    for (;;) {
+      w.wake.wait(lock, [&] { return static_cast<bool>(w.task); });
+      std::function<void()> task = std::move(w.task), done = std::move(w.done);
+      w.task = nullptr;
+      lock.unlock();
+      task();
+      task = nullptr;  // what it holds goes before the thread counts as idle
+      lock.lock();
+      w.busy = false;
+      lock.unlock();
+      done();
+      done = nullptr;
+      lock.lock();
+    }
+  }
+
+  std::mutex mutex_;
+  std::vector<std::shared_ptr<Worker>> workers_;
+  pid_t pid_ = getpid();
+};
+
+}  // namespace
 
 ncclResult_t Lockstep::step(size_t lane, Post& post) {
   Post* one = &post;
@@ -39,20 +122,38 @@ void Lockstep::finished(size_t lane) {
 
 void Lockstep::run(const std::function<void(size_t)>& lane,
                    const std::function<void(size_t, const char*)>& not_started) {
-  std::vector<std::thread> threads;
+  // Each lane's thread counts itself out here once it is idle again, after
+  // its last use of this lockstep: run() returns only then (as joins did),
+  // and the next call finds the same threads free.
+  struct Done {
+    std::mutex mutex;
+    std::condition_variable all;
+    size_t left = 0;
+  };
+  auto done = std::make_shared<Done>();
+  done->left = slots_.size();
   for (size_t j = 0; j < slots_.size(); j++) {
-    try {
-      threads.emplace_back([this, &lane, j] {
-        lane(j);
-        finished(j);
-      });
-    } catch (const std::system_error& e) {
-      not_started(j, e.what());
+    std::string why;
+    const bool started = LanePool::get().start(
+        [this, &lane, j] {
+          lane(j);
+          finished(j);
+        },
+        [done] {
+          std::lock_guard<std::mutex> lock(done->mutex);
+          if (--done->left == 0) done->all.notify_one();
+        },
+        &why);
+    if (!started) {
+      not_started(j, why.c_str());
       finished(j);
+      std::lock_guard<std::mutex> lock(done->mutex);
+      done->left--;
     }
   }
   drive();
-  for (std::thread& t : threads) t.join();
+  std::unique_lock<std::mutex> lock(done->mutex);
+  done->all.wait(lock, [&] { return done->left == 0; });
 }
 
 void Lockstep::move(std::vector<Post*>& posts) {

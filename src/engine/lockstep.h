@@ -1,5 +1,6 @@
 /* Lanes that share one communicator's (or one group's) transport: each runs
- * on its own thread, and its transport steps are moved in an order that
+ * on a thread of its own (from a pool kept across calls: lockstep.cc), and
+ * its transport steps are moved in an order that
  * depends only on the lanes' step counts, the same on every rank, so a step
  * of a lane only ever meets the same step of its peers' same lane. Two
  * orders:

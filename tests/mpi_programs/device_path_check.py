@@ -34,6 +34,9 @@ kernels    (1 process, 2 devices) two ranks made by ncclCommInitAll: every kerne
            call; then a group of quantized allreduces on both loads nothing (the simulated
            GPU counts loads, and makes a first resolve wait for the device as CUDA's lazy
            loading may).
+threads    (host or device buffers) calls of two pipeline lanes run their lanes on threads
+           kept across calls: the threads named qnccl-lane after call 3 are the same ones
+           after call 12 (a call used to start and join two threads).
 ops        (host or device buffers) a quantized op passed to ncclReduceScatter and
            ncclReduce on bfloat16 runs as the exact ncclAvg it stands for: the real
            library's own result (its PreMulSum is float32 only).
@@ -356,6 +359,43 @@ def kernels(_):
     return 4
 
 
+def lane_threads():
+    """The ids of this process's threads named qnccl-lane."""
+    found = set()
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as name:
+                if name.read().strip() == "qnccl-lane":
+                    found.add(int(tid))
+        except OSError:
+            continue  # ended meanwhile
+    return found
+
+
+def threads(_):
+    """Section threads (module docstring)."""
+    result, comm = init_comm(**SETTINGS)
+    require(result, "ncclCommInitRank")
+    case = Case("ring", "float32", 20000, segment_values=4096, lanes=2, seed=SETTINGS["seed"])
+    config = ffi.new("qncclAllReduceConfig_t*")
+    config.codec.bits, config.codec.bucketSize, config.codec.seed = 4, 128, case.seed
+    config.algo, config.segmentValues, config.lanes = lib.qncclAlgoRing, 4096, 2
+    x = rank_input(case, RANK)
+    out = np.zeros_like(x)
+    seen = {}
+    for call in range(12):
+        check_nccl(lib.qncclAllReduce(ptr(x), ptr(out), case.count, lib.ncclFloat32, lib.ncclSum,
+                                      config, comm, STREAM), "qncclAllReduce")
+        synced(out)
+        if call + 1 in (3, 12):
+            seen[call + 1] = lane_threads()
+    expect(len(seen[3]) >= 2 and seen[12] == seen[3], "threads",
+           f"lane threads after call 3: {sorted(seen[3])}, after call 12: {sorted(seen[12])}; "
+           f"want the same two or more")
+    check_nccl(lib.ncclCommDestroy(comm), "ncclCommDestroy")
+    return 1
+
+
 def ops(_):
     """Section ops (module docstring)."""
     result, comm = init_comm(**SETTINGS)
@@ -395,7 +435,7 @@ def ops(_):
 
 
 SECTIONS = {f.__name__: f for f in (codec, context, legacy, histories, retired, layout, kernels,
-                                     ops)}
+                                     threads, ops)}
 
 
 def main():
