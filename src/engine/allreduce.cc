@@ -350,24 +350,21 @@ ncclResult_t run_call(Segment& s, const void* sendbuff, void* recvbuff, size_t c
   QNCCL_CHECK(capture_status(s, device, &capturing));
 #endif
   // Finding the node layout splits the communicator (an NCCL init): never
-  // inside a capture, nor at a call of no values, whose stream QNCCL cannot
-  // ask (docs/allreduce.md, "Decisions every rank shares").
-  const bool may_split = !capturing && count > 0;
-  if (config.algo == qncclAlgoAuto && may_split)
+  // inside a capture (docs/allreduce.md, "Decisions every rank shares").
+  if (config.algo == qncclAlgoAuto && !capturing)
     QNCCL_CHECK(discover_topology(*s.nccl, comm, s.rank, s.nranks, state));
   qncclAlgo_t algo = resolve_algo(config.algo, count, datatype, s.nranks, &state.topology);
   auto exact = [&] {  // the real library's call
     return s.nccl->allReduce(sendbuff, recvbuff, count, datatype, op, comm, stream);
   };
-  if (algo == qncclAlgoHier && !may_split && !state.topology.ready()) {
+  if (algo == qncclAlgoHier && capturing && !state.topology.ready()) {
     if (config.algo == qncclAlgoAuto) {
       algo = resolve_algo(qncclAlgoAuto, count, datatype, s.nranks, nullptr);  // a flat one
     } else {
       return run_exact(s, state, exact, state.reported_capture_hier,
-                       "a hierarchical call captured (or of no values) before its "
-                       "communicator's node layout and node communicators were made runs exact "
-                       "(the real NCCL's); run one uncaptured call first to have captured ones "
-                       "quantized");
+                       "a hierarchical call captured before its communicator's node layout and "
+                       "node communicators were made runs exact (the real NCCL's); run one "
+                       "uncaptured call first to have captured ones quantized");
     }
   }
   HierPlan plan = {};

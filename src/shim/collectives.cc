@@ -29,7 +29,6 @@ namespace {
 
 struct Decision {
   bool compress = false;
-  bool counted = false;   // took an eligible-call number (warm-up counts these)
   bool measured = false;  // measured auto picks what it runs (shim/tuner.h)
   qncclAllReduceConfig_t config = {};
   ncclRedOp_t reduction = ncclSum;
@@ -73,11 +72,9 @@ Decision decide(ShimComm& st, qncclCollective_t kind, size_t count, ncclDataType
     snprintf(d.why, sizeof d.why, "below QNCCL_MIN_BYTES=%zu", c.minBytes);
   } else if (kind != qncclCollSendRecv && st.eligible_calls++ < c.warmupCalls) {
     // (Not sends and receives: the two sides of one count different calls.)
-    d.counted = true;
     snprintf(d.why, sizeof d.why, "warm-up: the first %llu eligible calls stay exact",
              (unsigned long long)c.warmupCalls);
   } else {
-    d.counted = kind != qncclCollSendRecv;
     d.compress = true;
     d.config = quantized_config(c, kind, bits);
     d.measured = c.measured && d.config.algo == qncclAlgoAuto && kind != qncclCollSendRecv;
@@ -332,17 +329,15 @@ ncclResult_t collective(qncclCollective_t kind, const void* send, void* recv, si
   bool capturing = false;
   if (d.compress) {
     if (const ncclResult_t res = placement(kind, send, count, stream, &device, &capturing);
-        res != ncclSuccess) {
-      if (d.counted) shim->eligible_calls--;  // refused: a retry takes the same number
+        res != ncclSuccess)
       return fail(res);
-    }
   }
   if (d.compress && kind == qncclCollAllReduce) {
     // Outside a group and a capture the node layout can be found now (a
     // split of the communicator: an NCCL init), so the report names the
     // algorithm auto picks.
     const bool layout = d.config.algo == qncclAlgoAuto || d.config.algo == qncclAlgoHier;
-    if (layout && group_depth == 0 && !capturing && count > 0 && !st->topology.known) {
+    if (layout && group_depth == 0 && !capturing && !st->topology.known) {
       int rank = 0, nranks = 0;
       nccl->commUserRank(comm, &rank);
       nccl->commCount(comm, &nranks);
