@@ -103,6 +103,19 @@ def gathered_check(label, case, got, inputs, call, **emulate):
         expect(diff is None, label, diff)
 
 
+def new_call(count, algo="ring", error_feedback=0):
+    """A communicator made under SETTINGS (QNCCL_ALGO=`algo`), the float32 Case of `count`
+    values of its algorithm (auto's rule: SRA), this rank's input, an output, and their
+    pointers (uploaded now)."""
+    settings = dict(SETTINGS, error_feedback=1) if error_feedback else SETTINGS
+    result, comm = init_comm(algo=algo, **settings)
+    require(result, "ncclCommInitRank")
+    case = Case("sra" if algo == "rule" else algo, "float32", count, seed=SETTINGS["seed"])
+    x = rank_input(case, RANK)
+    out = np.zeros_like(x)
+    return comm, case, x, out, (ptr(x), ptr(out))
+
+
 def codec(_):
     """Section codec (module docstring)."""
     if NRANKS != 1:
@@ -152,12 +165,7 @@ def codec(_):
 
 def context(_):
     """Section context (module docstring)."""
-    result, comm = init_comm(algo="ring", **SETTINGS)
-    require(result, "ncclCommInitRank")
-    case = Case("ring", "float32", 30011, seed=SETTINGS["seed"])
-    x = rank_input(case, RANK)
-    out = np.zeros_like(x)
-    pointers = (ptr(x), ptr(out))
+    comm, case, x, out, pointers = new_call(30011)
     synced()
     seen = {}
 
@@ -186,12 +194,7 @@ def context(_):
 
 def legacy(_):
     """Section legacy (module docstring)."""
-    result, comm = init_comm(algo="ring", **SETTINGS)
-    require(result, "ncclCommInitRank")
-    case = Case("ring", "float32", 20000, seed=SETTINGS["seed"])
-    x = rank_input(case, RANK)
-    out = np.zeros_like(x)
-    pointers = (ptr(x), ptr(out))
+    comm, case, x, out, pointers = new_call(20000)
     synced()  # the uploads done: the legacy stream does not wait for a non-blocking one
     rt = cuda()
 
@@ -271,12 +274,7 @@ def histories(_):
 
 def retired(_):
     """Section retired (module docstring)."""
-    result, comm = init_comm(algo="ring", error_feedback=1, **SETTINGS)
-    require(result, "ncclCommInitRank")
-    case = Case("ring", "float32", 24007, seed=SETTINGS["seed"])
-    x = rank_input(case, RANK)
-    out = np.zeros_like(x)
-    pointers = (ptr(x), ptr(out))
+    comm, case, x, out, pointers = new_call(24007, error_feedback=1)
     graph = MEMORY.capture(lambda: check_nccl(
         lib.ncclAllReduce(*pointers, case.count, lib.ncclFloat32, lib.ncclSum, comm, STREAM),
         "captured ncclAllReduce"))
@@ -294,12 +292,7 @@ def layout(_):
     if NRANKS != 4:
         return expect(False, "layout", "run with 4 ranks")
     os.environ["NCCL_HOSTID"] = f"node{RANK // 2}"
-    result, comm = init_comm(algo="rule", **SETTINGS)
-    require(result, "ncclCommInitRank")
-    case = Case("sra", "float32", 40000, seed=SETTINGS["seed"])
-    x = rank_input(case, RANK)
-    out = np.zeros_like(x)
-    pointers = (ptr(x), ptr(out))
+    comm, case, x, out, pointers = new_call(40000, algo="rule")
     graph = MEMORY.capture(lambda: check_nccl(
         lib.ncclAllReduce(*pointers, case.count, lib.ncclFloat32, lib.ncclSum, comm, STREAM),
         "captured ncclAllReduce"))
