@@ -67,7 +67,12 @@ namespace {
 void copy(Memory memory, void* dst, const void* src, size_t bytes) {
 #ifdef QNCCL_PERF_CUDA
   if (memory == Memory::Device) {
+    // cudaMemcpy from pageable memory may return before its DMA has reached the
+    // device (CUDA's API synchronization behaviour), and the calls run on a
+    // non-blocking stream, which does not wait for the legacy stream's copy:
+    // wait for it (on an H200 the first in-place call read stale bytes).
     cudaMemcpy(dst, src, bytes, cudaMemcpyDefault);
+    cudaDeviceSynchronize();
     return;
   }
 #endif
@@ -88,7 +93,8 @@ void Buffer::download(void* host, size_t bytes, size_t offset) const {
 void Buffer::fill(unsigned char byte, size_t bytes) {
 #ifdef QNCCL_PERF_CUDA
   if (memory_ == Memory::Device) {
-    cudaMemset(data_, byte, bytes);
+    cudaMemset(data_, byte, bytes);  // asynchronous, on the legacy stream (as copy() says)
+    cudaDeviceSynchronize();
     return;
   }
 #endif

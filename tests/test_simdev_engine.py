@@ -17,7 +17,9 @@ there.
   emulator's next call, nothing allocated during the global-mode capture;
 - measured auto (docs/tuning.md): trials timed by events, the agreement in device memory,
   no trial inside a capture."""
+import re
 import subprocess
+import sys
 
 import pytest
 
@@ -123,6 +125,24 @@ def fsdp_program(tmp_path_factory):
 @pytest.mark.parametrize("nranks", [2, 4])
 def test_fsdp_step_of_a_cuda_program(fsdp_program, tmp_path, nranks):
     check_quantized_step(fsdp_program, tmp_path, nranks, simulated.env())
+
+
+@pytest.mark.parametrize("nprocs", [1, 2])
+def test_perf_binary_on_device_memory(nprocs):
+    """all_reduce_perf on device memory under `qnccl run` (ring, 4 bits), in and out of
+    place, every checked call within its error bound: its inputs must reach the device
+    before its calls, which run on a non-blocking stream. A cudaMemcpy from pageable memory
+    may return before its bytes land (CUDA's API synchronization behaviour), and the
+    simulated GPU lets them land late: on an H200 the first in-place call read stale bytes."""
+    perf = simulated.SIMDEV / "bin" / "all_reduce_perf"
+    if not perf.is_file():
+        pytest.fail(f"{perf} is missing: build the simulated GPU with `make simdev`")
+    argv = [sys.executable, "-m", "qnccl", "run", "--algo", "ring", "--bits", "4", "--debug",
+            "INFO", "--", perf, "-b", "64K", "-e", "256K", "-f", "4", "-n", "2", "-w", "1",
+            "--memory", "device"]
+    result = mpi.run(nprocs, argv, timeout=300, env=simulated.env())
+    assert "# Check: OK" in result.stdout and re.search(r"compressed=[1-9]", result.stdout), \
+        result.stdout[-4000:]
 
 
 # The device path's rules (mpi_programs/device_path_check.py): section -> (ranks, settings).

@@ -83,9 +83,12 @@ Bytes make_input(ncclDataType_t type, size_t count, uint64_t seed, bool nonfinit
 struct DeviceBuffer {
   void* ptr = nullptr;
   size_t bytes;
+  // (cudaMemset is asynchronous and on the legacy stream, which the calls'
+  // non-blocking stream does not wait for: it is waited for here.)
   explicit DeviceBuffer(size_t n) : bytes(n + kGuard) {
     if (cuda_ok(cudaMalloc(&ptr, bytes), "cudaMalloc"))
-      cuda_ok(cudaMemset(ptr, kGarbage, bytes), "cudaMemset");
+      cuda_ok(cudaMemset(ptr, kGarbage, bytes), "cudaMemset") &&
+          cuda_ok(cudaStreamSynchronize(nullptr), "cudaMemset");
   }
   // cudaFree does not wait for queued work that still uses the memory (CUDA
   // promises no synchronization there): the device is idle first.
@@ -95,9 +98,14 @@ struct DeviceBuffer {
   }
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  /* cudaMemcpy from pageable memory may return before its bytes reach the
+   * device, and the calls run on a non-blocking stream, which does not wait
+   * for the legacy stream's copy: wait for it. */
   bool upload(const Bytes& b) {
-    return b.empty() || cuda_ok(cudaMemcpy(ptr, b.data(), b.size(), cudaMemcpyHostToDevice),
-                                "cudaMemcpy to the device");
+    return b.empty() ||
+           (cuda_ok(cudaMemcpy(ptr, b.data(), b.size(), cudaMemcpyHostToDevice),
+                    "cudaMemcpy to the device") &&
+            cuda_ok(cudaStreamSynchronize(nullptr), "the copy to the device"));
   }
   Bytes download() const {
     Bytes out(bytes);

@@ -10,6 +10,8 @@
 #                               LD_LIBRARY_PATH=$(SIMDEV) runs them on the simulated GPU unchanged
 #   $(SIMDEV)/bin/kernel_rules  the simulator's own kernels that break the GPU's rules
 #                               (checks/), loaded through the driver API
+#   $(SIMDEV)/bin/all_reduce_perf  the perf binary on device memory, linked against NVIDIA's
+#                               libcudart.so.12 and the host backend (make simdev only)
 #
 # `make simdev-asan` builds the same with AddressSanitizer and UBSan (kernels included) into
 # build/simdev-asan. The kernels need clang++: its -fno-strict-float-cast-overflow gives the GPU's
@@ -43,7 +45,7 @@ simdev:
 	@test -n "$(CUDA_ROOT)" || \
 	  { echo "make simdev: the CUDA 12 wheels are missing: run make setup" >&2; exit 1; }
 	@$(MAKE) --no-print-directory -j$(JOBS) $(filter-out $(CU_OBJS),$(LIB_OBJS)) $(HOST_LIB) $(CDEF)
-	@$(MAKE) --no-print-directory -j$(JOBS) simdev-targets
+	@$(MAKE) --no-print-directory -j$(JOBS) simdev-targets $(SIMDEV)/bin/all_reduce_perf
 simdev-asan:
 	@$(MAKE) --no-print-directory -j$(JOBS) BUILD=build/simdev-asan/product SIMDEV=build/simdev-asan \
 	  SANITIZE=address,undefined SIMDEV_SANITIZED=1 simdev-targets
@@ -110,6 +112,13 @@ $(SIMDEV)/bin/%_gpu_test: tests/gpu/%_gpu_test.cc $(SIMDEV)/lib/libqnccl.so $(HE
 	@mkdir -p $(dir $@)
 	$(CXX) $(filter-out -fvisibility=hidden,$(CXXFLAGS)) $(SAN_LDFLAGS) $< -o $@ \
 	  -L$(SIMDEV)/lib -lqnccl $(SIMDEV_CUDART_REAL) -Wl,-rpath,'$$ORIGIN/../lib'
+
+$(SIMDEV)/bin/all_reduce_perf: perf/all_reduce_perf.cc perf/nccl_backend.cc perf/nccl_backend.h \
+                               $(PERF_DRIVER) $(HOST_LIB) $(HEADERS) $(NCCL_INCLUDE)/nccl.h \
+                               $(FLAGS_STAMP)
+	@mkdir -p $(dir $@)
+	$(MPICXX) $(PERF_CXXFLAGS) -DQNCCL_PERF_CUDA $(CUDA_CFLAGS) $< perf/nccl_backend.cc \
+	  $(PERF_DRIVER_SRCS) -o $@ -L$(BUILD)/host -lnccl $(SIMDEV_CUDART_REAL) -ldl
 
 $(SIMDEV)/bin/kernel_rules: $(SIMDEV_DIR)/checks/kernel_rules.cc \
                             $(SIMDEV)/obj/modules/checks_module.o $(SIMDEV)/libcuda.so.1 \

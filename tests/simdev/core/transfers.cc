@@ -3,7 +3,12 @@
  * the kind, when not cudaMemcpyDefault, must match what the pointers are)
  * and its bytes move when it runs on the stream, so a buffer changed or
  * freed before then gives what a GPU would: other bytes, or a fault. */
+#include <stdint.h>
 #include <string.h>
+
+#include <memory>
+#include <string>
+#include <vector>
 
 #include "core/config.h"
 #include "core/core.h"
@@ -67,13 +72,15 @@ void move_bytes(void* arg) {
     memset(m->dst, m->value, m->n);
 }
 
-/* The work of a copy or memset: a fault in it is the device's. */
-Work transfer(const char* api, Move move, const char* what) {
+/* The work of a copy or memset: a fault in it is the device's. `staged`
+ * holds the bytes a copy reads when they were staged at the call. */
+Work transfer(const char* api, Move move, const char* what,
+              std::shared_ptr<const std::vector<uint8_t>> staged = nullptr) {
   Work w;
   w.kind = Work::kDevice;
   w.what = what;
   std::string name = api;
-  w.run = [move, name] {
+  w.run = [move, name, staged] {
     Move m = move;
     Fault fault;
     std::lock_guard<std::mutex> one_at_a_time(device_work_lock());
@@ -229,6 +236,16 @@ cudaError_t copy(void* dst, const void* src, size_t n, cudaMemcpyKind kind, Stre
   }
   char what[96];
   snprintf(what, sizeof what, "copy of %zu bytes (%s to %s)", n, where_name(from), where_name(to));
+  if (wait && from == Where::kPageable && to == Where::kDevice) {
+    // CUDA's API synchronization behaviour for cudaMemcpy from pageable memory to the
+    // device: the stream's earlier work is waited for, the bytes are staged, and the call
+    // returns while the DMA to the device may not have landed. Work on a non-blocking
+    // stream is not ordered after it: it may read the destination's old bytes.
+    SIMDEV_CHECK(wait_locked(lock, s->last, api));
+    auto staged = std::make_shared<const std::vector<uint8_t>>(
+        static_cast<const uint8_t*>(src), static_cast<const uint8_t*>(src) + n);
+    return issue_locked(s, transfer(api, Move{dst, staged->data(), n, -1}, what, staged));
+  }
   SIMDEV_CHECK(issue_locked(s, transfer(api, Move{dst, src, n, -1}, what)));
   if (!wait) return cudaSuccess;
   return wait_locked(lock, s->last, api);
