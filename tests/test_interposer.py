@@ -371,10 +371,16 @@ def test_quantized_ops_warmup_split_and_statistics(interposer):
     destroy then reuse, warm-up calls, per-communicator call numbers and
     statistics, ncclCommSplit reading the environment, bad settings at
     ncclCommInitRank/ncclCommInitRankConfig/ncclCommSplit, a one-rank
-    communicator."""
+    communicator, a nonblocking communicator asked nothing while it is being made
+    (its reports name a real rank and size) whose first call splits it."""
     result = mpi.run_python(NRANKS, CHECK_PROGRAM, timeout=120)
     summary = [line for line in result.stdout.splitlines() if line.startswith("SUMMARY")]
     assert summary and summary[-1].endswith(" 0 failures"), result.stdout[-6000:]
+    reports = re.findall(r"^QNCCL INFO comm \S+ rank (-?\d+)/(-?\d+): bits=", result.stdout, re.M)
+    assert sorted(int(rank) for rank, size in reports) == list(range(NRANKS)) and \
+        all(int(size) == NRANKS for rank, size in reports), \
+        f"the nonblocking communicator's reports {reports}: one per rank, of {NRANKS} ranks, " \
+        f"expected:\n{result.stdout[-6000:]}"
 
 
 # ---- configuration from the environment ---------------------------------------------

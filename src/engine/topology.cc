@@ -32,16 +32,21 @@ int host_color(const std::string& host) {
 }
 
 /* ncclCommSplit(comm, color, key), waited for on a nonblocking `comm` (the
- * child inherits its mode: the engine waits out its calls anyway). */
+ * child inherits its mode: the engine waits out its calls anyway). There NCCL
+ * answers ncclSuccess or ncclInProgress while the child is still being made
+ * (NCCL 2.28 passes its group's ncclInProgress on as ncclSuccess): the parent
+ * reports ncclInProgress until then, and *child stays NULL until the child
+ * exists. So the parent is waited for whatever the answer, then the child. */
 ncclResult_t split(const NcclApi& nccl, ncclComm_t comm, int color, int key, CommState& state,
                    ncclComm_t* child) {
   *child = nullptr;
   ncclResult_t res = nccl.commSplit(comm, color, key, child, nullptr);
-  if (res == ncclInProgress) {
-    res = wait_until_ready(nccl, comm, state);
-    if (res == ncclSuccess && *child != nullptr) res = wait_until_ready(nccl, *child, state);
+  if (res == ncclSuccess || res == ncclInProgress) res = wait_until_ready(nccl, comm, state);
+  if (res == ncclSuccess && *child != nullptr) res = wait_until_ready(nccl, *child, state);
+  if (res == ncclSuccess && *child == nullptr) {
+    return set_error(ncclInternalError, "quantized allreduce: ncclCommSplit of the "
+                     "communicator into nodes made no communicator");
   }
-  if (res == ncclSuccess && *child == nullptr) res = ncclInternalError;
   if (res != ncclSuccess) {
     const char* why = nccl.getLastError(comm);
     return set_error(res, "quantized allreduce: ncclCommSplit of the communicator into nodes "

@@ -445,8 +445,10 @@ QNCCL_EXPORT ncclResult_t ncclCommInitAll(ncclComm_t* comm, int ndev, const int*
 /* Collective over `comm` like MPI_Comm_split (same ordering: key, then rank).
  * A rank whose arguments are invalid still takes part (without a color), so
  * the others do not wait for it forever. On a nonblocking parent the split
- * runs in the background: the call answers ncclInProgress, the parent is in
- * progress until it ends, and *newcomm is written only then (as NCCL does). */
+ * runs in the background: the call answers ncclSuccess at once (NCCL 2.28
+ * does not pass its group's ncclInProgress on), the parent is in progress
+ * until it ends, and *newcomm is written only then (as NCCL does): a caller
+ * must poll the parent, whatever the answer. */
 QNCCL_EXPORT ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm,
                                         ncclConfig_t* config) {
   const char* fn = "ncclCommSplit";
@@ -476,8 +478,7 @@ QNCCL_EXPORT ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncc
     const ncclResult_t res = split(parent, mpi_color, key, child_blocking, slot ? slot : &ignored);
     finish_background(parent.get(), res);
   }).detach();
-  return arg_error == ncclSuccess ? ncclInProgress
-                                   : set_error(arg_error, "%s", arg_message.c_str());
+  return arg_error == ncclSuccess ? ncclSuccess : set_error(arg_error, "%s", arg_message.c_str());
 }
 
 /* No operation of a blocking communicator is ever pending; a nonblocking one

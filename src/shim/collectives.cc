@@ -322,6 +322,10 @@ ncclResult_t collective(qncclCollective_t kind, const void* send, void* recv, si
   std::shared_ptr<CommState> st;
   if (states_of(comm, &shim, &st) != ncclSuccess) return fail(ncclInvalidArgument);
   Decision d = decide(*shim, kind, count, type, op);
+  if (d.compress || d.measured) {
+    if (const ncclResult_t res = comm_ready(comm, *shim, *st, *nccl); res != ncclSuccess)
+      return fail(res);
+  }
   if (d.compress &&
       check_call(kind, send, recv, count, type, d.reduction, d.config, comm) != ncclSuccess)
     return fail(ncclInvalidArgument);
@@ -402,10 +406,14 @@ ncclResult_t point_to_point(bool send, void* buffer, size_t count, ncclDataType_
   std::shared_ptr<ShimComm> shim;
   std::shared_ptr<CommState> st;
   if (states_of(comm, &shim, &st) != ncclSuccess) return fail(ncclInvalidArgument);
-  int rank = -1, nranks = 0;
-  nccl->commUserRank(comm, &rank);
-  nccl->commCount(comm, &nranks);
   Decision d = decide(*shim, qncclCollSendRecv, count, type, ncclSum);
+  int rank = -1, nranks = 0;
+  if (d.compress) {
+    if (const ncclResult_t res = comm_ready(comm, *shim, *st, *nccl); res != ncclSuccess)
+      return fail(res);
+    nccl->commUserRank(comm, &rank);
+    nccl->commCount(comm, &nranks);
+  }
   if (d.compress && peer == rank) {
     d.compress = false;
     snprintf(d.why, sizeof d.why, "to or from itself");

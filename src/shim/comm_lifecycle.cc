@@ -21,10 +21,11 @@ ncclResult_t prepare(const NcclApi** nccl, qncclEnvConfig_t* config) {
 
 ncclResult_t finish_init(ncclResult_t res, const ncclComm_t* comms, int n,
                          const qncclEnvConfig_t& config) {
-  // A nonblocking creation's handle is valid at once (a split's child may
-  // appear only later: it is adopted at its first call, from the environment).
+  // A nonblocking creation's handle is valid at once, but answers no query
+  // until it is ready (a split's child may appear only later: it is adopted
+  // at its first call, from the environment).
   if (res == ncclSuccess || res == ncclInProgress)
-    for (int i = 0; i < n; i++) adopt_comm(comms[i], config);
+    for (int i = 0; i < n; i++) adopt_comm(comms[i], config, res == ncclSuccess);
   return res;
 }
 

@@ -4,6 +4,7 @@
 #include "common/registry.h"
 #include "config/config.h"
 #include "engine/comm_state.h"
+#include "engine/engine.h"
 #include "engine/nccl_api.h"
 #include "engine/report.h"
 #include "shim/shim.h"
@@ -55,22 +56,21 @@ const char* op_name(ncclRedOp_t op) {
   return (unsigned)op < 5 ? names[op] : "custom";
 }
 
-void adopt_comm(ncclComm_t comm, const qncclEnvConfig_t& config) {
-  std::shared_ptr<ShimComm> shim;
-  std::shared_ptr<CommState> state;
-  if (comm == nullptr || shim_comm(comm, &config, &shim) != ncclSuccess ||
-      comm_state(comm, &config, &state) != ncclSuccess)
-    return;
-  const NcclApi* nccl;
+namespace {
+
+/* Loads the kernels on the communicator's device and reports its
+ * configuration, once. */
+void announce(ncclComm_t comm, ShimComm& shim, const NcclApi& nccl) {
+  if (shim.announced.exchange(true)) return;
+  const qncclEnvConfig_t& config = shim.config;
   int nranks = 0;
-  if (real_nccl(&nccl) != ncclSuccess) return;
-  nccl->commCount(comm, &nranks);
+  nccl.commCount(comm, &nranks);
 #ifdef QNCCL_WITH_CUDA
   // Every kernel loaded now, before any NCCL work of QNCCL's on the device
   // (cuda_module.h). A failure shows again, with its message, at the first
   // call that needs the kernels.
   int device = -1;
-  if (nccl->commCuDevice(comm, &device) == ncclSuccess && device >= 0 && cuda_devices() > 0 &&
+  if (nccl.commCuDevice(comm, &device) == ncclSuccess && device >= 0 && cuda_devices() > 0 &&
       load_kernels(device) != ncclSuccess)
     info(comm, config.debug, ": loading the CUDA kernels on device %d failed: %s", device,
          last_error());
@@ -84,7 +84,30 @@ void adopt_comm(ncclComm_t comm, const qncclEnvConfig_t& config) {
        algo_name(config.allreduce.interAlgo), config.allreduce.intraBits, config.allreduce.lanes,
        config.minBytes, (unsigned long long)c.seed, (unsigned long long)config.warmupCalls,
        config.allreduce.errorFeedback, config.errorFeedbackMaxBytes, config.enable,
-       describe_collectives(config).c_str(), nccl->path);
+       describe_collectives(config).c_str(), nccl.path);
+}
+
+}  // namespace
+
+void adopt_comm(ncclComm_t comm, const qncclEnvConfig_t& config, bool ready) {
+  std::shared_ptr<ShimComm> shim;
+  std::shared_ptr<CommState> state;
+  const NcclApi* nccl;
+  if (comm == nullptr || shim_comm(comm, &config, &shim) != ncclSuccess ||
+      comm_state(comm, &config, &state) != ncclSuccess || real_nccl(&nccl) != ncclSuccess)
+    return;
+  if (ready) announce(comm, *shim, *nccl);
+}
+
+ncclResult_t comm_ready(ncclComm_t comm, ShimComm& shim, CommState& state, const NcclApi& nccl) {
+  const ncclResult_t res = wait_until_ready(nccl, comm, state);
+  if (res != ncclSuccess) {
+    const char* why = nccl.getLastError(comm);
+    return set_error(res, "the communicator reports an error (%d): %s", (int)res,
+                     why != nullptr && why[0] != '\0' ? why : "no message");
+  }
+  announce(comm, shim, nccl);
+  return ncclSuccess;
 }
 
 }  // namespace qnccl

@@ -5,6 +5,7 @@
 
 #include <stdint.h>
 
+#include <atomic>
 #include <memory>
 #include <set>
 #include <string>
@@ -14,6 +15,9 @@
 #include "shim/tuner.h"
 
 namespace qnccl {
+
+struct CommState;  // engine/comm_state.h
+struct NcclApi;    // engine/nccl_api.h
 
 /* What the interposer keeps per communicator, beside the engine's state
  * (engine/comm_state.h): the QNCCL_* configuration read when it was made,
@@ -30,6 +34,10 @@ struct ShimComm {
   std::set<std::string> logged;
   std::unordered_map<int, qncclQuantizedOpConfig_t> ops;
   TuneTable tuning;  // measured auto's decisions (shim/tuner.h)
+  /* Whether the communicator was announced (its kernels loaded, its
+   * configuration reported): once it first answered queries (a nonblocking
+   * creation answers none while in progress). */
+  std::atomic<bool> announced{false};
 };
 
 /* The interposer's state of `comm`, made on first use with `config`
@@ -48,8 +56,17 @@ const char* short_type_name(ncclDataType_t type);
 const char* op_name(ncclRedOp_t op);
 
 /* Makes the states of a communicator the real NCCL just made, from the
- * environment read before it was made, and reports its configuration. */
-void adopt_comm(ncclComm_t comm, const qncclEnvConfig_t& config);
+ * environment read before it was made; announces it when its creation
+ * answered ncclSuccess (`ready`). A nonblocking creation in progress answers
+ * no query (NCCL refuses them until ncclCommGetAsyncError says ncclSuccess):
+ * it is announced at its first call QNCCL does work for (comm_ready). */
+void adopt_comm(ncclComm_t comm, const qncclEnvConfig_t& config, bool ready);
+
+/* Before QNCCL's own work in a call on `comm`: waits out an operation of the
+ * communicator still in progress (a nonblocking creation, split or call, as
+ * NCCL requires before its queries and splits), fails with the
+ * communicator's error if it has one, and announces it the first time. */
+ncclResult_t comm_ready(ncclComm_t comm, ShimComm& shim, CommState& state, const NcclApi& nccl);
 
 /* The bits an eligible call of `kind` on a communicator of `state` runs
  * with: 1..8, or 0 when it goes to the real NCCL exact. */

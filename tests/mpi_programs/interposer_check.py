@@ -30,6 +30,13 @@ split   ncclCommSplit reads the environment again: a child (2 ranks, order by
         ncclInvalidArgument and a message naming the variable, on every rank.
 one     ncclCommInitAll(1): a communicator of one rank is exact under measured auto (its
         one candidate), quantized under QNCCL_ALGO=rule; ncclCommAbort.
+nonblocking  a nonblocking communicator (blocking = 0) made under QNCCL_ALGO=hier and
+        QNCCL_DEBUG=INFO: libqnccl asks it nothing while its creation is in progress
+        (NCCL refuses queries then; the test reads the log for a rank of -1) and
+        reports it once it is ready; its first eligible allreduce finds the node
+        layout with an ncclCommSplit of the nonblocking communicator, which answers
+        ncclSuccess while the child is still being made (as NCCL 2.28 does), and,
+        every rank on one node, runs exact.
 values  op values anywhere in the positive int range reach the real NCCL untouched:
         the host backend spreads PreMulSum values over it as NVIDIA's NCCL does
         (they differ between communicators and land all over the range), and
@@ -47,6 +54,7 @@ import contextlib
 import dataclasses
 import os
 import sys
+import time
 
 import numpy as np
 
@@ -359,6 +367,42 @@ def one_rank_section():
         require(lib.ncclCommAbort(comm[0]), "ncclCommAbort (one rank)")
 
 
+def wait_ready(comm, what):
+    """Polls ncclCommGetAsyncError until the communicator leaves ncclInProgress; every
+    rank must then see ncclSuccess (else the others would wait forever)."""
+    state, deadline = ffi.new("ncclResult_t*"), time.monotonic() + 60
+    while True:
+        require(lib.ncclCommGetAsyncError(comm, state), f"ncclCommGetAsyncError ({what})")
+        if state[0] != lib.ncclInProgress or time.monotonic() > deadline:
+            break
+        time.sleep(0.0005)
+    if state[0] != lib.ncclSuccess:
+        print(f"FAIL [N={NRANKS}] rank {RANK}: {what}: the communicator reports {state[0]}: "
+              f"{ffi.string(lib.qncclGetLastError()).decode()}", flush=True)
+        COMM.Abort(1)
+
+
+def nonblocking_section():
+    """See the module's doc: creation, a first allreduce that splits, the exact sum."""
+    uid, comm = new_id(), ffi.new("ncclComm_t*")
+    with qnccl_env(algo="hier", min_bytes=0, debug="INFO"):
+        result = lib.ncclCommInitRankConfig(comm, NRANKS, uid, RANK, nccl_config(ffi, blocking=0))
+    expect(result in (lib.ncclSuccess, lib.ncclInProgress), "nonblocking creation",
+           f"ncclCommInitRankConfig answered {result}")
+    wait_ready(comm[0], "nonblocking creation")
+    count = 4096
+    everyone = np.stack([small_integers(count, r) for r in range(NRANKS)]).astype(np.float32)
+    result, out, _ = allreduce(comm[0], everyone[RANK], "float32", lib.ncclSum)
+    expect(result in (lib.ncclSuccess, lib.ncclInProgress), "nonblocking allreduce",
+           f"ncclAllReduce answered {result}: {ffi.string(lib.qncclGetLastError()).decode()}")
+    wait_ready(comm[0], "the first allreduce of a nonblocking communicator")
+    expect(np.array_equal(out, everyone.sum(0)), "nonblocking allreduce",
+           "not the exact sum (a hierarchical call on one node)")
+    tally = Tally(NRANKS, RANK, passed=1)
+    tally.check(comm[0], "a nonblocking communicator")
+    require(lib.ncclCommDestroy(comm[0]), "ncclCommDestroy (nonblocking)")
+
+
 # Raw op values no communicator made: spread over [ncclNumOps, INT_MAX], with
 # the ends and the values around 0x7f000000.
 RAW_OP_VALUES = (5, 6, 1000, 2**20 + 1, 2**24 + 3, 2**30, 0x7EFFFFFF, 0x7F000000, 0x7F000001,
@@ -411,6 +455,7 @@ def main():
     env_comm, env_tally, env_call = env_section(ops_comm, ops_tally, ops_call)
     split_section(env_comm, env_tally, env_call)
     one_rank_section()
+    nonblocking_section()
     with qnccl_env(min_bytes=0):
         result, values_comm = init_comm()
     require(result, "ncclCommInitRank (op values)")
