@@ -26,8 +26,11 @@ def cuda_program_flags():
         runtime = nvidia / "cuda_runtime"
         if (runtime / "include" / "cuda_runtime_api.h").is_file() and \
                 (nvidia / "cuda_nvcc" / "include" / "crt").is_dir():
+            # the runtime's folder as the program's run path: found on a GPU as it is; the
+            # simulated GPU's environment puts its own first (LD_LIBRARY_PATH wins)
             return [f"-I{runtime / 'include'}", f"-I{nvidia / 'cuda_nvcc' / 'include'}",
-                    str(runtime / "lib" / "libcudart.so.12")]
+                    str(runtime / "lib" / "libcudart.so.12"),
+                    f"-Wl,--enable-new-dtags,-rpath,{runtime / 'lib'}"]
     pytest.fail("the CUDA 12 wheels (nvidia-cuda-runtime-cu12, nvidia-cuda-nvcc-cu12) are "
                 "missing: run `make setup`")
 

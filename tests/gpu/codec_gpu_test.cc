@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <string>
@@ -294,24 +295,54 @@ void check_matrix(const std::vector<size_t>& counts, cudaStream_t stream, int* p
   }
 }
 
-/* Counts so large that every grid-stride loop of the kernels goes round
- * more than once (kMaxBlocks blocks of 256 lanes, a lane per group of 8
- * values: past 8,388,608 values), one pass and two passes, both roundings. */
-void check_wrapping(cudaStream_t stream, int* passed, int* failed) {
-  const size_t count = 9000011;
+/* float32 values of the ordinary kind at a scale per run of 4096 (2^-30 to
+ * 2^29), made by every core: for counts past 2^31, where make_input's
+ * per-value segments would take minutes. */
+std::vector<uint8_t> quick_values(size_t count, uint64_t seed) {
+  std::vector<uint8_t> out(count * 4);
+  const unsigned threads = std::max(1u, std::thread::hardware_concurrency());
+  std::vector<std::thread> pool;
+  for (unsigned t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      float* f = reinterpret_cast<float*>(out.data());
+      for (size_t i = count * t / threads; i < count * (t + 1) / threads; ++i) {
+        uint64_t run = seed ^ (i >> 12) * 0x9e3779b97f4a7c15ull, s = seed + i * 0xbf58476d1ce4e5b9ull;
+        const float scale = ldexpf(1.0f, (int)(next_random(run) % 60) - 30);
+        f[i] = ((float)(next_random(s) >> 40) * 0x1p-23f - 1.0f) * scale;
+      }
+    });
+  }
+  for (std::thread& th : pool) th.join();
+  return out;
+}
+
+/* One float32 count, two configurations (one pass and two passes, both
+ * roundings, aligned and not). With --wrap, so large that every grid-stride
+ * loop of the kernels goes round more than once (kMaxBlocks blocks of 256
+ * lanes, a lane per group of 8 values: past 8,388,608 values); with
+ * --huge N, past 2^31 values (64-bit indexing, a wire past 2^32 bits). */
+void check_large(size_t count, cudaStream_t stream, int* passed, int* failed) {
   const qncclCodecConfig_t configs[] = {{4, 128, qncclRoundStochastic, 77},
                                         {3, 7, qncclRoundNearest, 78}};
   DeviceBuffer dsrc(count * 4 + 16), dout(count * 4 + 16), dwire(2 * count + 16 + kWireOffset);
-  const Input in = make_input(ncclFloat32, count, false);
+  const Input in = count <= (1u << 28) ? make_input(ncclFloat32, count, false)
+                                        : Input{"float32", ncclFloat32, 4, quick_values(count, 3),
+                                                quick_values(count, 7)};
+  printf("float32 n=%zu: inputs made\n", count);
+  fflush(stdout);
   uint64_t serial = 0;
   for (const qncclCodecConfig_t& cfg : configs) {
     char name[160];
-    snprintf(name, sizeof name, "float32 n=%zu bits=%d bucket=%zu %s%s (grid-stride loops wrap)",
-             count, cfg.bits, cfg.bucketSize, cfg.rounding ? "stochastic" : "nearest",
+    snprintf(name, sizeof name, "float32 n=%zu bits=%d bucket=%zu %s%s (large)", count,
+             cfg.bits, cfg.bucketSize, cfg.rounding ? "stochastic" : "nearest",
              serial % 2 ? " unaligned" : "");
+    const auto t0 = Clock::now();
     const bool ok = check_config(in, count, cfg, 4242 + serial, serial % 2 == 0, dsrc, dwire,
                                  dout, stream, name);
     ++*(ok ? passed : failed);
+    printf("%s: %s in %.1f s\n", name, ok ? "equal" : "FAILED",
+           std::chrono::duration<double>(Clock::now() - t0).count());
+    fflush(stdout);
     ++serial;
   }
 }
@@ -331,20 +362,31 @@ bool parse_counts(const char* text, std::vector<size_t>* out) {
 
 }  // namespace
 
-/* codec_gpu_test [--counts N,N,...] [--wrap]: the matrix over the counts (by
- * default 0, 1, 9, 4099, 2^20 and 3*2^20 + 5), then, with --wrap, the
- * counts whose grid-stride loops wrap. */
+/* codec_gpu_test [--counts N,N,...] [--wrap] [--huge N]: the matrix over the
+ * counts (by default 0, 1, 9, 4099, 2^20 and 3*2^20 + 5; --counts '' skips
+ * it), then, with --wrap, a count whose grid-stride loops wrap, and with
+ * --huge, N float32 values (2147483651 = 2^31 + 3: about 45 GB of host and
+ * 20 GB of device memory). */
 int main(int argc, char** argv) {
   std::vector<size_t> counts = {0, 1, 9, 4099, 1 << 20, (3 << 20) + 5};
   bool wrap = false;
+  size_t huge = 0;
   for (int i = 1; i < argc; ++i) {
+    std::vector<size_t> one;
     if (strcmp(argv[i], "--wrap") == 0) {
       wrap = true;
+    } else if (strcmp(argv[i], "--huge") == 0 && i + 1 < argc && parse_counts(argv[i + 1], &one) &&
+               one.size() == 1 && one[0] > 0) {
+      huge = one[0];
+      ++i;
+    } else if (strcmp(argv[i], "--counts") == 0 && i + 1 < argc && argv[i + 1][0] == '\0') {
+      counts.clear();
+      ++i;
     } else if (strcmp(argv[i], "--counts") == 0 && i + 1 < argc &&
                parse_counts(argv[i + 1], &counts)) {
       ++i;
     } else {
-      printf("usage: %s [--counts N,N,...] [--wrap]\n", argv[0]);
+      printf("usage: %s [--counts N,N,...] [--wrap] [--huge N]\n", argv[0]);
       return 2;
     }
   }
@@ -363,7 +405,8 @@ int main(int argc, char** argv) {
   const auto start = Clock::now();
   int passed = 0, failed = 0;
   check_matrix(counts, stream, &passed, &failed);
-  if (wrap) check_wrapping(stream, &passed, &failed);
+  if (wrap) check_large(9000011, stream, &passed, &failed);
+  if (huge != 0) check_large(huge, stream, &passed, &failed);
   ++(check_no_sync(stream) ? passed : failed);
   cudaStreamDestroy(stream);
   printf("%d passed, %d failed (%.1f s)\n", passed, failed,

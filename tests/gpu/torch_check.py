@@ -1,0 +1,131 @@
+"""PyTorch's NCCL backend through the interposer, on a GPU: run under `qnccl run`, one
+process per rank (torchrun's variables, or a world of one by default).
+
+    QNCCL_MIN_BYTES=0 qnccl run --bits 4 --debug INFO -- python tests/gpu/torch_check.py MODE
+
+ddp      a small regression model under DistributedDataParallel trains for 60 steps: the
+         loss must fall to a fifth; then a float16 and a bfloat16 all_reduce, whose error
+         against the exact sum is checked against the codec's bound.
+compile  the same model through torch.compile.
+graph    the first collective of the process is dist.all_reduce captured in
+         torch.cuda.graph (no eager call before it); three replays on fresh inputs each
+         give the sum within the bound, as does an eager call after them.
+
+Prints one line per check and OK last; exits 1 on the first failure."""
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+
+def fail(message):
+    print(f"FAIL: {message}", flush=True)
+    sys.exit(1)
+
+
+def bound(inputs, bits):
+    """The error bound of a quantized allreduce of `inputs` (one tensor per rank, all equal
+    here): each of the 2 (n - 1) + 1 quantizations of a ring moves a value by at most one
+    grid step of its bucket, which is below (max - min) / (2^bits - 1) of the whole tensor
+    times the world size; plus the output type's rounding."""
+    world = dist.get_world_size()
+    span = (inputs.float().max() - inputs.float().min()).item() * world
+    steps = 2 * world
+    eps = {torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7}.get(inputs.dtype, 2.0**-23)
+    return steps * span / (2**bits - 1) + eps * inputs.float().abs().max().item() * world * 2
+
+
+def check_allreduce(x, what):
+    """all_reduce of x (the same on every rank): within bound() of world * x."""
+    bits = int(os.environ.get("QNCCL_BITS", "8"))
+    want = x.float() * dist.get_world_size()
+    y = x.clone()
+    dist.all_reduce(y)
+    error = (y.float() - want).abs().max().item()
+    limit = bound(x, bits)
+    print(f"{what}: {x.numel()} values of {x.dtype}: max error {error:.3g} (bound {limit:.3g})",
+          flush=True)
+    if not error <= limit:
+        fail(f"{what}: error {error} above the bound {limit}")
+
+
+def train(compiled):
+    torch.manual_seed(0)
+    device = torch.device("cuda", torch.cuda.current_device())
+    teacher = torch.nn.Linear(512, 1).to(device)
+    model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.ReLU(),
+                                torch.nn.Linear(1024, 1)).to(device)
+    ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index])
+    step_model = torch.compile(ddp) if compiled else ddp
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
+    losses = []
+    for step in range(60):
+        g = torch.Generator(device=device).manual_seed(1000 * dist.get_rank() + step)
+        x = torch.randn(256, 512, device=device, generator=g)
+        with torch.no_grad():
+            y = teacher(x)
+        loss = torch.nn.functional.mse_loss(step_model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    print(f"loss: {losses[0]:.4f} -> {losses[-1]:.4f} in {len(losses)} steps", flush=True)
+    if not losses[-1] < losses[0] / 5:  # exact gradients: 0.46 -> 0.03 (on a CPU)
+        fail(f"the loss did not fall to a fifth: {losses[0]} -> {losses[-1]}")
+
+
+def graph():
+    device = torch.device("cuda", torch.cuda.current_device())
+    x = torch.empty(1 << 20, device=device)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(side), torch.cuda.graph(g, stream=side):
+        dist.all_reduce(x)
+    torch.cuda.current_stream().wait_stream(side)
+    bits = int(os.environ.get("QNCCL_BITS", "8"))
+    for replay in range(3):
+        source = torch.randn(1 << 20, device=device, generator=torch.Generator(
+            device=device).manual_seed(replay))
+        x.copy_(source)
+        g.replay()
+        torch.cuda.synchronize()
+        error = (x - source * dist.get_world_size()).abs().max().item()
+        limit = bound(source, bits)
+        print(f"replay {replay}: max error {error:.3g} (bound {limit:.3g})", flush=True)
+        if not error <= limit:
+            fail(f"replay {replay}: error {error} above the bound {limit}")
+    check_allreduce(torch.randn(1 << 20, device=device), "eager after the replays")
+
+
+def main():
+    mode = sys.argv[1] if len(sys.argv) > 1 else "ddp"
+    if mode not in ("ddp", "compile", "graph"):
+        fail(f"unknown mode {mode!r}: ddp, compile or graph")
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29533")
+    os.environ.setdefault("RANK", "0")
+    os.environ.setdefault("WORLD_SIZE", "1")
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    torch.cuda.set_device(local)
+    # device_id: the communicator is made now, not at the first collective (which, in
+    # graph mode, is inside the capture)
+    dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+    print(f"torch {torch.__version__}, NCCL {torch.cuda.nccl.version()}, "
+          f"{torch.cuda.get_device_name()}, mode {mode}, world {dist.get_world_size()}",
+          flush=True)
+    if mode == "graph":
+        graph()
+    else:
+        train(compiled=mode == "compile")
+        device = torch.device("cuda", local)
+        for dtype in (torch.float16, torch.bfloat16):
+            check_allreduce(torch.randn(1 << 20, device=device).to(dtype), "all_reduce")
+    dist.barrier()
+    dist.destroy_process_group()
+    print("OK", flush=True)
+
+
+if __name__ == "__main__":
+    main()
