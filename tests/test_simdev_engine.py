@@ -151,6 +151,7 @@ DEVICE_PATH = {
     "context": (2, {"SIMDEV_DEVICES": "2", "QNCCL_TEST_DEVICE": "1"}),
     "legacy": (2, {}),
     "histories": (3, {}),
+    "streams": (2, {}),
     "retired": (2, {}),
     "layout": (4, {}),
     "kernels": (1, {"SIMDEV_DEVICES": "2"}),

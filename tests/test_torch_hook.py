@@ -4,6 +4,7 @@ One job (tests/torch_programs/ddp_train.py) trains a small model for a few steps
 hook configurations and records, per rank and step, the gradients the hook received, the
 averaged gradients, a parameter hash and the residuals; the checks here are in numpy against
 qnccl.emulate (the independent numpy reference of the SRA algorithm)."""
+import ctypes
 import json
 import os
 import pickle
@@ -502,3 +503,6 @@ def test_the_engine_path_knows_which_nccl_torch_calls(nccl_linkages, kind):
     want = {"static": ("static", str(made["static"].resolve())),
             "dynamic": ("dynamic", str(nccl.resolve())), "none": ("none", None)}[kind]
     assert nccl_of(str(made[kind]), loaded=False) == want
+    loaded = ctypes.CDLL(str(made[kind]))  # as libtorch_cuda.so is: loaded already
+    assert nccl_of(str(made[kind])) == want
+    del loaded

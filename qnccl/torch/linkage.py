@@ -60,3 +60,8 @@ def check_torch_nccl():
             "libnccl.so.2 of the process, another NCCL): use a PyTorch that loads "
             "libnccl.so.2 (the PyPI wheels do), or run the job under `qnccl run` "
             "(LD_PRELOAD), where QNCCL stands in front of whichever NCCL PyTorch calls")
+    if kind == "none":
+        raise RuntimeError(
+            f"{path} shows no ncclCommInitRank, neither its own nor a libnccl.so.2's: its NCCL, "
+            "if any, is hidden inside it, and libqnccl.so's engine cannot tell whether it "
+            "calls the same NCCL; use a PyTorch that loads libnccl.so.2 (the PyPI wheels do)")

@@ -51,7 +51,6 @@ struct Driver {
                            unsigned, CUstream, void**, void**);
   CUresult (*ctxGetCurrent)(CUcontext*);
   CUresult (*ctxSetCurrent)(CUcontext);
-  CUresult (*ctxGetDevice)(CUdevice*);
   CUresult (*getErrorString)(CUresult, const char**);
 };
 
@@ -73,7 +72,6 @@ ncclResult_t driver(const Driver** out) {
     if (e == cudaSuccess) e = entry_point("cuLaunchKernel", &d.launchKernel);
     if (e == cudaSuccess) e = entry_point("cuCtxGetCurrent", &d.ctxGetCurrent);
     if (e == cudaSuccess) e = entry_point("cuCtxSetCurrent", &d.ctxSetCurrent);
-    if (e == cudaSuccess) e = entry_point("cuCtxGetDevice", &d.ctxGetDevice);
     if (e == cudaSuccess) e = entry_point("cuGetErrorString", &d.getErrorString);
     return e;
   }();
@@ -206,10 +204,9 @@ ncclResult_t DeviceScope::enter(const char* fn, int device) {
   const Driver* d;
   QNCCL_CHECK(driver(&d));
   CUcontext current = nullptr;
-  if (d->ctxGetCurrent(&current) == CUDA_SUCCESS && current != nullptr) {
-    CUdevice now = -1;
-    if (d->ctxGetDevice(&now) == CUDA_SUCCESS && now == device) return ncclSuccess;
-  }
+  if (d->ctxGetCurrent(&current) != CUDA_SUCCESS) current = nullptr;
+  // Always the device's primary context, where the kernels are loaded (the
+  // thread's may be another context of the same device).
   if (const cudaError_t err = cudaSetDevice(device); err != cudaSuccess) {
     (void)cudaGetLastError();
     return set_error(ncclUnhandledCudaError, "%s: selecting device %d failed: CUDA error %d: %s",

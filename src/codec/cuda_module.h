@@ -64,7 +64,8 @@ ncclResult_t launch_kernel(const CudaModule& module, const char* name, unsigned 
 const char* carried_archs(const CudaModule& module, bool ptx);
 
 /* Makes a device's primary context current on this thread for the scope's
- * life and then restores the context that was current before, itself, not a
+ * life (where the kernels are loaded, whatever context the thread had) and
+ * then restores the context that was current before, itself, not a
  * device number: a thread that had no context (PyTorch's watchdog, a thread
  * of the application's) is left with none, and no other device's context is
  * created on its way. */

@@ -350,14 +350,17 @@ ncclResult_t run_call(Segment& s, const void* sendbuff, void* recvbuff, size_t c
   QNCCL_CHECK(capture_status(s, device, &capturing));
 #endif
   // Finding the node layout splits the communicator (an NCCL init): never
-  // inside a capture (docs/allreduce.md, "Decisions every rank shares").
-  if (config.algo == qncclAlgoAuto && !capturing)
+  // inside a capture (docs/allreduce.md, "Decisions every rank shares"). A
+  // call of no values has no buffer to find its device by, and is taken for
+  // uncaptured (it takes its call number like any other).
+  const bool may_split = !capturing;
+  if (config.algo == qncclAlgoAuto && may_split)
     QNCCL_CHECK(discover_topology(*s.nccl, comm, s.rank, s.nranks, state));
   qncclAlgo_t algo = resolve_algo(config.algo, count, datatype, s.nranks, &state.topology);
   auto exact = [&] {  // the real library's call
     return s.nccl->allReduce(sendbuff, recvbuff, count, datatype, op, comm, stream);
   };
-  if (algo == qncclAlgoHier && capturing && !state.topology.ready()) {
+  if (algo == qncclAlgoHier && !may_split && !state.topology.ready()) {
     if (config.algo == qncclAlgoAuto) {
       algo = resolve_algo(qncclAlgoAuto, count, datatype, s.nranks, nullptr);  // a flat one
     } else {

@@ -187,11 +187,16 @@ cudaError_t allocate(const DeviceWorkspace& ws, size_t bytes, void** out) {
 
 /* Publishes what was just queued on the private stream (an allocation, a
  * clearing, the counter's start) to the communicator's next call, which
- * waits for `done` first. During a capture the host also waits for it, so
- * the graph never depends on work outside it. */
+ * waits for `done` first. `done` keeps meaning "the communicator's previous
+ * call has ended" too: the private stream waits for its last record before
+ * recording it again (else a call on another stream would no longer wait
+ * for the one before it). During a capture the host also waits for the
+ * private stream, so the graph never depends on work outside it. */
 ncclResult_t publish(const DeviceWorkspace& ws, bool capturing) {
   const cudaStream_t own = static_cast<cudaStream_t>(ws.stream);
-  cudaError_t err = cudaEventRecord(static_cast<cudaEvent_t>(ws.done), own);
+  const cudaEvent_t done = static_cast<cudaEvent_t>(ws.done);
+  cudaError_t err = cudaStreamWaitEvent(own, done, 0);
+  if (err == cudaSuccess) err = cudaEventRecord(done, own);
   if (err == cudaSuccess && capturing) err = relaxed([&] { return cudaStreamSynchronize(own); });
   return err == cudaSuccess ? ncclSuccess
                             : cuda_failed("making the communicator's device memory ready", err);
@@ -358,12 +363,11 @@ namespace {
  * once they are done (cudaFree promises no order with queued work). */
 void free_after_calls(const DeviceWorkspace& ws, void* memory) {
   const cudaStream_t own = static_cast<cudaStream_t>(ws.stream);
-  if (ws.async_alloc) {
-    cudaFreeAsync(memory, own);
-    return;
-  }
-  cudaStreamSynchronize(own);
-  cudaFree(memory);
+  relaxed([&] {  // (a residual dropped while the caller's stream captures)
+    if (ws.async_alloc) return cudaFreeAsync(memory, own);
+    const cudaError_t err = cudaStreamSynchronize(own);
+    return err == cudaSuccess ? cudaFree(memory) : err;
+  });
 }
 
 /* Runs `f` with the workspace's device current. At process exit the runtime

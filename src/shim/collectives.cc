@@ -29,6 +29,7 @@ namespace {
 
 struct Decision {
   bool compress = false;
+  bool counted = false;   // took an eligible-call number (warm-up counts these)
   bool measured = false;  // measured auto picks what it runs (shim/tuner.h)
   qncclAllReduceConfig_t config = {};
   ncclRedOp_t reduction = ncclSum;
@@ -72,9 +73,11 @@ Decision decide(ShimComm& st, qncclCollective_t kind, size_t count, ncclDataType
     snprintf(d.why, sizeof d.why, "below QNCCL_MIN_BYTES=%zu", c.minBytes);
   } else if (kind != qncclCollSendRecv && st.eligible_calls++ < c.warmupCalls) {
     // (Not sends and receives: the two sides of one count different calls.)
+    d.counted = true;
     snprintf(d.why, sizeof d.why, "warm-up: the first %llu eligible calls stay exact",
              (unsigned long long)c.warmupCalls);
   } else {
+    d.counted = kind != qncclCollSendRecv;
     d.compress = true;
     d.config = quantized_config(c, kind, bits);
     d.measured = c.measured && d.config.algo == qncclAlgoAuto && kind != qncclCollSendRecv;
@@ -333,8 +336,10 @@ ncclResult_t collective(qncclCollective_t kind, const void* send, void* recv, si
   bool capturing = false;
   if (d.compress) {
     if (const ncclResult_t res = placement(kind, send, count, stream, &device, &capturing);
-        res != ncclSuccess)
+        res != ncclSuccess) {
+      if (d.counted) shim->eligible_calls--;  // refused: a retry takes the same number
       return fail(res);
+    }
   }
   if (d.compress && kind == qncclCollAllReduce) {
     // Outside a group and a capture the node layout can be found now (a

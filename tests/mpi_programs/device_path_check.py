@@ -21,6 +21,10 @@ histories  (>= 2 ranks, error feedback) each rank captures its second call into 
            and a workspace), every other rank on a new buffer at another address (no
            residual): every rank runs it quantized, and the replay is the emulator's call 1
            with rank 0's residual and zeros for the others.
+streams    (error feedback) call 0 on one stream, call 1 on another stream on a new buffer
+           (its residual made first, on the workspace's private stream): call 1 still waits
+           for call 0 (they share the workspace and the call counter), so both are the
+           emulator's calls 0 and 1, whatever order the simulated GPU's lazy schedule prefers.
 retired    (error feedback) a call captured on a new buffer makes its residual during the
            capture; qncclCommResetErrorFeedback then drops it, and the graph still replays
            correctly (the emulator's call 0 from a zero residual): the residual's memory is
@@ -272,6 +276,40 @@ def histories(_):
     return 2
 
 
+def streams(_):
+    """Section streams (module docstring)."""
+    result, comm = init_comm(algo="ring", error_feedback=1, **SETTINGS)
+    require(result, "ncclCommInitRank")
+    case = Case("ring", "float32", 24007, seed=SETTINGS["seed"])
+    first = rank_input(case, RANK)
+    second = rank_input(Case("ring", "float32", case.count, seed=case.seed + 1), RANK)
+    outs = [np.zeros_like(first), np.zeros_like(first)]
+    pointers = [(ptr(first), ptr(outs[0])), (ptr(second), ptr(outs[1]))]
+    synced()  # the uploads done: the other stream does not wait for them
+    other = _CUDA.new("cudaStream_t*")
+    assert cuda().cudaStreamCreateWithFlags(other, 1) == 0  # non-blocking
+    streams_used = [STREAM, ffi.cast("cudaStream_t", int(_CUDA.cast("uintptr_t", other[0])))]
+    for call in range(2):
+        check_nccl(lib.ncclAllReduce(*pointers[call], case.count, lib.ncclFloat32, lib.ncclSum,
+                                     comm, streams_used[call]), f"ncclAllReduce {call}")
+    assert cuda().cudaDeviceSynchronize() == 0
+    synced(*outs)
+    outputs = COMM.gather(outs, root=0)
+    inputs = [COMM.gather(first, root=0), COMM.gather(second, root=0)]
+    if RANK == 0:
+        kw = dict(algo="ring", bits=case.bits, bucket_size=case.bucket, rounding=case.rounding,
+                  seed=case.seed)
+        for call in range(2):  # each buffer's first call: zero residuals
+            residuals = [np.zeros(case.count, np.float32) for _ in range(NRANKS)]
+            want = emulate_allreduce(inputs[call], call=call, residuals=residuals, **kw)[0]
+            for r, got in enumerate(outputs):
+                diff = first_difference(case, got[call], want, "float32",
+                                        f"rank {r}'s call {call} differs from the emulator's")
+                expect(diff is None, "streams", diff)
+    check_nccl(lib.ncclCommDestroy(comm), "ncclCommDestroy")
+    return 2
+
+
 def retired(_):
     """Section retired (module docstring)."""
     comm, case, x, out, pointers = new_call(24007, error_feedback=1)
@@ -427,8 +465,8 @@ def ops(_):
     return checked
 
 
-SECTIONS = {f.__name__: f for f in (codec, context, legacy, histories, retired, layout, kernels,
-                                     threads, ops)}
+SECTIONS = {f.__name__: f for f in (codec, context, legacy, histories, streams, retired,
+                                     layout, kernels, threads, ops)}
 
 
 def main():
