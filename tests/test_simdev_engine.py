@@ -156,6 +156,7 @@ DEVICE_PATH = {
     "layout": (4, {}),
     "kernels": (1, {"SIMDEV_DEVICES": "2"}),
     "threads": (2, {}),
+    "launches": (3, {}),
     "ops": (2, {}),
 }
 

@@ -41,6 +41,11 @@ kernels    (1 process, 2 devices) two ranks made by ncclCommInitAll: every kerne
 threads    (host or device buffers) calls of two pipeline lanes run their lanes on threads
            kept across calls: the threads named qnccl-lane after call 3 are the same ones
            after call 12 (a call used to start and join two threads).
+launches   (device buffers, simulated GPU) one call of ring, tree and SRA, sum and avg,
+           launches one kernel per compute step it counts (qncclCommGetStats'
+           computeSteps, pinned per algorithm by allreduce_check.py's counts) and one that
+           takes the call's number from the device counter (so a graph replay takes the
+           next), nothing else.
 ops        (host or device buffers) a quantized op passed to ncclReduceScatter and
            ncclReduce on bfloat16 runs as the exact ncclAvg it stands for: the real
            library's own result (its PreMulSum is float32 only).
@@ -427,6 +432,37 @@ def threads(_):
     return 1
 
 
+def launches(_):
+    """Section launches (module docstring)."""
+    import qnccl.comm
+    if MEMORY.simulator_counters() is None:
+        return expect(False, "launches", "run on the simulated GPU (it counts launches)")
+    checked = 0
+    for algo in ("ring", "tree", "sra"):
+        for op in ("sum", "avg"):
+            comm, case, x, out, (px, pout) = new_call(128 * 8 * NRANKS, algo=algo)
+            config = ffi.new("qncclAllReduceConfig_t*")
+            config.codec.bits, config.codec.bucketSize, config.codec.seed = 4, 128, case.seed
+            config.algo = {"ring": lib.qncclAlgoRing, "tree": lib.qncclAlgoTree,
+                           "sra": lib.qncclAlgoSra}[algo]
+            reduction = lib.ncclSum if op == "sum" else lib.ncclAvg
+            for call in range(2):  # the first makes the workspace; the second is counted
+                synced(out)
+                before, stats = MEMORY.simulator_counters(), qnccl.comm.stats(comm)
+                check_nccl(lib.qncclAllReduce(px, pout, case.count, lib.ncclFloat32, reduction,
+                                              config, comm, STREAM), "qncclAllReduce")
+                synced(out)
+            after, stats_after = MEMORY.simulator_counters(), qnccl.comm.stats(comm)
+            kernels = after["kernels"] - before["kernels"]
+            steps = stats_after["compute_steps"] - stats["compute_steps"]
+            expect(steps > 0 and kernels == steps + 1, f"launches {algo} {op}",
+                   f"one call launched {kernels} kernels for its {steps} compute steps; want "
+                   f"one per step and one for the call number")
+            checked += 1
+            check_nccl(lib.ncclCommDestroy(comm), "ncclCommDestroy")
+    return checked
+
+
 def ops(_):
     """Section ops (module docstring)."""
     result, comm = init_comm(**SETTINGS)
@@ -466,7 +502,7 @@ def ops(_):
 
 
 SECTIONS = {f.__name__: f for f in (codec, context, legacy, histories, streams, retired,
-                                     layout, kernels, threads, ops)}
+                                     layout, kernels, threads, launches, ops)}
 
 
 def main():
