@@ -3,7 +3,6 @@
 #include "engine/lockstep.h"
 
 #include <pthread.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <map>
@@ -27,7 +26,22 @@ namespace {
 class LanePool {
  public:
   static LanePool& get() {
-    static LanePool* pool = new LanePool();
+    static LanePool* pool = [] {
+      LanePool* made = new LanePool();
+      // A fork while another thread holds the pool's mutex would leave the
+      // child's copy locked for good: the fork waits for it, and the child
+      // starts with no threads (its parent's are not in it).
+      pthread_atfork([] { get().mutex_.lock(); }, [] { get().mutex_.unlock(); },
+                     [] {
+                       // (the parent's workers are left as they are: their
+                       // condition variables have waiters the child lacks)
+                       LanePool& p = get();
+                       new std::vector<std::shared_ptr<Worker>>(std::move(p.workers_));
+                       p.workers_.clear();
+                       p.mutex_.unlock();
+                     });
+      return made;
+    }();
     return *pool;
   }
 
@@ -36,10 +50,6 @@ class LanePool {
    * the next); false (with `why`) when no thread could be started for it. */
   bool start(std::function<void()> task, std::function<void()> done, std::string* why) {
     std::unique_lock<std::mutex> lock(mutex_);
-    if (getpid() != pid_) {  // a forked child: its parent's threads are not here
-      workers_.clear();
-      pid_ = getpid();
-    }
     for (const std::shared_ptr<Worker>& w : workers_) {
       if (w->busy) continue;
       w->busy = true;
@@ -92,7 +102,6 @@ class LanePool {
 
   std::mutex mutex_;
   std::vector<std::shared_ptr<Worker>> workers_;
-  pid_t pid_ = getpid();
 };
 
 }  // namespace
