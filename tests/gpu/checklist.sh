@@ -165,7 +165,8 @@ print(next(l.split()[-1] for l in open("/proc/self/maps") if "libcuda.so" in l))
   step ranks 300 env QNCCL_TEST_SIMDEV=$real python3 -m pytest -v -p no:cacheprovider \
     tests/test_simdev_engine.py -k "$RANKS_TESTS"
 }
-RANKS_TESTS=${RANKS_TESTS:-"test_allreduce or test_collectives or test_grouped or test_error_feedback or test_graph_replays or test_process_group"}
+# (and the device path's rules that need one device and no simulator counters)
+RANKS_TESTS=${RANKS_TESTS:-"test_allreduce or test_collectives or test_grouped or test_error_feedback or test_graph_replays or test_process_group or legacy or histories or streams or retired or layout or threads or ops"}
 
 SANITIZED="$BUILD/bin/codec_gpu_test --counts 9,4099"
 memcheck() {
