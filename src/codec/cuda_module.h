@@ -5,8 +5,9 @@
  * module per layer ("codec", "engine") with the names of its kernels. Every
  * module is loaded into a device's primary context, and every kernel of it
  * resolved, once per device, before QNCCL's first NCCL work there
- * (load_kernels: when a communicator is adopted); launches then take no
- * lock and load nothing. The driver API comes from the CUDA runtime
+ * (load_kernels: when a communicator is announced, at its creation or, for
+ * one not ready then, at its first call QNCCL works for; else at the first
+ * call on the device); launches then take no lock and load nothing. The driver API comes from the CUDA runtime
  * (cudaGetDriverEntryPoint: no link to libcuda). */
 #ifndef QNCCL_CODEC_CUDA_MODULE_H_
 #define QNCCL_CODEC_CUDA_MODULE_H_

@@ -47,6 +47,10 @@ ncclResult_t split(const NcclApi& nccl, ncclComm_t comm, int color, int key, Com
     return set_error(ncclInternalError, "quantized allreduce: ncclCommSplit of the "
                      "communicator into nodes made no communicator");
   }
+  if (res != ncclSuccess && *child != nullptr) {  // a child that failed is ended here
+    nccl.commAbort(*child);
+    *child = nullptr;
+  }
   if (res != ncclSuccess) {
     const char* why = nccl.getLastError(comm);
     return set_error(res, "quantized allreduce: ncclCommSplit of the communicator into nodes "

@@ -59,12 +59,19 @@ const char* op_name(ncclRedOp_t op) {
 namespace {
 
 /* Loads the kernels on the communicator's device and reports its
- * configuration, once. */
+ * configuration, once it answers queries (a creation inside a group answers
+ * ncclSuccess before the group's end has made the communicator: then the
+ * next call QNCCL works for tries again). */
 void announce(ncclComm_t comm, ShimComm& shim, const NcclApi& nccl) {
   if (shim.announced.exchange(true)) return;
   const qncclEnvConfig_t& config = shim.config;
   int nranks = 0;
-  nccl.commCount(comm, &nranks);
+  ncclResult_t state = ncclInProgress;
+  if (nccl.commGetAsyncError(comm, &state) != ncclSuccess || state != ncclSuccess ||
+      nccl.commCount(comm, &nranks) != ncclSuccess) {
+    shim.announced = false;
+    return;
+  }
 #ifdef QNCCL_WITH_CUDA
   // Every kernel loaded now, before any NCCL work of QNCCL's on the device
   // (cuda_module.h). A failure shows again, with its message, at the first
@@ -102,6 +109,7 @@ void adopt_comm(ncclComm_t comm, const qncclEnvConfig_t& config, bool ready) {
 ncclResult_t comm_ready(ncclComm_t comm, ShimComm& shim, CommState& state, const NcclApi& nccl) {
   const ncclResult_t res = wait_until_ready(nccl, comm, state);
   if (res != ncclSuccess) {
+    if (state.aborted) return res;  // wait_until_ready said so
     const char* why = nccl.getLastError(comm);
     return set_error(res, "the communicator reports an error (%d): %s", (int)res,
                      why != nullptr && why[0] != '\0' ? why : "no message");
