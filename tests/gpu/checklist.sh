@@ -40,7 +40,7 @@ cd "$REPO"
 PARTS=()
 while [ $# -gt 0 ]; do
   case "$1" in
-    --) OUTDIR=$2; shift 2 ;;
+    --) OUTDIR=${2:?"checklist: -- must be followed by the output folder"}; shift 2 ;;
     *) PARTS+=("$1"); shift ;;
   esac
 done

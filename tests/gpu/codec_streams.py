@@ -1,7 +1,8 @@
 """qnccl.codec on CuPy arrays and PyTorch CUDA tensors on a non-default stream, on a GPU:
 the device's bytes equal the host codec's (float32, float16, bfloat16; quantize,
-dequantize, dequantize-accumulate), and the work is ordered on that stream (a large
-kernel queued ahead on the same stream must finish first). Prints a line per check and
+dequantize, dequantize-accumulate), ordered on that stream behind a large kernel queued
+ahead on it (a codec call that ran on another stream could overtake it: a timing-dependent
+check, not a proof). Prints a line per check and
 OK last; exits 1 on the first difference."""
 import sys
 
@@ -52,6 +53,8 @@ def main():
         cpu = cpu.view(torch.bfloat16) if dtype == "bfloat16" else cpu
         stream = torch.cuda.Stream()
         with torch.cuda.stream(stream):
+            big = torch.ones(1 << 26, device="cuda")  # queued ahead on the same stream
+            big *= 2
             t = cpu.to("cuda", non_blocking=False)
             qt = codec.quantize(t, 4, 128, "stochastic", seed=3, stream=5)
             outt = codec.dequantize(qt)
