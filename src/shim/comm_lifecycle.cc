@@ -25,7 +25,7 @@ ncclResult_t finish_init(ncclResult_t res, const ncclComm_t* comms, int n,
   // until it is ready (a split's child may appear only later: it is adopted
   // at its first call, from the environment).
   if (res == ncclSuccess || res == ncclInProgress)
-    for (int i = 0; i < n; i++) adopt_comm(comms[i], config, res == ncclSuccess);
+    for (int i = 0; i < n; i++) adopt_comm(comms[i], config);
   return res;
 }
 

@@ -63,7 +63,7 @@ namespace {
  * ncclSuccess before the group's end has made the communicator: then the
  * next call QNCCL works for tries again). */
 void announce(ncclComm_t comm, ShimComm& shim, const NcclApi& nccl) {
-  if (shim.announced.exchange(true)) return;
+  if (shim.announced.load(std::memory_order_relaxed) || shim.announced.exchange(true)) return;
   const qncclEnvConfig_t& config = shim.config;
   int nranks = 0;
   ncclResult_t state = ncclInProgress;
@@ -96,14 +96,14 @@ void announce(ncclComm_t comm, ShimComm& shim, const NcclApi& nccl) {
 
 }  // namespace
 
-void adopt_comm(ncclComm_t comm, const qncclEnvConfig_t& config, bool ready) {
+void adopt_comm(ncclComm_t comm, const qncclEnvConfig_t& config) {
   std::shared_ptr<ShimComm> shim;
   std::shared_ptr<CommState> state;
   const NcclApi* nccl;
   if (comm == nullptr || shim_comm(comm, &config, &shim) != ncclSuccess ||
       comm_state(comm, &config, &state) != ncclSuccess || real_nccl(&nccl) != ncclSuccess)
     return;
-  if (ready) announce(comm, *shim, *nccl);
+  announce(comm, *shim, *nccl);  // (not yet if its creation is in progress)
 }
 
 ncclResult_t comm_ready(ncclComm_t comm, ShimComm& shim, CommState& state, const NcclApi& nccl) {

@@ -56,11 +56,11 @@ const char* short_type_name(ncclDataType_t type);
 const char* op_name(ncclRedOp_t op);
 
 /* Makes the states of a communicator the real NCCL just made, from the
- * environment read before it was made; announces it when its creation
- * answered ncclSuccess (`ready`). A nonblocking creation in progress answers
- * no query (NCCL refuses them until ncclCommGetAsyncError says ncclSuccess):
- * it is announced at its first call QNCCL does work for (comm_ready). */
-void adopt_comm(ncclComm_t comm, const qncclEnvConfig_t& config, bool ready);
+ * environment read before it was made, and announces it once it is ready. A
+ * nonblocking creation in progress answers no query (NCCL refuses them until
+ * ncclCommGetAsyncError says ncclSuccess): it is announced at its first call
+ * QNCCL does work for (comm_ready). */
+void adopt_comm(ncclComm_t comm, const qncclEnvConfig_t& config);
 
 /* Before QNCCL's own work in a call on `comm`: waits out an operation of the
  * communicator still in progress (a nonblocking creation, split or call, as
