@@ -103,6 +103,11 @@ struct CommState {
    * abort waits for the one in progress to return. */
   std::atomic<bool> aborted{false};
   std::mutex api;
+  /* Quantized groups holding operations on the communicator (or its
+   * topology's): counted from their first post, under `api`, until their
+   * ncclGroupEnd returned. NCCL frees a communicator aborted under such a
+   * group, whose end then uses freed memory: the abort waits (quiesce). */
+  std::atomic<int> groups_open{0};
   /* The failure of a quantized call that may have left peers waiting: every
    * later call fails with it, and ncclCommGetAsyncError reports it, so the
    * application aborts the communicator (docs/allreduce.md, "Failures"). */

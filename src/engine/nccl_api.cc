@@ -68,8 +68,9 @@ Resolved resolve() {
                   bind(h, "ncclRedOpDestroy", &a.redOpDestroy, r.error, sizeof r.error) &&
                   bind(h, "ncclCommCuDevice", &a.commCuDevice, r.error, sizeof r.error);
   if (!ok) return r;
-  // NCCL 2.28 added ncclAlltoAll; an older library simply has none.
+  // NCCL 2.28 added ncclAlltoAll, 2.28.7 ncclCommRevoke; an older library has none.
   a.alltoAll = reinterpret_cast<decltype(a.alltoAll)>(dlsym(h, "ncclAlltoAll"));
+  a.commRevoke = reinterpret_cast<decltype(a.commRevoke)>(dlsym(h, "ncclCommRevoke"));
   struct link_map* map = nullptr;
   if (dlinfo(h, RTLD_DI_LINKMAP, &map) == 0 && map != nullptr)
     snprintf(a.path, sizeof a.path, "%s", map->l_name);

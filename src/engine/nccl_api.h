@@ -41,6 +41,7 @@ struct NcclApi {
                                        ncclComm_t);
   ncclResult_t (*redOpDestroy)(ncclRedOp_t, ncclComm_t);
   ncclResult_t (*commCuDevice)(const ncclComm_t, int*);
+  ncclResult_t (*commRevoke)(ncclComm_t, int);  // nullptr before NCCL 2.28.7
   char path[512];  // the file it was loaded from
 };
 

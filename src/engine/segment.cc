@@ -306,11 +306,14 @@ ncclResult_t post_collective(const Segment& s, ncclComm_t on, const Collective& 
 }
 
 /* One post's sends, receives and collectives into the open group, under its
- * communicator's lock (an abort waits for them). */
-ncclResult_t post_transfers(const Post& p) {
+ * communicator's lock; from here until the group's end returns the group
+ * holds them (an abort waits: comm_lifecycle.cc). */
+ncclResult_t post_transfers(Post& p) {
   const Segment& s = *p.segment;
   std::lock_guard<std::mutex> lock(s.state->api);
   if (s.state->aborted) return ncclInvalidUsage;
+  s.state->groups_open++;
+  p.holding = true;
   for (int i = 0; i < p.nops; i++)
     if (p.ops[i].count > 0) QNCCL_CHECK(post_collective(s, p.on, p.ops[i]));
   for (int i = 0; i < p.nsends; i++) {
@@ -342,11 +345,17 @@ void transfer(Post* const* posts, size_t n) {
   for (size_t i = 0; i < n; i++)
     posts[i]->result = start == ncclSuccess ? post_transfers(*posts[i]) : start;
   // Outside the locks: on a blocking communicator the group end may wait for
-  // the peers, and an abort from another thread must still get through.
+  // the peers, and an abort from another thread must get through (it stops
+  // the group with ncclCommRevoke where NCCL has it, then waits for it).
   if (start == ncclSuccess) {
     const ncclResult_t end = nccl.groupEnd();  // always close the group we opened
     for (size_t i = 0; i < n; i++)
       if (posts[i]->result == ncclSuccess) posts[i]->result = end;
+  }
+  for (size_t i = 0; i < n; i++) {
+    Post& p = *posts[i];
+    if (p.holding) p.segment->state->groups_open--;  // NCCL has its operations now
+    p.holding = false;
   }
   for (size_t i = 0; i < n; i++) {
     Post& p = *posts[i];
@@ -357,9 +366,10 @@ void transfer(Post* const* posts, size_t n) {
       if (p.result == ncclSuccess && p.nops > 0) p.result = wait_until_ready(nccl, p.on, *s.state);
     }
     if (p.result == ncclSuccess) continue;
+    std::lock_guard<std::mutex> lock(s.state->api);  // no abort frees the communicator meanwhile
     if (s.state->aborted) {
-      set_error(ncclInvalidUsage, "quantized call: the communicator was aborted (ncclCommAbort) "
-                "during the call on rank %d", s.rank);
+      set_error(ncclInvalidUsage, "quantized call: the communicator was aborted or destroyed "
+                "(ncclCommAbort, ncclCommDestroy) during the call on rank %d", s.rank);
       p.result = ncclInvalidUsage;
     } else {
       const char* why = nccl.getLastError(p.nops > 0 ? p.on : s.comm);

@@ -4,6 +4,7 @@
  * destroyed or aborted communicator fail instead of touching freed memory. */
 #include <dlfcn.h>
 #include <sched.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -230,6 +231,14 @@ ncclResult_t release(ncclComm_t handle, const char* fn, bool abort) {
   if (handle == nullptr) return ncclSuccess;  // as NCCL
   CommRef comm;
   QNCCL_CHECK(acquire(handle, fn, &comm));
+  if (comm->holders > 0) {
+    // Safe here (references keep the communicator), but not in NVIDIA's NCCL.
+    fprintf(stderr, "QNCCL WARN host backend: %s(%p) while a group holds operations on it (posted "
+            "in a group still open, or in an ncclGroupEnd that has not returned): NVIDIA's NCCL "
+            "frees the communicator under that group, whose end then uses freed memory. End the "
+            "group first, or stop it with ncclCommRevoke (NCCL 2.28.7 and later) and wait for "
+            "its ncclGroupEnd to return\n", fn, (const void*)handle);
+  }
   // Work queued on device streams ends first (an abort ends it early instead).
   const ncclResult_t waited = abort ? ncclSuccess : wait_device_work(*comm, fn);
   {
@@ -348,6 +357,10 @@ ncclResult_t acquire_usable(const ncclComm* handle, const char* fn, CommRef* out
     return set_error(ncclInvalidUsage, "%s: the communicator was finalized (ncclCommFinalize); "
                      "only ncclCommDestroy may follow", fn);
   }
+  if ((*out)->revoked) {
+    return set_error(ncclInvalidUsage, "%s: the communicator was revoked (ncclCommRevoke); only "
+                     "ncclCommDestroy, ncclCommAbort or ncclCommSplit may follow", fn);
+  }
   // As NCCL checks each operation's communicator: through the exported
   // ncclCommGetAsyncError, called through the PLT, so an interposer in front
   // of this library (libqnccl.so) answers it too, with its own failures.
@@ -361,6 +374,7 @@ ncclResult_t acquire_usable(const ncclComm* handle, const char* fn, CommRef* out
 }
 
 void mark_unusable(ncclComm* comm, ncclResult_t code, const std::string& message) {
+  if (comm->revoked) return;  // it refuses every operation already, and reports no error
   std::lock_guard<std::mutex> lock(comm->mutex);
   const ncclResult_t state = comm->state;
   if (state != ncclSuccess && state != ncclInProgress) return;  // the first failure stays
@@ -504,6 +518,31 @@ QNCCL_EXPORT ncclResult_t ncclCommDestroy(ncclComm_t comm) {
  * ranks' waits on this rank end with QNCCL_HOST_INIT_TIMEOUT. */
 QNCCL_EXPORT ncclResult_t ncclCommAbort(ncclComm_t comm) {
   return release(comm, "ncclCommAbort", true);
+}
+
+/* As NCCL 2.28.7 and later: operations of the communicator in flight (a
+ * group end on another thread, nonblocking work, work queued on device
+ * streams) end with an error, later ones are refused, and nothing is freed;
+ * returns once none is in flight. The communicator's state stays ncclSuccess
+ * (NCCL's once it is quiescent); only ncclCommDestroy, ncclCommAbort or
+ * ncclCommSplit may follow. */
+QNCCL_EXPORT ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags) {
+  CommRef ref;
+  QNCCL_CHECK(acquire(comm, "ncclCommRevoke", &ref));
+  if (revokeFlags != NCCL_REVOKE_DEFAULT) {
+    return set_error(ncclInvalidArgument, "ncclCommRevoke: revokeFlags is %d; the only value "
+                     "allowed is NCCL_REVOKE_DEFAULT (0)", revokeFlags);
+  }
+  if (ref->finalized) {
+    return set_error(ncclInvalidUsage, "ncclCommRevoke: the communicator was finalized "
+                     "(ncclCommFinalize); only ncclCommDestroy may follow");
+  }
+  if (ref->revoked.exchange(true))
+    return set_error(ncclInvalidUsage, "ncclCommRevoke: the communicator is revoked already");
+  wait_device_work(*ref, "ncclCommRevoke");  // queued work fails as it comes (revoked)
+  for (Deadline pace(0); ref->flights > 0 || ref->pending > 0; pace.pause()) {
+  }
+  return ncclSuccess;
 }
 
 QNCCL_EXPORT ncclResult_t ncclCommCount(const ncclComm_t comm, int* count) {

@@ -18,9 +18,15 @@
  * operation, or a peer that failed or aborted), or when one of its
  * communicators is aborted (from any thread). Collectives wait without a
  * timeout, as in NCCL. An invalid call inside a group fails
- * the whole group at its end, as in NCCL: nothing of it runs. */
+ * the whole group at its end, as in NCCL: nothing of it runs.
+ *
+ * ncclCommRevoke ends a communicator's flights like an abort but frees
+ * nothing (comm.cc). A group holds its communicators (Holding) from its first
+ * operation until its end returns: NVIDIA's NCCL frees a communicator aborted
+ * or destroyed under such a group, so release() warns when one is. */
 #include <stdio.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <list>
 #include <string>
@@ -37,9 +43,32 @@ namespace {
  * posting order per peer, which is NCCL's ordering rule. */
 constexpr int kP2pTag = 0;
 
+/* The communicators a group holds operations on, each counted once in its
+ * `holders` from the group's first operation on it until the group's end (or
+ * the call outside a group) returns. */
+class Holding {
+ public:
+  Holding() = default;
+  explicit Holding(const CommRef& comm) { add(comm); }
+  Holding(Holding&& other) noexcept : comms_(std::move(other.comms_)) { other.comms_.clear(); }
+  Holding& operator=(Holding&&) = delete;
+  ~Holding() {
+    for (const CommRef& comm : comms_) comm->holders--;
+  }
+  void add(const CommRef& comm) {
+    if (std::find(comms_.begin(), comms_.end(), comm) != comms_.end()) return;
+    comm->holders++;
+    comms_.push_back(comm);
+  }
+
+ private:
+  std::vector<CommRef> comms_;
+};
+
 struct Group {
   int depth = 0;
   Work work;
+  Holding holding;
   ncclResult_t error = ncclSuccess;  // of the first invalid call inside the group
   std::string message;
 };
@@ -66,6 +95,12 @@ struct Flight {
     for (const P2p& op : work.p2p) add(op.comm);
     for (const Collective& c : work.collectives) add(c.comm);
     deadline = Deadline(timeout_s);
+    for (const CommRef& c : comms) c->flights++;
+  }
+  Flight(const Flight&) = delete;
+  Flight& operator=(const Flight&) = delete;
+  ~Flight() {
+    for (const CommRef& c : comms) c->flights--;
   }
 };
 
@@ -169,9 +204,10 @@ Status step(Flight& f) {
   if (ndone > 0) f.deadline.restart();
   for (const CommRef& comm : f.comms) {
     char text[256];
-    if (comm->aborted) {
-      snprintf(text, sizeof text, "%s: the communicator was aborted (ncclCommAbort) while "
-               "this operation was in flight", f.fn);
+    if (comm->aborted || comm->revoked) {
+      snprintf(text, sizeof text, "%s: the communicator was %s while this operation was in "
+               "flight", f.fn,
+               comm->aborted ? "aborted (ncclCommAbort)" : "revoked (ncclCommRevoke)");
       fail(f, ncclSystemError, text);
       return Status::kFailed;
     }
@@ -334,9 +370,11 @@ ncclResult_t p2p(bool send, void* buf, size_t count, ncclDataType_t type, int pe
                      send ? "sendbuff" : "recvbuff", count);
   }
   if (group.depth > 0) {
+    group.holding.add(op.comm);
     group.work.p2p.push_back(std::move(op));
     return ncclSuccess;
   }
+  Holding holding(op.comm);
   Work work;
   work.p2p.push_back(std::move(op));
   return run(std::move(work), fn);
@@ -368,6 +406,9 @@ ncclResult_t complete_queued(Work work, const char* fn) {
     const ncclResult_t state = res == ncclSuccess ? ref->state.load() : res;
     if (state != ncclSuccess && state != ncclInProgress)
       res = acquire_ready(comm.get(), fn, &ref);  // failed since: says why
+    if (res == ncclSuccess && ref->revoked)
+      res = set_error(ncclInvalidUsage, "%s: the communicator was revoked (ncclCommRevoke) "
+                      "before this work on device buffers ran", fn);
     if (res == ncclSuccess && mpi_finalized())
       res = set_error(ncclSystemError, "%s: MPI is already finalized", fn);
     if (res == ncclSuccess) continue;
@@ -382,9 +423,11 @@ ncclResult_t submit_collective(const CommRef& comm, const char* fn, const Buffer
                                cudaStream_t stream, PostCollective post) {
   Collective c{comm, std::move(post), buffers, stream};
   if (group.depth > 0) {
+    group.holding.add(comm);
     group.work.collectives.push_back(std::move(c));
     return ncclSuccess;
   }
+  Holding holding(comm);
   Work work;
   work.collectives.push_back(std::move(c));
   return run(std::move(work), fn);
@@ -406,6 +449,7 @@ QNCCL_EXPORT ncclResult_t ncclGroupEnd(void) {
     return set_error(ncclInvalidUsage, "ncclGroupEnd: no ncclGroupStart is open");
   }
   if (--group.depth > 0) return ncclSuccess;
+  const Holding holding(std::move(group.holding));  // until this end returns
   Work work = std::move(group.work);
   group.work = Work();
   ncclResult_t error = group.error;

@@ -56,6 +56,14 @@ struct ncclComm {
   std::atomic<ncclResult_t> state{ncclSuccess};
   std::atomic<int> pending{0};       // nonblocking operations not complete yet
   std::atomic<bool> aborted{false};  // ncclCommAbort was called: stop waiting for anything
+  std::atomic<bool> revoked{false};  // ncclCommRevoke: in-flight operations end, none starts
+  /* Threads whose group holds operations on this communicator: posted in a
+   * group that is still open, or in a group end (or a call outside a group)
+   * that has not returned. NVIDIA's NCCL frees a communicator destroyed or
+   * aborted under such a group, whose end then uses freed memory: release()
+   * reports it (group.cc, Holding). */
+  std::atomic<int> holders{0};
+  std::atomic<int> flights{0};  // operations of it in flight (group.cc): ncclCommRevoke waits
   std::atomic<bool> finalized{false};
   std::mutex mutex;                  // guards the members below
   std::string message;
@@ -101,8 +109,9 @@ ncclResult_t acquire_ready(const ncclComm* handle, const char* fn, CommRef* out)
  * finalized, not failed. */
 ncclResult_t acquire_usable(const ncclComm* handle, const char* fn, CommRef* out);
 
-/* Marks `comm` unusable after a failure (the first failure wins); later
- * operations and ncclCommGetAsyncError report `code` and `message`. */
+/* Marks `comm` unusable after a failure (the first failure wins; a revoked
+ * communicator stays as it is); later operations and ncclCommGetAsyncError
+ * report `code` and `message`. */
 void mark_unusable(ncclComm* comm, ncclResult_t code, const std::string& message);
 
 /* The process's MPI thread level is MPI_THREAD_MULTIPLE: background progress

@@ -102,6 +102,7 @@ typedef enum {
 #define NCCL_CONFIG_UNDEF_PTR NULL
 #define NCCL_API_MAGIC 0xcafebeef
 #define NCCL_SPLIT_NOCOLOR -1
+#define NCCL_REVOKE_DEFAULT 0x00  /* ncclCommRevoke's only flag value (NCCL 2.28.7) */
 typedef struct ncclConfig_v23100 {
   size_t size;
   unsigned int magic;
@@ -142,6 +143,7 @@ ncclResult_t ncclCommInitAll(ncclComm_t* comm, int ndev, const int* devlist);
 ncclResult_t ncclCommFinalize(ncclComm_t comm);
 ncclResult_t ncclCommDestroy(ncclComm_t comm);
 ncclResult_t ncclCommAbort(ncclComm_t comm);
+ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags);
 ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm,
                            ncclConfig_t* config);
 const char* ncclGetErrorString(ncclResult_t result);

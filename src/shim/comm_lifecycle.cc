@@ -1,6 +1,9 @@
 /* Communicator entry points libqnccl.so exports: each reads the QNCCL_*
  * configuration before the real NCCL makes the communicator (a bad value
  * fails the creation), and drops QNCCL's state when it ends. */
+#include <chrono>
+#include <thread>
+
 #include "common/error.h"
 #include "config/config.h"
 #include "engine/comm_state.h"
@@ -42,15 +45,57 @@ void report_stats(ncclComm_t comm) {
        (unsigned long long)s.computeSteps, (unsigned long long)s.groups);
 }
 
+/* How long an abort or destroy waits for a quantized group of another thread
+ * to return from its ncclGroupEnd: on its own at first, then (an abort, where
+ * the real NCCL has ncclCommRevoke) after stopping it. */
+constexpr auto kGroupGrace = std::chrono::milliseconds(100);
+constexpr auto kGroupWait = std::chrono::seconds(10);
+
+/* Waits until no quantized group holds operations on the communicator of
+ * `state` (or its topology's), so the real NCCL never frees one under a group
+ * of QNCCL's: NCCL does not guard a group against an abort from another
+ * thread (its end would use the freed communicator). A group stuck in its end
+ * (a peer gone while NCCL connects to it) is stopped with ncclCommRevoke,
+ * which frees nothing; before NCCL 2.28.7, after kGroupWait the abort goes on
+ * regardless, as NCCL's own would. Not under `api`: the group's thread may
+ * still be posting (each post refuses, as `aborted` is set) before its end. */
+void quiesce(const NcclApi& nccl, ncclComm_t comm, CommState& state, bool abort) {
+  using Clock = std::chrono::steady_clock;
+  const auto wait_until = [&](Clock::time_point end) {
+    while (state.groups_open > 0 && Clock::now() < end)
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    return state.groups_open == 0;
+  };
+  const Clock::time_point start = Clock::now();
+  if (wait_until(start + kGroupGrace)) return;
+  if (abort && nccl.commRevoke != nullptr) {
+    for (ncclComm_t c : {comm, state.topology.cross, state.topology.local}) {
+      if (c == nullptr || nccl.commRevoke(c, NCCL_REVOKE_DEFAULT) != ncclInProgress) continue;
+      ncclResult_t now = ncclInProgress;  // a nonblocking communicator's revoke: until quiescent
+      while (now == ncclInProgress && Clock::now() < start + kGroupWait &&
+             nccl.commGetAsyncError(c, &now) == ncclSuccess)
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  }
+  if (wait_until(start + kGroupWait)) return;
+  warn("%s(%p): a quantized call's group on another thread did not return from ncclGroupEnd "
+       "within %lld s%s; %s goes on: the real NCCL may free the communicator under that group",
+       abort ? "ncclCommAbort" : "ncclCommDestroy", (void*)comm, (long long)kGroupWait.count(),
+       abort && nccl.commRevoke == nullptr ? " (this NCCL has no ncclCommRevoke to stop it: "
+       "2.28.7 and later have)" : "", abort ? "the abort" : "the destroy");
+}
+
 /* Destroy and abort may come from another thread (PyTorch's watchdog) while
  * a quantized call runs on the communicator: the call sees `aborted` at its
  * next step and ends with an error; taking `api` waits for it to leave the
- * real NCCL (a call there returns promptly), so nothing of QNCCL uses the
+ * real NCCL, and quiesce() for its group to end, so nothing of QNCCL uses the
  * communicator once the real NCCL tears it down. */
 ncclResult_t release(const NcclApi& nccl, ncclComm_t comm, bool abort) {
   report_stats(comm);
   if (std::shared_ptr<CommState> state = existing_comm_state(comm)) {
-    state->aborted = true;
+    state->aborted = true;  // no group opens from now on
+    { std::lock_guard<std::mutex> lock(state->api); }  // a post under way has counted its group
+    quiesce(nccl, comm, *state, abort);
     std::lock_guard<std::mutex> lock(state->api);
     end_topology(nccl, *state, abort);  // the hierarchical allreduce's communicators
   }

@@ -22,6 +22,17 @@ abort     ncclCommAbort from a second thread while the first waits in a
           blocking receive its peer never sends: the wait ends within seconds
           with an error. The same for a nonblocking receive, its progress in
           the background: ncclCommGetAsyncError reports the error.
+revoke    ncclCommRevoke (NCCL 2.28.7) from a second thread while the first waits in a
+          receive its peer never sends (blocking: in the call; nonblocking: in the
+          background): the receive ends with an error, the revoke returns once it did,
+          the communicator reports ncclSuccess and refuses operations ("revoked"), a
+          second revoke is refused, ncclCommAbort follows; flags other than
+          NCCL_REVOKE_DEFAULT are refused. No warning: no group held the
+          communicator when it was aborted.
+held      ncclCommAbort from a second thread while the first thread's group is open
+          with a send on the communicator: NVIDIA's NCCL frees the communicator under
+          that group; the backend stays safe (the group's end fails: not a live
+          communicator) and warns on stderr (the test reads it).
 watchdog  a thread polls ncclCommGetAsyncError on every communicator while the
           main thread runs collectives on them (run under ThreadSanitizer by
           `make sanitize`).
@@ -41,6 +52,7 @@ from conftest import nccl_config  # noqa: E402  (tests/ is on the path once host
 F = Failures()
 RANK, N = WORLD.rank, WORLD.size
 SUCCESS, IN_PROGRESS = lib.ncclSuccess, lib.ncclInProgress
+REVOKE_DEFAULT = 0  # NCCL_REVOKE_DEFAULT (a macro: not in the cffi declarations)
 answered_in_progress = 0
 
 
@@ -210,6 +222,74 @@ def abort_from_thread(blocking):
         check(lib.ncclCommDestroy(comm), "ncclCommDestroy")
 
 
+def revoke_from_thread(blocking):
+    """Rank 0 receives from rank 1, which never sends; a second thread of rank 0
+    revokes the communicator after 0.3 s."""
+    comm = make_comm(blocking)
+    if not blocking:
+        wait_ready(comm, "creation")
+    if RANK == 0 and N > 1:
+        buf = np.zeros(16, np.float32)
+        took = []
+
+        def revoke():
+            begin = time.monotonic()
+            check(lib.ncclCommRevoke(comm, REVOKE_DEFAULT), "ncclCommRevoke")
+            took.append(time.monotonic() - begin)
+        revoker = threading.Timer(0.3, revoke)
+        revoker.start()
+        start = time.monotonic()
+        code = lib.ncclRecv(ptr(buf), buf.size, lib.ncclFloat32, 1, comm, NULL)
+        if blocking:
+            elapsed = time.monotonic() - start
+            F.expect(code != SUCCESS and elapsed < 5,
+                     f"blocking receive during a revoke from another thread: answered {code} "
+                     f"after {elapsed:.2f} s (expected an error within seconds)")
+        else:
+            answered(code, "nonblocking ncclRecv")
+        revoker.join()
+        F.expect(took and took[0] < 2, f"ncclCommRevoke took {took} s with a receive in flight")
+        state = ffi.new("ncclResult_t*")
+        check(lib.ncclCommGetAsyncError(comm, state), "ncclCommGetAsyncError after the revoke")
+        F.expect(state[0] == SUCCESS, f"a revoked, quiescent communicator reports {state[0]}")
+        code = lib.ncclSend(ptr(buf), buf.size, lib.ncclFloat32, 1, comm, NULL)
+        F.expect(code == lib.ncclInvalidUsage and "revoked" in last_error(),
+                 f"a send on a revoked communicator: {code} {last_error()!r}")
+        code = lib.ncclCommRevoke(comm, REVOKE_DEFAULT)
+        F.expect(code == lib.ncclInvalidUsage and "revoked already" in last_error(),
+                 f"a second revoke: {code} {last_error()!r}")
+        check(lib.ncclCommAbort(comm), "ncclCommAbort after the revoke")
+    WORLD.Barrier()
+    if RANK != 0:
+        code = lib.ncclCommRevoke(comm, 1)
+        F.expect(code == lib.ncclInvalidArgument and "NCCL_REVOKE_DEFAULT" in last_error(),
+                 f"revokeFlags 1: {code} {last_error()!r}")
+        check(lib.ncclCommDestroy(comm), "ncclCommDestroy")
+
+
+def abort_under_open_group():
+    """Rank 0 opens a group with a send to rank 1; a second thread aborts the
+    communicator; the group's end fails without touching it."""
+    comm = make_comm(1)
+    if RANK == 0 and N > 1:
+        buf = np.zeros(16, np.float32)
+        check(lib.ncclGroupStart(), "ncclGroupStart")
+        check(lib.ncclSend(ptr(buf), buf.size, lib.ncclFloat32, 1, comm, NULL), "ncclSend")
+        aborter = threading.Thread(target=lambda: check(lib.ncclCommAbort(comm), "ncclCommAbort"))
+        aborter.start()
+        aborter.join()
+        code = lib.ncclGroupEnd()
+        F.expect(code == lib.ncclInvalidArgument and "not a live communicator" in last_error(),
+                 f"the group's end after its communicator was aborted: {code} {last_error()!r}")
+    WORLD.Barrier()
+    if RANK != 0:
+        check(lib.ncclCommDestroy(comm), "ncclCommDestroy")
+
+
+def last_error():
+    return ffi.string(lib.ncclGetLastError(NULL)).decode()
+
+
 def watchdog():
     comms = [make_comm(0), make_comm(1)]
     wait_ready(comms[0], "creation")
@@ -246,7 +326,8 @@ def watchdog():
 def main():
     section = sys.argv[1]
     {"protocol": protocol, "abort": lambda: (abort_from_thread(1), abort_from_thread(0)),
-     "watchdog": watchdog}[section]()
+     "revoke": lambda: (revoke_from_thread(1), revoke_from_thread(0)),
+     "held": abort_under_open_group, "watchdog": watchdog}[section]()
     total = WORLD.reduce(answered_in_progress, root=0)
     if RANK == 0:
         print(f"ncclInProgress answers: {total}")
