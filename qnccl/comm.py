@@ -24,8 +24,9 @@ import numpy as np
 
 from . import _lib
 
-__all__ = ["ALGOS", "COLLECTIVES", "allreduce", "call_counts", "get_quantization", "quantization", "reset_error_feedback",
-           "residual", "set_call_counts", "set_quantization", "stats", "tuning"]
+__all__ = ["ALGOS", "COLLECTIVES", "allreduce", "async_error", "call_counts", "forget",
+           "get_quantization", "quantization", "reset_error_feedback", "residual",
+           "set_call_counts", "set_quantization", "stats", "tuning"]
 
 # The interposed collectives a policy names (QNCCL_COLLECTIVES), in the order of
 # qncclCollective_t's flags.
@@ -99,6 +100,25 @@ def tuning(comm):
                      "candidates": names, "seconds": [float(s) for s in e.seconds[0:len(names)]],
                      "choice": names[e.choice] if e.choice >= 0 else None})
     return rows
+
+
+def async_error(comm):
+    """ncclCommGetAsyncError of `comm` through libqnccl (the NCCL library's answer, or the
+    failure of a quantized call on it): "ncclSuccess", "ncclInProgress" or the error's name.
+    Raises QncclError when the library refuses the handle (the host backend's answer for a
+    destroyed or aborted communicator; NVIDIA's NCCL must not be asked about one)."""
+    ffi, lib = _lib.ffi(), _lib.lib()
+    state = ffi.new("ncclResult_t*")
+    _lib.check(lib.ncclCommGetAsyncError(_comm(comm), state))
+    return ffi.string(ffi.cast("ncclResult_t", state[0]))
+
+
+def forget(comm):
+    """qncclCommForget: drops what libqnccl holds for `comm` (residuals, call counts,
+    statistics) without a call on it, for a communicator that was aborted or destroyed
+    behind libqnccl's back (PyTorch's watchdog, without LD_PRELOAD). Raises QncclError when
+    libqnccl holds nothing for it."""
+    _lib.check(_lib.lib().qncclCommForget(_comm(comm)))
 
 
 def reset_error_feedback(comm=None):

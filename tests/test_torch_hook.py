@@ -214,6 +214,16 @@ def test_residuals_follow_parameters_into_new_groups(nprocs):
     assert out.stdout.count(": OK") == nprocs, out.stdout
 
 
+def test_engine_path_stops_on_an_aborted_communicator():
+    """PyTorch's watchdog aborts a failed communicator through the NCCL library itself, which
+    libqnccl does not see without LD_PRELOAD: the hook's next engine call fails its future
+    with a message naming the communicator, issues no call on it, and drops libqnccl's state
+    of it (torch_programs/engine_after_abort.py, 2 ranks, host-backend communicator)."""
+    out = run_python(2, REPO / "tests" / "torch_programs" / "engine_after_abort.py", timeout=120,
+                     env={"MASTER_PORT": str(rendezvous_port()), "QNCCL_NCCL_LIB": str(HOST_NCCL)})
+    assert out.stdout.count(": OK") == 2, out.stdout
+
+
 @pytest.mark.parametrize("c", sorted(DIRECT))
 def test_overlapping_buckets_give_the_same_bytes(records, c):
     """sra_hook unwrapped: its worker starts a bucket while the one before is still in

@@ -19,13 +19,25 @@ from .grads import gather, scatter, take_residuals
 from .linkage import check_torch_nccl
 
 
+class CommunicatorEnded(RuntimeError):
+    """The NCCL communicator of the engine path was aborted or failed (PyTorch's watchdog
+    aborts a failed one): the quantized groups cannot run on it."""
+
+
 def engine_for(state, buffer):
     """The NCCL communicator whose engine reduces `buffer`'s quantized groups, or None (the
     SRA over torch.distributed). A new communicator takes over the residuals and, after a
-    restore, the call count to continue from."""
+    restore, the call count to continue from. Raises CommunicatorEnded, after dropping what
+    libqnccl held for it, when the communicator was aborted or has failed."""
     if buffer.is_cuda and state._engine_comm is None:
         check_torch_nccl()  # once: a stranger's communicator would crash the engine
-    comm = communicator(state._group()) if buffer.is_cuda else state.comm
+    try:
+        comm = communicator(state._group()) if buffer.is_cuda else state.comm
+        if comm is not None:
+            _check_alive(comm)
+    except CommunicatorEnded:
+        _forget(state)
+        raise
     if comm is None or comm == state._engine_comm:
         return comm
     if state._engine_comm is not None:  # a new communicator: the residuals move along
@@ -35,6 +47,35 @@ def engine_for(state, buffer):
         state._engine_calls = None
     state._engine_comm = comm
     return comm
+
+
+def _check_alive(comm):
+    """Raises CommunicatorEnded when the NCCL library says `comm` failed or refuses it. Only
+    for a communicator known to exist (PyTorch answered for it; the host backend answers
+    for any handle): NVIDIA's NCCL frees an aborted one, and must not be asked about it."""
+    try:
+        state = _comm.async_error(comm)
+    except _lib.QncclError as exc:
+        raise CommunicatorEnded(f"QNCCL: the NCCL communicator {comm:#x} of the hook's engine "
+                                f"path is gone ({exc.message}): it was destroyed or aborted; "
+                                f"the quantized groups cannot run on it") from exc
+    if state not in ("ncclSuccess", "ncclInProgress"):
+        raise CommunicatorEnded(f"QNCCL: the NCCL communicator {comm:#x} of the hook's engine "
+                                f"path reports {state} (ncclCommGetAsyncError): it failed, and "
+                                f"the job has to abort it (PyTorch's watchdog does); the "
+                                f"quantized groups cannot run on it")
+
+
+def _forget(state):
+    """Drops what libqnccl holds for the state's ended communicator (its residuals are
+    lost: a restart restores them from a checkpoint); the next communicator starts anew."""
+    if state._engine_comm is not None:
+        try:
+            _comm.forget(state._engine_comm)
+        except _lib.QncclError:
+            pass  # nothing held: the engine never ran on it
+    state._engine_comm = None
+    state._inputs.clear()
 
 
 def engine_group(state, comm, grads, names, setting):
@@ -128,6 +169,10 @@ def stream_of(tensor):
     return torch.cuda.current_stream(tensor.device).cuda_stream if tensor.is_cuda else 0
 
 
+# What ProcessGroupNCCL answers for a communicator it aborted (its watchdog, or abort()).
+ABORTED_BY_TORCH = "NCCL communicator was aborted"
+
+
 def communicator(group=None):
     """The address of `group`'s NCCL communicator (default: the world group), as
     ProcessGroupNCCL._comm_ptr() gives it, for qnccl.comm's per-communicator calls."""
@@ -137,6 +182,9 @@ def communicator(group=None):
         backend = group._get_backend(torch.device("cuda"))
         address = backend._comm_ptr()
     except (RuntimeError, AttributeError) as exc:
+        if ABORTED_BY_TORCH in str(exc):  # NCCLComm::getNcclComm() of an aborted one
+            raise CommunicatorEnded(f"QNCCL: the process group's NCCL communicator was aborted "
+                                    f"({exc}); the quantized groups cannot run on it") from exc
         raise ValueError(f"process group {group!r} has no NCCL backend with a communicator "
                          f"({exc}); QNCCL's policy applies to NCCL process groups "
                          f"(backend='nccl')") from exc

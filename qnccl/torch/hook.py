@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from .engine import engine_for, engine_group
+from .engine import CommunicatorEnded, engine_for, engine_group
 from .grads import scatter
 from .host import Worker, exact_mean, together, torch_group
 from .state import QuantizedHookState
@@ -25,11 +25,17 @@ def sra_hook(state: QuantizedHookState, bucket):
     future that completes when the bucket is done, so that the backward pass goes on
     computing the next buckets meanwhile (the codec releases the GIL); the worker starts each
     bucket as it comes, so that its codec overlaps the transfers of the one before (host.Worker).
+
+    When the engine's communicator was aborted (PyTorch's watchdog aborts a failed one) or
+    has failed, the future fails with engine.CommunicatorEnded, which says so, and libqnccl
+    drops what it held for that communicator.
     """
     if bucket.buffer().is_cuda:
-        buffer = to_end(reduce_bucket(state, bucket))
-        future = torch.futures.Future(devices=[buffer.device])
-        future.set_result(buffer)  # records an event on the current stream
+        future = torch.futures.Future(devices=[bucket.buffer().device])
+        try:
+            future.set_result(to_end(reduce_bucket(state, bucket)))  # an event on the stream
+        except CommunicatorEnded as exc:  # the backward pass raises it, with the message
+            future.set_exception(exc)
         return future
     future = torch.futures.Future()
     _worker(state).submit(reduce_bucket(state, bucket), future)

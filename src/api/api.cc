@@ -153,6 +153,10 @@ QNCCL_EXPORT ncclResult_t qncclCommGetTuning(ncclComm_t comm, qncclTuning_t* tab
   return get_tuning("qncclCommGetTuning", comm, table, capacity, count);
 }
 
+QNCCL_EXPORT ncclResult_t qncclCommForget(ncclComm_t comm) {
+  return forget_ended_comm("qncclCommForget", comm);
+}
+
 // ---- error feedback ------------------------------------------------------------------
 
 QNCCL_EXPORT ncclResult_t qncclCommResetErrorFeedback(ncclComm_t comm) {

@@ -366,6 +366,16 @@ typedef struct {
  * capacity 0 asks for the count), and their number in *count. */
 ncclResult_t qncclCommGetTuning(ncclComm_t comm, qncclTuning_t* table, int capacity, int* count);
 
+/* Drops everything libqnccl holds for `comm` (error feedback's residuals,
+ * call counts, statistics, workspaces, per-communicator settings) without
+ * calling the NCCL library on it, and aborts the communicators libqnccl made
+ * from it (the hierarchical allreduce's): for a communicator that was
+ * destroyed or aborted without libqnccl seeing it, as PyTorch's watchdog
+ * aborts one through NVIDIA's ncclCommAbort when libqnccl is not preloaded (a
+ * new communicator may later get its address). Fails with
+ * ncclInvalidArgument when libqnccl holds nothing for `comm`. */
+ncclResult_t qncclCommForget(ncclComm_t comm);
+
 /* ---- Error feedback (docs/allreduce.md, "Error feedback") ----------------- */
 
 /* Frees every residual of `comm`: the next call on each buffer starts again

@@ -108,6 +108,28 @@ ncclResult_t release(const NcclApi& nccl, ncclComm_t comm, bool abort) {
 
 }  // namespace
 
+namespace qnccl {
+
+ncclResult_t forget_ended_comm(const char* fn, ncclComm_t comm) {
+  if (comm == nullptr) return set_error(ncclInvalidArgument, "%s: comm is NULL", fn);
+  const std::shared_ptr<CommState> state = existing_comm_state(comm);
+  if (state != nullptr) {
+    state->aborted = true;  // a call on another thread stops at its next step
+    std::lock_guard<std::mutex> lock(state->api);
+    const NcclApi* nccl;
+    if (real_nccl(&nccl) == ncclSuccess) end_topology(*nccl, *state, true);
+  }
+  const bool shim = forget_shim_comm(comm);
+  forget_comm(comm);
+  if (state == nullptr && !shim)
+    return set_error(ncclInvalidArgument, "%s: libqnccl holds nothing for comm %p (never used "
+                     "with it, or forgotten, destroyed or aborted through libqnccl already)",
+                     fn, (void*)comm);
+  return ncclSuccess;
+}
+
+}  // namespace qnccl
+
 QNCCL_EXPORT ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id,
                                            int rank) {
   const NcclApi* nccl;

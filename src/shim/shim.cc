@@ -36,7 +36,7 @@ ncclResult_t shim_comm(ncclComm_t comm, const qncclEnvConfig_t* config,
       state);
 }
 
-void forget_shim_comm(ncclComm_t comm) { registry().take(comm); }
+bool forget_shim_comm(ncclComm_t comm) { return registry().take(comm) != nullptr; }
 
 ncclResult_t fail(ncclResult_t res) {
   warn("%s", last_error());

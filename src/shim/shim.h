@@ -44,8 +44,15 @@ struct ShimComm {
  * (nullptr: from the environment; fails when it is bad). */
 ncclResult_t shim_comm(ncclComm_t comm, const qncclEnvConfig_t* config,
                        std::shared_ptr<ShimComm>* state);
-/* Drops it (ncclCommDestroy/ncclCommAbort). */
-void forget_shim_comm(ncclComm_t comm);
+/* Drops it (ncclCommDestroy/ncclCommAbort); whether there was one. */
+bool forget_shim_comm(ncclComm_t comm);
+
+/* qncclCommForget: everything libqnccl holds for a communicator that was
+ * destroyed or aborted without it (the real NCCL's own ncclCommAbort, as
+ * PyTorch's watchdog calls it when libqnccl is not preloaded), without a
+ * call on it; the hierarchical allreduce's communicators made from it are
+ * aborted. Fails, naming `fn`, when it holds nothing for `comm`. */
+ncclResult_t forget_ended_comm(const char* fn, ncclComm_t comm);
 
 /* Reports and returns a failure of an interposed call: the application sees
  * NCCL's error code and the message on stderr. */

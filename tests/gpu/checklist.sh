@@ -14,7 +14,8 @@
 #   perf       all_reduce_perf on device memory, NVIDIA's NCCL alone and under `qnccl run`
 #              (auto and ring), with lazy and with eager module loading
 #   torch      tests/gpu/torch_check.py under `qnccl run`: DDP, a first collective captured in
-#              a CUDA graph (auto and ring), non-blocking communicators
+#              a CUDA graph (auto and ring), non-blocking communicators; and without it, the
+#              hook's engine path refusing an aborted process group's communicator
 #   ranks      the engine's device path on 1 to 8 MPI ranks sharing the GPU over the host
 #              backend (tests/test_simdev_engine.py with the real device in the simulator's
 #              place): bit for bit the emulator
@@ -146,6 +147,7 @@ torch_checks() {
     $TORCH_RUN python3 tests/gpu/torch_check.py graph
   step torch-nonblocking 120 env QNCCL_MIN_BYTES=0 TORCH_NCCL_USE_COMM_NONBLOCKING=1 \
     $TORCH_RUN python3 tests/gpu/torch_check.py ddp
+  step torch-abort 60 python3 tests/gpu/torch_check.py abort
 }
 
 compile() {

@@ -10,6 +10,10 @@ compile  the same model through torch.compile.
 graph    the first collective of the process is dist.all_reduce captured in
          torch.cuda.graph (no eager call before it); three replays on fresh inputs each
          give the sum within the bound, as does an eager call after them.
+abort    (without `qnccl run`) the DDP hook's engine path asks PyTorch for the process
+         group's communicator: after the group's backend is aborted (what its watchdog does to
+         a failed communicator), qnccl.torch.engine.communicator must raise CommunicatorEnded
+         instead of handing out the freed communicator.
 
 Prints one line per check and OK last; exits 1 on the first failure."""
 import os
@@ -115,10 +119,26 @@ def graph():
     check_allreduce(same_on_every_rank(1 << 20, device, 7), "eager after the replays")
 
 
+def abort():
+    from qnccl.torch import engine
+    device = torch.device("cuda", torch.cuda.current_device())
+    dist.all_reduce(torch.ones(4, device=device))
+    torch.cuda.synchronize()
+    address = engine.communicator()
+    print(f"communicator before the abort: {address:#x}", flush=True)
+    dist.distributed_c10d._get_default_group()._get_backend(device).abort()
+    try:
+        address = engine.communicator()
+    except engine.CommunicatorEnded as exc:
+        print(f"after the abort: {exc}", flush=True)
+        return
+    fail(f"after the abort the engine path was handed the communicator {address:#x}")
+
+
 def main():
     mode = sys.argv[1] if len(sys.argv) > 1 else "ddp"
-    if mode not in ("ddp", "compile", "graph"):
-        fail(f"unknown mode {mode!r}: ddp, compile or graph")
+    if mode not in ("ddp", "compile", "graph", "abort"):
+        fail(f"unknown mode {mode!r}: ddp, compile, graph or abort")
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29533")
     os.environ.setdefault("RANK", "0")
@@ -133,6 +153,10 @@ def main():
           flush=True)
     if mode == "graph":
         graph()
+    elif mode == "abort":
+        abort()
+        print("OK", flush=True)
+        return
     else:
         train(compiled=mode == "compile")
         device = torch.device("cuda", local)
