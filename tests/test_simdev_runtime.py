@@ -87,6 +87,9 @@ DOCUMENTED = {
     "capture-implicit": ["cudaMemsetAsync(legacy stream) -> cudaErrorStreamCaptureImplicit",
                          "cudaStreamEndCapture -> cudaErrorStreamCaptureInvalidated"],
     "legacy-sync": ["the legacy stream's copy read the kernels' results"],
+    "pointer-context": ["a new thread has a context: no",
+                        "cudaPointerGetAttributes(host memory) -> cudaSuccess",
+                        "then it has a context: yes"],
 }
 # What CUDA leaves undefined or a GPU cannot promise, as the simulator answers it: rule ->
 # (the lines, the message on stderr, the settings of the run).

@@ -365,20 +365,17 @@ ncclResult_t device_decode_many(const uint8_t* const* wires, void* const* dsts,
 
 ncclResult_t pointer_device(const char* fn, const void* ptr, int* device) {
   *device = -1;
-  cudaPointerAttributes attr;
-  const cudaError_t err = cudaPointerGetAttributes(&attr, ptr);
-  if (err == cudaSuccess) {
-    if (attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged)
-      *device = attr.device;
-    return ncclSuccess;
-  }
-  (void)cudaGetLastError();
   int driver = 0;
-  if (err == cudaErrorNoDevice || cudaDriverGetVersion(&driver) != cudaSuccess || driver == 0)
-    return ncclSuccess;  // no GPU, or no driver: every buffer is host memory
+  if (cudaDriverGetVersion(&driver) != cudaSuccess || driver == 0) {
+    (void)cudaGetLastError();
+    return ncclSuccess;  // no driver: every buffer is host memory
+  }
+  const char* why = "";
+  const PointerQuery q = driver_pointer_device(ptr, device, &why);
+  if (q == PointerQuery::kOk || q == PointerQuery::kNoDevice) return ncclSuccess;  // no GPU: host
   int runtime = 0;
   cudaRuntimeGetVersion(&runtime);
-  if (err == cudaErrorInsufficientDriver)
+  if (q == PointerQuery::kDriverTooOld)
     return set_error(ncclUnhandledCudaError,
                      "%s: cannot tell whether %p is device memory: the CUDA driver (CUDA %d.%d) "
                      "is older than the runtime libqnccl.so was built with (CUDA %d.%d); update "
@@ -387,10 +384,10 @@ ncclResult_t pointer_device(const char* fn, const void* ptr, int* device) {
                      fn, ptr, driver / 1000, driver % 1000 / 10, runtime / 1000,
                      runtime % 1000 / 10);
   return set_error(ncclUnhandledCudaError,
-                   "%s: cannot tell whether %p is device memory: cudaPointerGetAttributes failed "
-                   "with CUDA error %d (%s); a buffer QNCCL cannot place is never taken for host "
-                   "memory",
-                   fn, ptr, (int)err, cudaGetErrorString(err));
+                   "%s: cannot tell whether %p is device memory: the driver's "
+                   "cuPointerGetAttributes failed (%s); a buffer QNCCL cannot place is never "
+                   "taken for host memory",
+                   fn, ptr, why);
 }
 
 void cuda_versions(int* runtime, int* driver) {

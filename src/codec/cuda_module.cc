@@ -52,6 +52,8 @@ struct Driver {
   CUresult (*ctxGetCurrent)(CUcontext*);
   CUresult (*ctxSetCurrent)(CUcontext);
   CUresult (*getErrorString)(CUresult, const char**);
+  CUresult (*init)(unsigned);
+  CUresult (*pointerGetAttributes)(unsigned, CUpointer_attribute*, void**, CUdeviceptr);
 };
 
 template <class F>
@@ -63,7 +65,8 @@ cudaError_t entry_point(const char* symbol, F* fn) {
   return err;
 }
 
-ncclResult_t driver(const Driver** out) {
+/* The table, or the runtime's error resolving it. */
+cudaError_t driver_table(const Driver** out) {
   static Driver d;
   static cudaError_t err = [] {
     cudaError_t e = entry_point("cuModuleLoadData", &d.moduleLoadData);
@@ -73,14 +76,21 @@ ncclResult_t driver(const Driver** out) {
     if (e == cudaSuccess) e = entry_point("cuCtxGetCurrent", &d.ctxGetCurrent);
     if (e == cudaSuccess) e = entry_point("cuCtxSetCurrent", &d.ctxSetCurrent);
     if (e == cudaSuccess) e = entry_point("cuGetErrorString", &d.getErrorString);
+    if (e == cudaSuccess) e = entry_point("cuInit", &d.init);
+    if (e == cudaSuccess) e = entry_point("cuPointerGetAttributes", &d.pointerGetAttributes);
     return e;
   }();
+  *out = &d;
+  return err;
+}
+
+ncclResult_t driver(const Driver** out) {
+  const cudaError_t err = driver_table(out);
   if (err != cudaSuccess)
     return set_error(ncclUnhandledCudaError,
                      "the CUDA driver API is not available (cudaGetDriverEntryPoint: CUDA error "
                      "%d: %s)",
                      (int)err, cudaGetErrorString(err));
-  *out = &d;
   return ncclSuccess;
 }
 
@@ -215,6 +225,37 @@ ncclResult_t DeviceScope::enter(const char* fn, int device) {
   switched_ = true;
   saved_ = current;
   return ncclSuccess;
+}
+
+PointerQuery driver_pointer_device(const void* ptr, int* device, const char** why) {
+  *device = -1;
+  *why = "";
+  const Driver* d;
+  if (const cudaError_t err = driver_table(&d); err != cudaSuccess) {
+    (void)cudaGetLastError();
+    *why = cudaGetErrorString(err);
+    return err == cudaErrorNoDevice             ? PointerQuery::kNoDevice
+           : err == cudaErrorInsufficientDriver ? PointerQuery::kDriverTooOld
+                                                : PointerQuery::kFailed;
+  }
+  static const CUresult init = d->init(0);  // makes no context
+  if (init == CUDA_ERROR_NO_DEVICE) return PointerQuery::kNoDevice;
+  unsigned type = 0, managed = 0;
+  int ordinal = -1;
+  CUpointer_attribute attributes[] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                                      CU_POINTER_ATTRIBUTE_IS_MANAGED,
+                                      CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL};
+  void* values[] = {&type, &managed, &ordinal};
+  // Memory CUDA does not know comes back as defaults, with CUDA_SUCCESS.
+  const CUresult res = init != CUDA_SUCCESS ? init
+                       : d->pointerGetAttributes(3, attributes, values,
+                                                 reinterpret_cast<CUdeviceptr>(ptr));
+  if (res != CUDA_SUCCESS) {
+    *why = driver_error(*d, res);
+    return PointerQuery::kFailed;
+  }
+  if (type == CU_MEMORYTYPE_DEVICE || managed != 0) *device = ordinal;
+  return PointerQuery::kOk;
 }
 
 DeviceScope::~DeviceScope() {

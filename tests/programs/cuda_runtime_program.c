@@ -22,6 +22,7 @@
  * failure exits non-zero naming the call.
  */
 #include <cuda_runtime_api.h>
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -426,6 +427,52 @@ static void rule_peer(void) {
   say("peer", "cudaStreamSynchronize", cudaStreamSynchronize(s));
 }
 
+/* The driver's cuCtxGetCurrent, from libcuda.so.1 itself: a runtime call
+ * to find it could make the very context the rule looks for. */
+typedef int (*CtxGetCurrent)(void**);
+
+static int has_context(CtxGetCurrent get) {
+  void* ctx = NULL;
+  return get(&ctx) == 0 && ctx != NULL;
+}
+
+struct PointerThread {
+  CtxGetCurrent get;
+  int before, after;
+  cudaError_t result;
+};
+
+static void* pointer_thread(void* arg) {
+  struct PointerThread* t = arg;
+  static char host[64];
+  struct cudaPointerAttributes attributes;
+  t->before = has_context(t->get);
+  t->result = cudaPointerGetAttributes(&attributes, host);
+  t->after = has_context(t->get);
+  return NULL;
+}
+
+/* The runtime's cudaPointerGetAttributes, on a thread with no context, makes
+ * the current device's primary context (device 0's) current there: a library
+ * that classifies a pointer that way leaves a context behind (and creates
+ * device 0's), which is why QNCCL asks the driver (cuPointerGetAttributes). */
+static void rule_pointer_context(void) {
+  void* driver = dlopen("libcuda.so.1", RTLD_NOW);
+  int (*init)(unsigned) = driver ? (int (*)(unsigned))dlsym(driver, "cuInit") : NULL;
+  struct PointerThread t = {driver ? (CtxGetCurrent)dlsym(driver, "cuCtxGetCurrent") : NULL, 0,
+                            0, cudaSuccess};
+  pthread_t thread;
+  if (init == NULL || t.get == NULL || init(0) != 0) {
+    printf("pointer-context: no usable libcuda.so.1\n");
+    return;
+  }
+  pthread_create(&thread, NULL, pointer_thread, &t);
+  pthread_join(thread, NULL);
+  printf("pointer-context: a new thread has a context: %s\n", t.before ? "yes" : "no");
+  say("pointer-context", "cudaPointerGetAttributes(host memory)", t.result);
+  printf("pointer-context: then it has a context: %s\n", t.after ? "yes" : "no");
+}
+
 /* A call the simulated runtime does not implement. */
 static void rule_unimplemented(void) {
   void* p = NULL;
@@ -442,6 +489,7 @@ static const struct {
     {"capture-unjoined", rule_capture_unjoined},
     {"capture-implicit", rule_capture_implicit},
     {"legacy-sync", rule_legacy_sync},
+    {"pointer-context", rule_pointer_context},
     {"nonblocking", rule_nonblocking},
     {"use-after-free-async", rule_use_after_free_async},
     {"host-function", rule_host_function},

@@ -382,9 +382,15 @@ cudaError_t cudaHostGetDevicePointer(void** pDevice, void* pHost, unsigned int f
   return cudaSuccess;
 }
 
+/* As NVIDIA's runtime: on a thread with no current context it first makes the
+ * current device's (device 0's) primary context, and makes it current, as any
+ * runtime call that needs the runtime initialized (the driver's
+ * cuPointerGetAttributes does not). */
 cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes* attributes, const void* ptr) {
   ENTER("cudaPointerGetAttributes");
   RETURN_IF(checked_out(attributes, "attributes", "cudaPointerGetAttributes"));
+  Device* d = nullptr;
+  RETURN_IF(here(&d));
   return ret(pointer_attributes(ptr, attributes));
 }
 
