@@ -86,9 +86,10 @@ ncclResult_t device_reduce(const void* src, ncclDataType_t type, const float* re
                            const CodecParams& p, float* acc, cudaStream_t stream);
 /* Where `ptr` points: *device is its device (device or managed memory), or
  * -1 for host memory, which is also every pointer when the machine has no
- * CUDA driver or no device. A pointer the CUDA runtime cannot classify (a
- * driver older than the runtime, a broken context) is an error naming the
- * cause, never taken for host memory. `fn` names the caller. */
+ * CUDA driver or no device. Asked of the driver, so no context is made on
+ * the calling thread. A pointer the driver cannot classify (a driver older
+ * than the runtime, a driver error) is an error naming the cause, never
+ * taken for host memory. `fn` names the caller. */
 ncclResult_t pointer_device(const char* fn, const void* ptr, int* device);
 /* The linked runtime's and the installed driver's CUDA versions (0: none). */
 void cuda_versions(int* runtime, int* driver);
