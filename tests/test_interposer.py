@@ -383,19 +383,20 @@ def test_quantized_ops_warmup_split_and_statistics(interposer):
         f"expected:\n{result.stdout[-6000:]}"
 
 
-@pytest.mark.parametrize("mode", ["abort", "destroy"])
+@pytest.mark.parametrize("mode", ["abort", "destroy", "split"])
 def test_abort_waits_for_the_quantized_group(interposer, monkeypatch, mode):
     """mpi_programs/abort_check.py on 2 ranks: ncclCommAbort (ncclCommDestroy) from a
-    second thread while a quantized call waits in its ncclGroupEnd for a peer that is
-    gone. NVIDIA's NCCL would free the communicator under that group; the host backend
-    says so on stderr when it happens. libqnccl stops the group (ncclCommRevoke) or
-    waits for it to give up, then lets the real library end the communicator: the
-    call fails saying why, the abort returns within seconds, and the backend saw no
-    communicator ended under a group."""
+    second thread while a quantized call waits in its ncclGroupEnd (split: in the
+    ncclCommSplit that finds the node layout) for a peer that is gone. NVIDIA's NCCL
+    would free the communicator under it; the host backend says so on stderr when it
+    happens. libqnccl stops the group (ncclCommRevoke) or waits for it to give up, then
+    lets the real library end the communicator: the call fails saying why, the abort
+    returns within seconds, and the backend saw no communicator ended under a group."""
     for name in CONFIG_VARIABLES:
         monkeypatch.delenv(name, raising=False)
     result = mpi.run_python(2, TESTS / "mpi_programs" / "abort_check.py", mode, timeout=60,
-                            env={"QNCCL_ALGO": "ring", "QNCCL_BITS": "4",
+                            env={"QNCCL_ALGO": "hier" if mode == "split" else "ring",
+                                 "QNCCL_BITS": "4",
                                  "QNCCL_MIN_BYTES": "0", "QNCCL_WARMUP_CALLS": "0",
                                  # the destroy waits for the group to give up by itself
                                  "QNCCL_HOST_INIT_TIMEOUT": "2" if mode == "destroy" else "30"})

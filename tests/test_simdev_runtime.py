@@ -87,9 +87,14 @@ DOCUMENTED = {
     "capture-implicit": ["cudaMemsetAsync(legacy stream) -> cudaErrorStreamCaptureImplicit",
                          "cudaStreamEndCapture -> cudaErrorStreamCaptureInvalidated"],
     "legacy-sync": ["the legacy stream's copy read the kernels' results"],
-    "pointer-context": ["a new thread has a context: no",
-                        "cudaPointerGetAttributes(host memory) -> cudaSuccess",
-                        "then it has a context: yes"],
+    "pointer-context": [
+        "cuPointerGetAttributes(host memory) on a new thread -> 0: type 0, device -1; a context "
+        "before no, after no",
+        "cuPointerGetAttributes(device memory) on a new thread -> 0: type 2, device 0; a context "
+        "before no, after no",
+        "a new thread has a context: no",
+        "cudaPointerGetAttributes(host memory) -> cudaSuccess",
+        "then it has a context: yes"],
 }
 # What CUDA leaves undefined or a GPU cannot promise, as the simulator answers it: rule ->
 # (the lines, the message on stderr, the settings of the run).

@@ -21,7 +21,12 @@ from .linkage import check_torch_nccl
 
 class CommunicatorEnded(RuntimeError):
     """The NCCL communicator of the engine path was aborted or failed (PyTorch's watchdog
-    aborts a failed one): the quantized groups cannot run on it."""
+    aborts a failed one): the quantized groups cannot run on it. `gone`: it no longer exists
+    (aborted or destroyed), so libqnccl has dropped what it held for it."""
+
+    def __init__(self, message, gone):
+        super().__init__(message)
+        self.gone = gone
 
 
 def engine_for(state, buffer):
@@ -31,12 +36,14 @@ def engine_for(state, buffer):
     libqnccl held for it, when the communicator was aborted or has failed."""
     if buffer.is_cuda and state._engine_comm is None:
         check_torch_nccl()  # once: a stranger's communicator would crash the engine
+    comm = None
     try:
         comm = communicator(state._group()) if buffer.is_cuda else state.comm
         if comm is not None:
             _check_alive(comm)
-    except CommunicatorEnded:
-        _forget(state)
+    except CommunicatorEnded as exc:
+        if exc.gone:
+            _forget(state, comm)
         raise
     if comm is None or comm == state._engine_comm:
         return comm
@@ -50,7 +57,8 @@ def engine_for(state, buffer):
 
 
 def _check_alive(comm):
-    """Raises CommunicatorEnded when the NCCL library says `comm` failed or refuses it. Only
+    """Raises CommunicatorEnded when the NCCL library refuses `comm` (gone) or says it failed
+    (still there: the job aborts it, and libqnccl then sees or is told). Only
     for a communicator known to exist (PyTorch answered for it; the host backend answers
     for any handle): NVIDIA's NCCL frees an aborted one, and must not be asked about it."""
     try:
@@ -58,20 +66,21 @@ def _check_alive(comm):
     except _lib.QncclError as exc:
         raise CommunicatorEnded(f"QNCCL: the NCCL communicator {comm:#x} of the hook's engine "
                                 f"path is gone ({exc.message}): it was destroyed or aborted; "
-                                f"the quantized groups cannot run on it") from exc
+                                f"the quantized groups cannot run on it", gone=True) from exc
     if state not in ("ncclSuccess", "ncclInProgress"):
         raise CommunicatorEnded(f"QNCCL: the NCCL communicator {comm:#x} of the hook's engine "
                                 f"path reports {state} (ncclCommGetAsyncError): it failed, and "
                                 f"the job has to abort it (PyTorch's watchdog does); the "
-                                f"quantized groups cannot run on it")
+                                f"quantized groups cannot run on it", gone=False)
 
 
-def _forget(state):
-    """Drops what libqnccl holds for the state's ended communicator (its residuals are
-    lost: a restart restores them from a checkpoint); the next communicator starts anew."""
-    if state._engine_comm is not None:
+def _forget(state, comm):
+    """Drops what libqnccl holds for the communicator that is gone, `comm` (None: unknown,
+    PyTorch no longer says) and the one the engine ran on (its residuals are lost: a restart
+    restores them from a checkpoint); the next communicator starts anew."""
+    for ended in {state._engine_comm, comm} - {None}:
         try:
-            _comm.forget(state._engine_comm)
+            _comm.forget(ended)
         except _lib.QncclError:
             pass  # nothing held: the engine never ran on it
     state._engine_comm = None
@@ -184,7 +193,8 @@ def communicator(group=None):
     except (RuntimeError, AttributeError) as exc:
         if ABORTED_BY_TORCH in str(exc):  # NCCLComm::getNcclComm() of an aborted one
             raise CommunicatorEnded(f"QNCCL: the process group's NCCL communicator was aborted "
-                                    f"({exc}); the quantized groups cannot run on it") from exc
+                                    f"({exc}); the quantized groups cannot run on it",
+                                    gone=True) from exc
         raise ValueError(f"process group {group!r} has no NCCL backend with a communicator "
                          f"({exc}); QNCCL's policy applies to NCCL process groups "
                          f"(backend='nccl')") from exc

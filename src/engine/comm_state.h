@@ -103,11 +103,13 @@ struct CommState {
    * abort waits for the one in progress to return. */
   std::atomic<bool> aborted{false};
   std::mutex api;
-  /* Quantized groups holding operations on the communicator (or its
-   * topology's): counted from their first post, under `api`, until their
-   * ncclGroupEnd returned. NCCL frees a communicator aborted under such a
-   * group, whose end then uses freed memory: the abort waits (quiesce). */
-  std::atomic<int> groups_open{0};
+  /* QNCCL's uses of the communicator (or its node layout's) outside `api`
+   * that may wait for peers: each group of a step from its first post until
+   * its ncclGroupEnd returned, the layout's splits, measured auto's
+   * agreement (CommHold). NCCL frees a communicator aborted under such a
+   * use, which then reads freed memory: the abort waits for none to be left
+   * (shim/comm_lifecycle.cc, quiesce). */
+  std::atomic<int> holds{0};
   /* The failure of a quantized call that may have left peers waiting: every
    * later call fails with it, and ncclCommGetAsyncError reports it, so the
    * application aborts the communicator (docs/allreduce.md, "Failures"). */
@@ -137,6 +139,28 @@ struct CommState {
   bool warned_feedback_ring = false;     // error feedback on a low-bit ring was reported
   bool reported_one_node = false;        // hierarchical calls on one node run exact: said
   bool reported_capture_hier = false;    // a hierarchical call captured too early ran exact: said
+};
+
+/* One of the uses `holds` counts, for its scope: taken under `api` unless
+ * the communicator was aborted (held() is then false, and nothing may be
+ * done with it). */
+class CommHold {
+ public:
+  explicit CommHold(CommState& state) : state_(state) {
+    std::lock_guard<std::mutex> lock(state.api);
+    held_ = !state.aborted;
+    if (held_) state.holds++;
+  }
+  CommHold(const CommHold&) = delete;
+  CommHold& operator=(const CommHold&) = delete;
+  ~CommHold() {
+    if (held_) state_.holds--;
+  }
+  bool held() const { return held_; }
+
+ private:
+  CommState& state_;
+  bool held_ = false;
 };
 
 /* The state of `comm`, made on first use with the debug level of `config`

@@ -490,8 +490,10 @@ ncclResult_t device_max_allreduce(const NcclApi& nccl, ncclComm_t comm, int devi
   err = cudaMemcpyAsync(memory, values, bytes, cudaMemcpyHostToDevice, stream);
   if (err != cudaSuccess) res = cuda_failed("copying the trials' times to the device", err);
   if (res == ncclSuccess) {
-    std::lock_guard<std::mutex> lock(state.api);
-    res = nccl.allReduce(memory, memory, n, ncclFloat64, ncclMax, comm, stream);
+    const CommHold hold(state);  // an abort waits for it (a blocking call may wait for peers)
+    res = hold.held() ? nccl.allReduce(memory, memory, n, ncclFloat64, ncclMax, comm, stream)
+                      : set_error(ncclInvalidUsage, "measured auto: the communicator was "
+                                  "aborted or destroyed during the call");
   }
   if (res == ncclInProgress) res = wait_until_ready(nccl, comm, state);
   if (res == ncclSuccess) {

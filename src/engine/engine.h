@@ -272,7 +272,7 @@ struct Post {
   const Collective* ops = nullptr;
   int nops = 0;
   ncclResult_t result = ncclSuccess;
-  bool holding = false;  // counted in the state's groups_open (transfer())
+  bool holding = false;  // counted in the state's holds (transfer())
   std::string message;  // of a failure
 
   bool carries_bytes() const;

@@ -312,7 +312,7 @@ ncclResult_t post_transfers(Post& p) {
   const Segment& s = *p.segment;
   std::lock_guard<std::mutex> lock(s.state->api);
   if (s.state->aborted) return ncclInvalidUsage;
-  s.state->groups_open++;
+  s.state->holds++;
   p.holding = true;
   for (int i = 0; i < p.nops; i++)
     if (p.ops[i].count > 0) QNCCL_CHECK(post_collective(s, p.on, p.ops[i]));
@@ -354,7 +354,7 @@ void transfer(Post* const* posts, size_t n) {
   }
   for (size_t i = 0; i < n; i++) {
     Post& p = *posts[i];
-    if (p.holding) p.segment->state->groups_open--;  // NCCL has its operations now
+    if (p.holding) p.segment->state->holds--;  // NCCL has its operations now
     p.holding = false;
   }
   for (size_t i = 0; i < n; i++) {
@@ -387,8 +387,8 @@ ncclResult_t wait_until_ready(const NcclApi& nccl, ncclComm_t comm, CommState& s
     {
       std::lock_guard<std::mutex> lock(state.api);
       if (state.aborted)
-        return set_error(ncclInvalidUsage, "the communicator was aborted (ncclCommAbort) while "
-                         "QNCCL waited for it");
+        return set_error(ncclInvalidUsage, "the communicator was aborted or destroyed "
+                         "(ncclCommAbort, ncclCommDestroy) while QNCCL waited for it");
       if (ncclResult_t res = nccl.commGetAsyncError(comm, &now); res != ncclSuccess) return res;
     }
     if (now != ncclInProgress) return now;

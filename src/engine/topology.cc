@@ -83,12 +83,27 @@ void report(ncclComm_t comm, const CommState& state, int nranks) {
          t.nodes);
 }
 
+/* The layout's work may wait for peers (a split is an NCCL init): an abort
+ * waits for it (CommHold); its communicators are published under `api`, where
+ * an abort reads them. */
+ncclResult_t aborted_error() {
+  return set_error(ncclInvalidUsage, "quantized allreduce: the communicator was aborted or "
+                   "destroyed (ncclCommAbort, ncclCommDestroy) during the call");
+}
+
+void publish(CommState& state, ncclComm_t* slot, ncclComm_t comm) {
+  std::lock_guard<std::mutex> lock(state.api);
+  *slot = comm;
+}
+
 }  // namespace
 
 ncclResult_t discover_topology(const NcclApi& nccl, ncclComm_t comm, int rank, int nranks,
                                CommState& state) {
   Topology& t = state.topology;
   if (t.known) return ncclSuccess;
+  const CommHold hold(state);
+  if (!hold.held()) return aborted_error();
   t.host = host_id();
   ncclComm_t local = nullptr;
   QNCCL_CHECK(split(nccl, comm, host_color(t.host), rank, state, &local));
@@ -113,7 +128,7 @@ ncclResult_t discover_topology(const NcclApi& nccl, ncclComm_t comm, int rank, i
   }
   t.known = true;
   if (t.hierarchical())
-    t.local = local;  // auto will run on it
+    publish(state, &t.local, local);  // auto will run on it
   else
     nccl.commDestroy(local);
   report(comm, state, nranks);
@@ -122,9 +137,17 @@ ncclResult_t discover_topology(const NcclApi& nccl, ncclComm_t comm, int rank, i
 
 ncclResult_t make_hierarchy(const NcclApi& nccl, ncclComm_t comm, int rank, CommState& state) {
   Topology& t = state.topology;  // discovered, uniform
-  if (t.local == nullptr) QNCCL_CHECK(split(nccl, comm, host_color(t.host), rank, state, &t.local));
+  if (t.local != nullptr && t.cross != nullptr) return ncclSuccess;
+  const CommHold hold(state);
+  if (!hold.held()) return aborted_error();
+  ncclComm_t made = nullptr;
+  if (t.local == nullptr) {
+    QNCCL_CHECK(split(nccl, comm, host_color(t.host), rank, state, &made));
+    publish(state, &t.local, made);
+  }
   if (t.cross == nullptr) {
-    QNCCL_CHECK(split(nccl, comm, t.local_rank, rank, state, &t.cross));
+    QNCCL_CHECK(split(nccl, comm, t.local_rank, rank, state, &made));
+    publish(state, &t.cross, made);
     int nodes = 0;
     QNCCL_CHECK(size_and_rank(nccl, t.cross, &nodes, &t.node));
     if (nodes != t.nodes)

@@ -184,7 +184,7 @@ ncclResult_t check_split(int color, const ncclComm_t* newcomm, const ncclConfig_
 
 /* Waits until every rank of `parent` has reached the split: the ranks' colors
  * and keys are gathered without blocking, and the wait ends, as a
- * collective's does, when `parent` is aborted from another thread. (An
+ * collective's does, when `parent` is aborted or revoked from another thread. (An
  * aborted wait leaves MPI's request, and the memory it writes, behind.) */
 ncclResult_t gather_split_arguments(const CommRef& parent, int color, int key) {
   auto all = std::make_shared<std::vector<int>>(2 * (size_t)parent->nranks);
@@ -197,21 +197,44 @@ ncclResult_t gather_split_arguments(const CommRef& parent, int color, int key) {
     QNCCL_CHECK(mpi_result(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "ncclCommSplit",
                            "MPI_Test"));
     if (done) return ncclSuccess;
-    if (parent->aborted) {
+    if (parent->aborted || parent->revoked) {
       static std::mutex mutex;
       static std::vector<std::shared_ptr<std::vector<int>>> abandoned;  // MPI may still write
       std::lock_guard<std::mutex> lock(mutex);
       abandoned.push_back(all);
-      return set_error(ncclInvalidUsage, "ncclCommSplit: the communicator was aborted "
-                       "(ncclCommAbort) while the split waited for its ranks");
+      return set_error(ncclInvalidUsage, "ncclCommSplit: the communicator was %s while the "
+                       "split waited for its ranks", parent->aborted ? "aborted (ncclCommAbort)"
+                       : "revoked (ncclCommRevoke)");
     }
   }
 }
+
+/* A split under way counts as a flight of its parent (ncclCommRevoke waits
+ * for it) and, on the caller's thread (a blocking parent), holds the parent
+ * as a group does: NVIDIA's NCCL frees a parent aborted under it. */
+class SplitInFlight {
+ public:
+  SplitInFlight(const CommRef& parent, bool holds) : parent_(parent), holds_(holds) {
+    parent_->flights++;
+    if (holds_) parent_->holders++;
+  }
+  SplitInFlight(const SplitInFlight&) = delete;
+  SplitInFlight& operator=(const SplitInFlight&) = delete;
+  ~SplitInFlight() {
+    parent_->flights--;
+    if (holds_) parent_->holders--;
+  }
+
+ private:
+  CommRef parent_;
+  bool holds_;
+};
 
 /* MPI_Comm_split of `parent` into a registered child (or none), whose handle
  * goes to *newcomm, once every rank has arrived. */
 ncclResult_t split(const CommRef& parent, int color, int key, bool child_blocking,
                    ncclComm_t* newcomm) {
+  const SplitInFlight in_flight(parent, parent->blocking);
   QNCCL_CHECK(wait_device_work(*parent, "ncclCommSplit"));  // its MPI calls come first
   QNCCL_CHECK(gather_split_arguments(parent, color, key));
   MPI_Comm mpi;
@@ -234,10 +257,11 @@ ncclResult_t release(ncclComm_t handle, const char* fn, bool abort) {
   if (comm->holders > 0) {
     // Safe here (references keep the communicator), but not in NVIDIA's NCCL.
     fprintf(stderr, "QNCCL WARN host backend: %s(%p) while a group holds operations on it (posted "
-            "in a group still open, or in an ncclGroupEnd that has not returned): NVIDIA's NCCL "
-            "frees the communicator under that group, whose end then uses freed memory. End the "
-            "group first, or stop it with ncclCommRevoke (NCCL 2.28.7 and later) and wait for "
-            "its ncclGroupEnd to return\n", fn, (const void*)handle);
+            "in a group still open, in an ncclGroupEnd that has not returned, or an "
+            "ncclCommSplit of it under way): NVIDIA's NCCL frees the communicator under that "
+            "group, which then uses freed memory. End the group first, or stop it with "
+            "ncclCommRevoke (NCCL 2.28.7 and later) and wait for its call to return\n", fn,
+            (const void*)handle);
   }
   // Work queued on device streams ends first (an abort ends it early instead).
   const ncclResult_t waited = abort ? ncclSuccess : wait_device_work(*comm, fn);
@@ -359,7 +383,8 @@ ncclResult_t acquire_usable(const ncclComm* handle, const char* fn, CommRef* out
   }
   if ((*out)->revoked) {
     return set_error(ncclInvalidUsage, "%s: the communicator was revoked (ncclCommRevoke); only "
-                     "ncclCommDestroy, ncclCommAbort or ncclCommSplit may follow", fn);
+                     "ncclCommDestroy or ncclCommAbort may follow (NCCL also allows a split "
+                     "without shared resources; this backend does not)", fn);
   }
   // As NCCL checks each operation's communicator: through the exported
   // ncclCommGetAsyncError, called through the PLT, so an interposer in front
@@ -523,9 +548,9 @@ QNCCL_EXPORT ncclResult_t ncclCommAbort(ncclComm_t comm) {
 /* As NCCL 2.28.7 and later: operations of the communicator in flight (a
  * group end on another thread, nonblocking work, work queued on device
  * streams) end with an error, later ones are refused, and nothing is freed;
- * returns once none is in flight. The communicator's state stays ncclSuccess
- * (NCCL's once it is quiescent); only ncclCommDestroy, ncclCommAbort or
- * ncclCommSplit may follow. */
+ * returns once none is in flight (a split waiting for its ranks too). The
+ * communicator's state stays ncclSuccess (NCCL's once it is quiescent); only
+ * ncclCommDestroy or ncclCommAbort may follow (NCCL also allows a split). */
 QNCCL_EXPORT ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags) {
   CommRef ref;
   QNCCL_CHECK(acquire(comm, "ncclCommRevoke", &ref));

@@ -45,31 +45,38 @@ void report_stats(ncclComm_t comm) {
        (unsigned long long)s.computeSteps, (unsigned long long)s.groups);
 }
 
-/* How long an abort or destroy waits for a quantized group of another thread
- * to return from its ncclGroupEnd: on its own at first, then (an abort, where
- * the real NCCL has ncclCommRevoke) after stopping it. */
+/* How long an abort or destroy waits for QNCCL's uses of the communicator on
+ * other threads to end (a group's ncclGroupEnd, a split, an agreement): on
+ * their own at first, then (an abort, where the real NCCL has ncclCommRevoke)
+ * after stopping them. */
 constexpr auto kGroupGrace = std::chrono::milliseconds(100);
 constexpr auto kGroupWait = std::chrono::seconds(10);
 
-/* Waits until no quantized group holds operations on the communicator of
- * `state` (or its topology's), so the real NCCL never frees one under a group
- * of QNCCL's: NCCL does not guard a group against an abort from another
- * thread (its end would use the freed communicator). A group stuck in its end
- * (a peer gone while NCCL connects to it) is stopped with ncclCommRevoke,
- * which frees nothing; before NCCL 2.28.7, after kGroupWait the abort goes on
- * regardless, as NCCL's own would. Not under `api`: the group's thread may
+/* Waits until QNCCL holds the communicator of `state` (or its node layout's)
+ * nowhere (CommState::holds), so the real NCCL never frees one under a group,
+ * split or agreement of QNCCL's: NCCL does not guard them against an abort
+ * from another thread (they would use the freed communicator). One stuck (a
+ * peer gone while NCCL waits for it) is stopped with ncclCommRevoke, which
+ * frees nothing; before NCCL 2.28.7, after kGroupWait the abort goes on
+ * regardless, as NCCL's own would. Not under `api`: the holder's thread may
  * still be posting (each post refuses, as `aborted` is set) before its end. */
 void quiesce(const NcclApi& nccl, ncclComm_t comm, CommState& state, bool abort) {
   using Clock = std::chrono::steady_clock;
   const auto wait_until = [&](Clock::time_point end) {
-    while (state.groups_open > 0 && Clock::now() < end)
+    while (state.holds > 0 && Clock::now() < end)
       std::this_thread::sleep_for(std::chrono::microseconds(200));
-    return state.groups_open == 0;
+    return state.holds == 0;
   };
   const Clock::time_point start = Clock::now();
   if (wait_until(start + kGroupGrace)) return;
   if (abort && nccl.commRevoke != nullptr) {
-    for (ncclComm_t c : {comm, state.topology.cross, state.topology.local}) {
+    ncclComm_t layout[2];
+    {
+      std::lock_guard<std::mutex> lock(state.api);  // where the layout's are published
+      layout[0] = state.topology.cross;
+      layout[1] = state.topology.local;
+    }
+    for (ncclComm_t c : {comm, layout[0], layout[1]}) {
       if (c == nullptr || nccl.commRevoke(c, NCCL_REVOKE_DEFAULT) != ncclInProgress) continue;
       ncclResult_t now = ncclInProgress;  // a nonblocking communicator's revoke: until quiescent
       while (now == ncclInProgress && Clock::now() < start + kGroupWait &&
@@ -78,8 +85,9 @@ void quiesce(const NcclApi& nccl, ncclComm_t comm, CommState& state, bool abort)
     }
   }
   if (wait_until(start + kGroupWait)) return;
-  warn("%s(%p): a quantized call's group on another thread did not return from ncclGroupEnd "
-       "within %lld s%s; %s goes on: the real NCCL may free the communicator under that group",
+  warn("%s(%p): a quantized call on another thread still waits in the real NCCL (a group "
+       "end, a split) after %lld s%s; %s goes on: the real NCCL may free the communicator "
+       "under it",
        abort ? "ncclCommAbort" : "ncclCommDestroy", (void*)comm, (long long)kGroupWait.count(),
        abort && nccl.commRevoke == nullptr ? " (this NCCL has no ncclCommRevoke to stop it: "
        "2.28.7 and later have)" : "", abort ? "the abort" : "the destroy");
@@ -189,7 +197,12 @@ QNCCL_EXPORT ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* a
   const NcclApi* nccl;
   if (real_nccl(&nccl) != ncclSuccess) return fail(ncclSystemError);
   const ncclResult_t res = nccl->commGetAsyncError(comm, asyncError);
-  if (res != ncclSuccess || asyncError == nullptr || !any_comm_failed()) return res;
+  if (res != ncclSuccess) {  // the library's reason, as qncclGetLastError's too
+    const char* why = nccl->getLastError(nullptr);
+    return set_error(res, "%s", why != nullptr && why[0] != '\0' ? why : "ncclCommGetAsyncError "
+                     "refused the communicator");
+  }
+  if (asyncError == nullptr || !any_comm_failed()) return res;
   std::shared_ptr<CommState> state = existing_comm_state(comm);
   if (state != nullptr && state->failure != ncclSuccess &&
       (*asyncError == ncclSuccess || *asyncError == ncclInProgress))

@@ -87,9 +87,11 @@ ncclResult_t decide(Tuning& t, const NcclApi& nccl, ncclComm_t comm, cudaStream_
 #endif
   } else {
     {
-      std::lock_guard<std::mutex> lock(state.api);
-      res = nccl.allReduce(times.data(), times.data(), times.size(), ncclFloat64, ncclMax, comm,
-                           stream);
+      const CommHold hold(state);  // it may wait for the peers: an abort waits for it
+      res = hold.held() ? nccl.allReduce(times.data(), times.data(), times.size(), ncclFloat64,
+                                         ncclMax, comm, stream)
+                        : set_error(ncclInvalidUsage, "measured auto: the communicator was "
+                                    "aborted or destroyed during the call");
     }
     if (res == ncclInProgress) res = wait_until_ready(nccl, comm, state);
     QNCCL_CHECK(res);

@@ -21,6 +21,10 @@ abort     the call ends with an error saying the communicator was aborted, the a
 destroy   ncclCommDestroy instead: it may not stop the group, so it returns once the
           group gave up by itself (QNCCL_HOST_INIT_TIMEOUT=2 s without progress), the
           call failing the same way.
+split     (QNCCL_ALGO=hier) rank 0's quantized call is the communicator's first, alone:
+          it waits in the ncclCommSplit that finds the node layout (an NCCL init of a
+          child, which NVIDIA's NCCL would also run on the freed parent); the abort revokes
+          the parent, the split fails, and then the abort proceeds.
 
 Prints one line per failure, then a summary; exits non-zero on any failure.
 """
@@ -65,12 +69,14 @@ def stats(comm):
 
 def main():
     mode = sys.argv[1]
-    name = {"abort": "ncclCommAbort", "destroy": "ncclCommDestroy"}[mode]
+    name = {"abort": "ncclCommAbort", "destroy": "ncclCommDestroy",
+            "split": "ncclCommAbort"}[mode]
     release = getattr(lib, name)
     comm = make_comm()
     x = np.linspace(-1, 1, COUNT, dtype=np.float32) * (RANK + 1)
-    check_nccl(allreduce(comm, x), "the first quantized ncclAllReduce")
-    expect(stats(comm).callsCompressed == 1, "the first call was not quantized")
+    if mode != "split":
+        check_nccl(allreduce(comm, x), "the first quantized ncclAllReduce")
+        expect(stats(comm).callsCompressed == 1, "the first call was not quantized")
     if RANK == 0:
         answers = {}
 
@@ -88,9 +94,9 @@ def main():
         expect(answers["code"] == lib.ncclSuccess,
                f"{name} answered {answers['code']}")
         expect(code != lib.ncclSuccess, "the call on the aborted communicator succeeded")
-        want = "was aborted or destroyed"
+        want = "was revoked (ncclCommRevoke)" if mode == "split" else "was aborted or destroyed"
         expect(want in message, f"the call's message lacks {want!r}: {message!r}")
-        bound = 3.0 if mode == "abort" else 6.0
+        bound = 6.0 if mode == "destroy" else 3.0
         expect(answers["took"] < bound, f"{name} took {answers['took']:.2f} s "
                f"(at most {bound} s)")
         # The group's end returned before the real NCCL let the communicator go; the call

@@ -436,41 +436,73 @@ static int has_context(CtxGetCurrent get) {
   return get(&ctx) == 0 && ctx != NULL;
 }
 
+typedef int (*PointerGetAttributes)(unsigned, int*, void**, unsigned long long);
+
 struct PointerThread {
   CtxGetCurrent get;
-  int before, after;
-  cudaError_t result;
+  PointerGetAttributes driver;  /* NULL: ask the runtime */
+  const void* ptr;
+  int before, after, result, type, ordinal;
 };
 
 static void* pointer_thread(void* arg) {
   struct PointerThread* t = arg;
-  static char host[64];
-  struct cudaPointerAttributes attributes;
   t->before = has_context(t->get);
-  t->result = cudaPointerGetAttributes(&attributes, host);
+  if (t->driver == NULL) {
+    struct cudaPointerAttributes attributes;
+    t->result = cudaPointerGetAttributes(&attributes, t->ptr);
+  } else {
+    /* CU_POINTER_ATTRIBUTE_MEMORY_TYPE (2), CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL (9) */
+    int attributes[2] = {2, 9};
+    unsigned type = 0;
+    int ordinal = -1;
+    void* values[2] = {&type, &ordinal};
+    t->result = t->driver(2, attributes, values, (unsigned long long)(uintptr_t)t->ptr);
+    t->type = (int)type;
+    t->ordinal = ordinal;
+  }
   t->after = has_context(t->get);
   return NULL;
+}
+
+static void pointer_on_new_thread(struct PointerThread* t) {
+  pthread_t thread;
+  pthread_create(&thread, NULL, pointer_thread, t);
+  pthread_join(thread, NULL);
 }
 
 /* The runtime's cudaPointerGetAttributes, on a thread with no context, makes
  * the current device's primary context (device 0's) current there: a library
  * that classifies a pointer that way leaves a context behind (and creates
- * device 0's), which is why QNCCL asks the driver (cuPointerGetAttributes). */
+ * device 0's), which is why QNCCL asks the driver: its cuPointerGetAttributes
+ * answers on a thread with no context, for device and host memory, and makes
+ * none (what libqnccl's pointer_device relies on). */
 static void rule_pointer_context(void) {
+  static char host[64];
   void* driver = dlopen("libcuda.so.1", RTLD_NOW);
   int (*init)(unsigned) = driver ? (int (*)(unsigned))dlsym(driver, "cuInit") : NULL;
-  struct PointerThread t = {driver ? (CtxGetCurrent)dlsym(driver, "cuCtxGetCurrent") : NULL, 0,
-                            0, cudaSuccess};
-  pthread_t thread;
-  if (init == NULL || t.get == NULL || init(0) != 0) {
+  CtxGetCurrent get = driver ? (CtxGetCurrent)dlsym(driver, "cuCtxGetCurrent") : NULL;
+  PointerGetAttributes query =
+      driver ? (PointerGetAttributes)dlsym(driver, "cuPointerGetAttributes") : NULL;
+  void* device = NULL;
+  if (init == NULL || get == NULL || query == NULL || init(0) != 0) {
     printf("pointer-context: no usable libcuda.so.1\n");
     return;
   }
-  pthread_create(&thread, NULL, pointer_thread, &t);
-  pthread_join(thread, NULL);
+  CUDA_OK(cudaMalloc(&device, 256));  /* on device 0, from this (the main) thread */
+  for (int i = 0; i < 2; i++) {
+    struct PointerThread t = {get, query, i == 0 ? (const void*)host : device, 0, 0, 0, 0, -1};
+    pointer_on_new_thread(&t);
+    printf("pointer-context: cuPointerGetAttributes(%s memory) on a new thread -> %d: type %d, "
+           "device %d; a context before %s, after %s\n", i == 0 ? "host" : "device", t.result,
+           t.type, i == 0 ? -1 : t.ordinal, t.before ? "yes" : "no", t.after ? "yes" : "no");
+  }
+  struct PointerThread t = {get, NULL, host, 0, 0, 0, 0, -1};
+  pointer_on_new_thread(&t);
   printf("pointer-context: a new thread has a context: %s\n", t.before ? "yes" : "no");
-  say("pointer-context", "cudaPointerGetAttributes(host memory)", t.result);
+  say("pointer-context", "cudaPointerGetAttributes(host memory)", (cudaError_t)t.result);
   printf("pointer-context: then it has a context: %s\n", t.after ? "yes" : "no");
+  CUDA_OK(cudaFree(device));
 }
 
 /* A call the simulated runtime does not implement. */
