@@ -34,7 +34,8 @@ import time
 
 import numpy as np
 
-from allreduce_check import COMM, RANK, check_nccl, ffi, lib, nccl
+from allreduce_check import COMM, RANK, check_nccl, ffi, lib
+from interposer_check import init_comm, require
 
 COUNT = 4096  # small messages: MPI sends them eagerly, so the cancelled ones leave nothing
 failures = []
@@ -44,16 +45,6 @@ def expect(condition, what):
     if not condition:
         failures.append(f"FAIL rank {RANK}: {what}")
         print(failures[-1], flush=True)
-
-
-def make_comm():
-    uid = ffi.new("ncclUniqueId*")
-    if RANK == 0:
-        check_nccl(nccl.ncclGetUniqueId(uid), "ncclGetUniqueId")
-    ffi.memmove(uid, COMM.bcast(bytes(ffi.buffer(uid)), root=0), ffi.sizeof("ncclUniqueId"))
-    comm = ffi.new("ncclComm_t*")
-    check_nccl(lib.ncclCommInitRank(comm, COMM.Get_size(), uid[0], RANK), "ncclCommInitRank")
-    return comm[0]
 
 
 def allreduce(comm, x):
@@ -72,7 +63,9 @@ def main():
     name = {"abort": "ncclCommAbort", "destroy": "ncclCommDestroy",
             "split": "ncclCommAbort"}[mode]
     release = getattr(lib, name)
-    comm = make_comm()
+    result, comm = init_comm(algo="hier" if mode == "split" else "ring", bits=4, min_bytes=0,
+                             warmup_calls=0)
+    require(result, "ncclCommInitRank")
     x = np.linspace(-1, 1, COUNT, dtype=np.float32) * (RANK + 1)
     if mode != "split":
         check_nccl(allreduce(comm, x), "the first quantized ncclAllReduce")

@@ -187,33 +187,40 @@ def protocol():
     check(lib.ncclCommDestroy(plain[0]))
 
 
+def receive_while(comm, blocking, name, call):
+    """Rank 0 receives from rank 1, which never sends; a second thread of rank 0 calls
+    `call` (ncclCommAbort, ncclCommRevoke) after 0.3 s: the receive ends with an error
+    within seconds (nonblocking: in the background), and the call returns within 2 s."""
+    buf = np.zeros(16, np.float32)
+    took = []
+
+    def end_it():
+        begin = time.monotonic()
+        check(call(), name)
+        took.append(time.monotonic() - begin)
+    ender = threading.Timer(0.3, end_it)
+    ender.start()
+    start = time.monotonic()
+    code = lib.ncclRecv(ptr(buf), buf.size, lib.ncclFloat32, 1, comm, NULL)
+    if blocking:
+        elapsed = time.monotonic() - start
+        F.expect(code != SUCCESS and elapsed < 5,
+                 f"blocking receive during {name} from another thread: answered {code} "
+                 f"after {elapsed:.2f} s (expected an error within seconds)")
+    else:
+        answered(code, "nonblocking ncclRecv")
+    ender.join()
+    F.expect(took and took[0] < 2, f"{name} took {took} s with a receive in flight")
+    return buf
+
+
 def abort_from_thread(blocking):
-    """Rank 0 receives from rank 1, which never sends; a second thread of rank 0
-    aborts the communicator after 0.3 s."""
+    """receive_while with ncclCommAbort; the handle then answers nothing."""
     comm = make_comm(blocking)
     if not blocking:
         wait_ready(comm, "creation")
     if RANK == 0 and N > 1:
-        buf = np.zeros(16, np.float32)
-        took = []
-
-        def abort():
-            begin = time.monotonic()
-            check(lib.ncclCommAbort(comm), "ncclCommAbort")
-            took.append(time.monotonic() - begin)
-        aborter = threading.Timer(0.3, abort)
-        aborter.start()
-        start = time.monotonic()
-        code = lib.ncclRecv(ptr(buf), buf.size, lib.ncclFloat32, 1, comm, NULL)
-        if blocking:
-            elapsed = time.monotonic() - start
-            F.expect(code != SUCCESS and elapsed < 5,
-                     f"blocking receive during an abort from another thread: answered {code} "
-                     f"after {elapsed:.2f} s (expected an error within seconds)")
-        else:
-            answered(code, "nonblocking ncclRecv")
-        aborter.join()
-        F.expect(took and took[0] < 2, f"ncclCommAbort took {took} s with a receive in flight")
+        receive_while(comm, blocking, "ncclCommAbort", lambda: lib.ncclCommAbort(comm))
         state = ffi.new("ncclResult_t*")
         F.expect(lib.ncclCommGetAsyncError(comm, state) == lib.ncclInvalidArgument,
                  "the handle of an aborted communicator still answers")
@@ -223,32 +230,14 @@ def abort_from_thread(blocking):
 
 
 def revoke_from_thread(blocking):
-    """Rank 0 receives from rank 1, which never sends; a second thread of rank 0
-    revokes the communicator after 0.3 s."""
+    """receive_while with ncclCommRevoke; the communicator then reports ncclSuccess and
+    refuses operations and a second revoke; bad flags are refused."""
     comm = make_comm(blocking)
     if not blocking:
         wait_ready(comm, "creation")
     if RANK == 0 and N > 1:
-        buf = np.zeros(16, np.float32)
-        took = []
-
-        def revoke():
-            begin = time.monotonic()
-            check(lib.ncclCommRevoke(comm, REVOKE_DEFAULT), "ncclCommRevoke")
-            took.append(time.monotonic() - begin)
-        revoker = threading.Timer(0.3, revoke)
-        revoker.start()
-        start = time.monotonic()
-        code = lib.ncclRecv(ptr(buf), buf.size, lib.ncclFloat32, 1, comm, NULL)
-        if blocking:
-            elapsed = time.monotonic() - start
-            F.expect(code != SUCCESS and elapsed < 5,
-                     f"blocking receive during a revoke from another thread: answered {code} "
-                     f"after {elapsed:.2f} s (expected an error within seconds)")
-        else:
-            answered(code, "nonblocking ncclRecv")
-        revoker.join()
-        F.expect(took and took[0] < 2, f"ncclCommRevoke took {took} s with a receive in flight")
+        buf = receive_while(comm, blocking, "ncclCommRevoke",
+                            lambda: lib.ncclCommRevoke(comm, REVOKE_DEFAULT))
         state = ffi.new("ncclResult_t*")
         check(lib.ncclCommGetAsyncError(comm, state), "ncclCommGetAsyncError after the revoke")
         F.expect(state[0] == SUCCESS, f"a revoked, quiescent communicator reports {state[0]}")
