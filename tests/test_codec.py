@@ -715,6 +715,22 @@ def test_import_needs_neither_the_library_nor_torch():
     assert "/nonexistent.h does not exist: QNCCL_CDEF names it" in result.stderr
 
 
+def test_cubic_cells_match_their_definition_for_every_float(tmp_path):
+    """The encoder finds a value's cubic-grid cell from a cube-root estimate and one comparison
+    of exact cubes, not by the binary search docs/wire-format.md defines: programs/
+    cube_root_check.cc compares both for every float w in [0, 2^24), the whole range a bucket's
+    values scale to. Compiled as the library is (IEEE operations, no contraction)."""
+    exe = tmp_path / "cube_root_check"
+    repo = TESTS_DIR.parent
+    subprocess.run([os.environ.get("CXX", "g++"), "-std=c++17", "-O3", "-ffp-contract=off",
+                    f"-I{repo / 'src'}", f"-I{repo / 'src' / 'include'}",
+                    str(TESTS_DIR / "programs" / "cube_root_check.cc"), "-o", str(exe)],
+                   check=True, timeout=120)
+    run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout
+    assert "1266679808 values checked: cube_floor wrong 0, nearest wrong 0" in run.stdout
+
+
 # ---- device arrays ---------------------------------------------------------------
 
 @pytest.mark.gpu

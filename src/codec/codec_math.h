@@ -194,29 +194,74 @@ QNCCL_HD float grid_position(const BucketParams& p, float x) {
 /* min(max(q, 0), top) of the doc: q >= 0 already, as grid_position is. */
 QNCCL_HD float clamp_code(float q, float top) { return q > top ? top : q; }
 
+/* cbrt(w) for 0 <= w < 2^24 to within 0.17 (checked for every float in that
+ * range by tests/programs/cube_root_check.cc): a third of the float's bit
+ * pattern, offset so that the exponent's bias stays right, is cbrt within
+ * about 3%; one Newton step squares that error. Plain IEEE operations, the
+ * same on every target. */
+QNCCL_HD float cube_root_estimate(float w) {
+  const float third = 1.0f / 3.0f;
+  const uint32_t bits = (uint32_t)(int32_t)((float)(int32_t)float_bits(w) * third);
+  const float a = bits_float(bits + 709958130u);
+  return (a + a + div_rn(w, a * a)) * third;
+}
+
+/* The largest integer f with f^3 <= w, 0 <= w < 2^24: the estimate, lowered
+ * by its error bound, truncates to f or f - 1; one comparison of exact cubes
+ * (integers up to 256 cube exactly in float32) decides. */
+QNCCL_HD float cube_floor(float w) {
+  const float k = (float)(int32_t)(cube_root_estimate(w) - 0.17f);
+  const float g = k + 1.0f;
+  return g * g * g <= w ? g : k;
+}
+
+/* The largest integer f <= d with f^3 <= w (w >= 0): at two bits (d <= 3)
+ * a binary search of two probes is cheaper than the estimate. */
+template <int BITS>
+QNCCL_HD float cube_floor_within(float w, float d) {
+  if constexpr (BITS <= 2) {
+    float f = 0.0f;
+    QNCCL_UNROLL
+    for (int b = BITS - 1; b >= 0; --b) {
+      const float g = f + (float)(1 << b);
+      f = ((g <= d) & (g * g * g <= w)) ? g : f;
+    }
+    return f;
+  } else {
+    const float f = cube_floor(w);
+    return f > d ? d : f;
+  }
+}
+
 /* The code of x on a cubic grid: on x's side (d codes, unit), the cell
  * [f^3, (f+1)^3) of w = |x| / unit that holds it (f <= d) and how far into
  * the cell it lies decide between the levels f and f + 1: nearest goes up
  * when 2 (w - f^3) > (f+1)^3 - f^3, stochastic when u ((f+1)^3 - f^3) <
  * w - f^3 (probability (w - f^3) / ((f+1)^3 - f^3): unbiased), with no
- * division. Cubes of integers up to 255 are exact in float32, so f is found
- * exactly by a binary search of BITS probes, on every target. Written
+ * division; w - f^3 and the widths are exact. Nearest from three bits needs
+ * no exact f: with k the estimate truncated (f - 1, f or f + 1, and k^3
+ * within a factor of two of w, so w - k^3 is exact), the nearest level is k,
+ * or k + 1 when 2 (w - k^3) > (k+1)^3 - k^3, because the cube root of every
+ * midpoint (k^3 + (k+1)^3) / 2 lies more than 0.17 from an integer. Written
  * without branches, so that host loops vectorize. */
 template <int BITS, bool STOCHASTIC>
 QNCCL_HD uint32_t encode_cubic(const BucketParams& p, float x, float u) {
   const bool neg = x < 0.0f;
   const float d = neg ? p.span_neg : p.span_pos;
-  const float w = (neg ? -x : x) * (neg ? p.inv_unit_neg : p.inv_unit_pos);
-  float f = 0.0f;
-  QNCCL_UNROLL
-  for (int b = BITS - 1; b >= 0; --b) {
-    const float g = f + (float)(1 << b);
-    f = ((g <= d) & (g * g * g <= w)) ? g : f;
+  // |x| by its sign bit: -0.0 becomes +0.0, whose bit pattern the estimate needs
+  const float w = bits_float(float_bits(x) & 0x7fffffffu) * (neg ? p.inv_unit_neg : p.inv_unit_pos);
+  float m;
+  if (STOCHASTIC || BITS <= 2) {
+    const float f = cube_floor_within<BITS>(w, d);
+    const float g = f + 1.0f, f3 = f * f * f;
+    const float into = w - f3, width = g * g * g - f3;
+    m = f + ((STOCHASTIC ? u * width < into : into + into > width) ? 1.0f : 0.0f);
+  } else {
+    const float k = (float)(int32_t)cube_root_estimate(w);
+    const float kk = k * k;
+    const float into = w - kk * k, width = (kk + k) * 3.0f + 1.0f;
+    m = k + (into + into > width ? 1.0f : 0.0f);
   }
-  const float g = f + 1.0f, f3 = f * f * f;
-  const float into = w - f3, width = g * g * g - f3;  // width is exact
-  const bool up = STOCHASTIC ? u * width < into : into + into > width;
-  float m = f + (up ? 1.0f : 0.0f);
   m = m > d ? d : m;
   return (uint32_t)(int32_t)(neg ? p.zero - m : p.zero + m);
 }
