@@ -79,8 +79,9 @@ def tuning(comm):
     (collective, type, size class) met so far: "collective" and "dtype" (names),
     "min_bytes"/"max_bytes" per rank, "calls", "trial_calls", "candidates" (names: "exact",
     "ring", ..., "quantized" for an allgather's or all-to-all's), "seconds" (agreed: the
-    slowest rank's fastest trial of each, once decided) and "choice" (a candidate's name, or
-    None while trying)."""
+    slowest rank's fastest trial of each, once decided), "choice" (a candidate's name, or
+    None while trying) and "stored" (True: the decision came from QNCCL_TUNE_FILE, no trials
+    ran)."""
     ffi, lib = _lib.ffi(), _lib.lib()
     count = ffi.new("int*")
     _lib.check(lib.qncclCommGetTuning(_comm(comm), ffi.NULL, 0, count))
@@ -98,7 +99,8 @@ def tuning(comm):
                      "min_bytes": 1 << e.sizeClass, "max_bytes": (2 << e.sizeClass) - 1,
                      "calls": int(e.calls), "trial_calls": int(e.trialCalls),
                      "candidates": names, "seconds": [float(s) for s in e.seconds[0:len(names)]],
-                     "choice": names[e.choice] if e.choice >= 0 else None})
+                     "choice": names[e.choice] if e.choice >= 0 else None,
+                     "stored": bool(e.stored)})
     return rows
 
 

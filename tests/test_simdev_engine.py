@@ -104,11 +104,12 @@ def test_interposed_collectives_under_a_policy():
               QNCCL_ALLTOALL_BITS="3")
 
 
-def test_measured_auto_on_device_buffers():
+def test_measured_auto_on_device_buffers(tmp_path):
     """Measured auto with device buffers (mpi_programs/tuning_check.py): trials timed by CUDA
-    events, read at the deciding call, the agreement in device memory, every rank deciding
-    alike under skewed timings; a call captured into a graph is no trial and runs the rule."""
-    run_check(4, "tuning_check.py", timeout=300)
+    events, read at the deciding call, the agreements in device memory, every rank deciding
+    alike under skewed timings; QNCCL_TUNE_FILE's decisions; a call captured into a graph is
+    no trial and runs the rule."""
+    run_check(4, "tuning_check.py", timeout=300, TUNE_DIR=str(tmp_path))
 
 
 @pytest.mark.parametrize("nprocs", [1, 2, 4])

@@ -10,8 +10,8 @@ PROGRAM = REPO / "tests" / "mpi_programs" / "tuning_check.py"
 NRANKS = 4
 
 
-def test_ranks_decide_alike_under_skewed_timings():
-    result = run_python(NRANKS, PROGRAM, timeout=240)
+def test_ranks_decide_alike_under_skewed_timings(tmp_path):
+    result = run_python(NRANKS, PROGRAM, timeout=240, env={"TUNE_DIR": str(tmp_path)})
     assert f"SUMMARY tuning: {NRANKS} ranks" in result.stdout and "0 failures" in result.stdout, \
         result.stdout[-3000:]
     # One INFO line per rank and key, all naming the same choice: SRA for the skewed
@@ -27,3 +27,12 @@ def test_ranks_decide_alike_under_skewed_timings():
         choices = re.findall(rf"rank \d: measured auto: {key} bytes per rank runs (\w+)",
                              result.stdout)
         assert len(choices) == NRANKS and len(set(choices)) == 1, (key, choices)
+    # QNCCL_TUNE_FILE (the program's tunefile section): a stored decision runs without
+    # trials and says so; each file not trusted is named in one warning per rank.
+    stored = re.findall(r"rank \d: measured auto: ncclAllReduce float32 of 16384\.\.32767 bytes "
+                        r"per rank runs tree \(QNCCL_TUNE_FILE, no trials", result.stdout)
+    assert len(stored) == NRANKS, result.stdout[-3000:]
+    output = result.stdout + result.stderr
+    for problem in ("line 3 is not", "was not written by this libqnccl"):
+        warnings = re.findall(rf"QNCCL WARN QNCCL_TUNE_FILE=\S+shared.tune {problem}", output)
+        assert len(warnings) == NRANKS, (problem, output[-3000:])

@@ -29,6 +29,7 @@ const char* name(Var var) {
     case Var::kSendRecvBits: return "QNCCL_SENDRECV_BITS";
     case Var::kNcclLib: return "QNCCL_NCCL_LIB";
     case Var::kHostIsa: return "QNCCL_HOST_ISA";
+    case Var::kTuneFile: return "QNCCL_TUNE_FILE";
     case Var::kHostInitTimeout: return "QNCCL_HOST_INIT_TIMEOUT";
     case Var::kNcclCommBlocking: return "NCCL_COMM_BLOCKING";
     case Var::kNcclHostId: return "NCCL_HOSTID";

@@ -31,6 +31,7 @@ enum class Var {
   kNcclLib,           // QNCCL_NCCL_LIB: path of the real NCCL
   kHostIsa,           // QNCCL_HOST_ISA: generic | avx2 | avx512 host codec
   kHostInitTimeout,   // QNCCL_HOST_INIT_TIMEOUT: host backend waits, seconds
+  kTuneFile,          // QNCCL_TUNE_FILE: measured auto's decisions kept across jobs
   kNcclCommBlocking,  // NCCL_COMM_BLOCKING: the real NCCL's default mode, which the host backend follows
   kNcclHostId,        // NCCL_HOSTID: the host name ranks of one node share, as NCCL reads it
 };

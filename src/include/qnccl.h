@@ -351,7 +351,8 @@ typedef struct {
   ncclDataType_t datatype;
   int sizeClass;        /* its calls' input per rank: [2^sizeClass, 2^(sizeClass+1)) bytes */
   uint64_t calls;       /* its calls so far, trials included */
-  int trialCalls;       /* calls its trials take: candidateCount x 2 (0: one candidate) */
+  int trialCalls;       /* calls its trials take: candidateCount x 2 (0: one candidate, or
+                           a decision read from QNCCL_TUNE_FILE) */
   int candidateCount;
   int candidates[QNCCL_MAX_CANDIDATES]; /* QNCCL_EXACT_CANDIDATE, or a qncclAlgo_t value;
                                            qncclAlgoAuto is an allgather's or all-to-all's
@@ -359,6 +360,8 @@ typedef struct {
   double seconds[QNCCL_MAX_CANDIDATES]; /* agreed: the slowest rank's fastest trial, once
                                            decided (0 before) */
   int choice;           /* the index of the candidate its calls run; -1 while trying */
+  int stored;           /* 1: decided by QNCCL_TUNE_FILE, without trials (seconds: the
+                           times the file holds) */
 } qncclTuning_t;
 
 /* The keys measured auto has met on `comm` so far, in (collective, type,

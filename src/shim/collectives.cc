@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "codec/dtype.h"
+#include "common/env.h"
 #include "common/error.h"
 #include "config/config.h"
 #include "engine/engine.h"
@@ -153,12 +154,61 @@ void report_decision(ncclComm_t comm, const ShimComm& st, qncclCollective_t kind
   for (size_t i = 0; i < t.candidates.size() && used < sizeof times; i++)
     used += snprintf(times + used, sizeof times - used, "%s%s %.3f", i ? ", " : "",
                      candidate_name(t.candidates[i]), t.slowest[i] * 1e3);
-  info(comm, st.config.debug,
-       ": measured auto: %s %s of %zu..%zu bytes per rank runs %s (the slowest rank's "
-       "fastest trial, ms: %s; %zu trial calls)",
-       call_name(kind), short_type_name(type), (size_t)1 << size_class,
-       ((size_t)2 << size_class) - 1, candidate_name(t.candidates[t.choice]), times,
-       t.candidates.size() * kTrialRounds);
+  if (t.stored)
+    info(comm, st.config.debug,
+         ": measured auto: %s %s of %zu..%zu bytes per rank runs %s (QNCCL_TUNE_FILE, no "
+         "trials; its times, ms: %s)",
+         call_name(kind), short_type_name(type), (size_t)1 << size_class,
+         ((size_t)2 << size_class) - 1, candidate_name(t.candidates[t.choice]), times);
+  else
+    info(comm, st.config.debug,
+         ": measured auto: %s %s of %zu..%zu bytes per rank runs %s (the slowest rank's "
+         "fastest trial, ms: %s; %zu trial calls)",
+         call_name(kind), short_type_name(type), (size_t)1 << size_class,
+         ((size_t)2 << size_class) - 1, candidate_name(t.candidates[t.choice]), times,
+         t.candidates.size() * kTrialRounds);
+}
+
+/* QNCCL_TUNE_FILE's decisions for `comm`: this rank's file, read once, kept
+ * only when every rank read the same decisions (the file may differ per node,
+ * or be set on some ranks only: the agreement runs either way, so every rank
+ * issues it). */
+ncclResult_t read_stored_decisions(ncclComm_t comm, ShimComm& shim, CommState& st,
+                                   const NcclApi& nccl, cudaStream_t stream, int device) {
+  shim.tune_file_read = true;
+  const char* path = env::get(env::Var::kTuneFile);
+  TuneFileSnapshot snap = read_tune_file(path);
+  bool same = false;
+  QNCCL_CHECK(agree_equal(snap.hash, nccl, comm, stream, device, st, &same));
+  if (same) {
+    shim.tune_file = std::move(snap);
+  } else {
+    info(comm, shim.config.debug,
+         ": measured auto: the ranks' QNCCL_TUNE_FILE decisions differ (this rank's: %s, %zu "
+         "decisions): none used on this communicator, its trials run",
+         path ? path : "unset", snap.decisions.size());
+  }
+  return ncclSuccess;
+}
+
+/* The stored decision of `key` when the file holds one for the same
+ * candidates: `t` is decided without trials. */
+void use_stored_decision(ncclComm_t comm, const ShimComm& shim, const std::string& key,
+                         Tuning& t) {
+  const auto found = shim.tune_file.decisions.find(key);
+  if (found == shim.tune_file.decisions.end()) return;
+  const StoredDecision& d = found->second;
+  bool same = d.candidates.size() == t.candidates.size();
+  for (size_t i = 0; same && i < d.candidates.size(); i++)
+    same = d.candidates[i] == candidate_name(t.candidates[i]);
+  if (!same) {  // every rank read the same file: all skip it alike
+    info(comm, shim.config.debug, ": measured auto: QNCCL_TUNE_FILE's decision for '%s' names "
+         "other candidates: not used", key.c_str());
+    return;
+  }
+  t.choice = d.choice;
+  t.slowest = d.seconds;
+  t.stored = true;
 }
 
 /* Makes `d` run `candidate` of measured auto (a trial of it, or the choice). */
@@ -200,15 +250,37 @@ ncclResult_t tune(ncclComm_t comm, ShimComm& shim, CommState& st, const NcclApi&
   if (capturing) {  // the decision made before, else the rule; nothing made or counted
     const auto made = shim.tuning.find(key);
     if (made == shim.tuning.end() || made->second.choice < 0) return ncclSuccess;
+  } else if (nranks > 1) {
+    if (!st.topology.known) {  // the tune file's keys name the layout
+      int rank = 0;
+      nccl.commUserRank(comm, &rank);
+      QNCCL_CHECK(discover_topology(nccl, comm, rank, nranks, st));
+    }
+    if (!shim.tune_file_read)
+      QNCCL_CHECK(read_stored_decisions(comm, shim, st, nccl, stream, device));
   }
   Tuning& t = shim.tuning[key];
-  if (t.candidates.empty()) t.candidates = tune_candidates(kind, nranks, st.topology);
+  const std::string file_key =
+      tune_file_key(kind, type, size, nranks, st.topology.nodes, st.topology.local_ranks,
+                    d.config);
+  if (t.candidates.empty()) {
+    t.candidates = tune_candidates(kind, nranks, st.topology);
+    if (t.candidates.size() > 1) use_stored_decision(comm, shim, file_key, t);
+    if (t.stored) report_decision(comm, shim, kind, type, size, t);
+  }
   int index = t.choice;
   if (!capturing) {
     const TuneStep step = next_step(t);
     if (step.what == TuneStep::kDecide) {
       QNCCL_CHECK(decide(t, nccl, comm, stream, device, st));
       report_decision(comm, shim, kind, type, size, t);
+      if (const char* path = env::get(env::Var::kTuneFile)) {
+        StoredDecision stored;
+        for (int c : t.candidates) stored.candidates.push_back(candidate_name(c));
+        stored.choice = t.choice;
+        stored.seconds = t.slowest;
+        store_tune_decision(path, file_key, stored);
+      }
     }
     index = t.choice;
     if (step.what == TuneStep::kTrial) {

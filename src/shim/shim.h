@@ -12,6 +12,7 @@
 #include <unordered_map>
 
 #include "qnccl.h"
+#include "shim/tune_file.h"
 #include "shim/tuner.h"
 
 namespace qnccl {
@@ -34,6 +35,10 @@ struct ShimComm {
   std::set<std::string> logged;
   std::unordered_map<int, qncclQuantizedOpConfig_t> ops;
   TuneTable tuning;  // measured auto's decisions (shim/tuner.h)
+  /* QNCCL_TUNE_FILE's decisions, read at the first call measured auto
+   * handles outside a capture; kept only when every rank read the same. */
+  TuneFileSnapshot tune_file;
+  bool tune_file_read = false;
   /* Whether the communicator was announced (its kernels loaded, its
    * configuration reported): once it first answered queries (a nonblocking
    * creation answers none while in progress). */

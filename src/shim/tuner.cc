@@ -78,26 +78,39 @@ ncclResult_t decide(Tuning& t, const NcclApi& nccl, ncclComm_t comm, cudaStream_
   QNCCL_CHECK(res);
   record_trial(t, 0, INFINITY);  // sized, should no trial have been recorded
   std::vector<double> times = t.own;
+  QNCCL_CHECK(agree_max(times, nccl, comm, stream, device, state));
+  t.slowest = times;
+  t.choice = choose(times);
+  return ncclSuccess;
+}
+
+ncclResult_t agree_max(std::vector<double>& values, const NcclApi& nccl, ncclComm_t comm,
+                       cudaStream_t stream, int device, CommState& state) {
   if (device >= 0) {
 #ifdef QNCCL_WITH_CUDA
-    QNCCL_CHECK(
-        device_max_allreduce(nccl, comm, device, stream, times.data(), times.size(), state));
+    return device_max_allreduce(nccl, comm, device, stream, values.data(), values.size(), state);
 #else
     return set_error(ncclInternalError, "measured auto: device buffers in a build without CUDA");
 #endif
-  } else {
-    {
-      const CommHold hold(state);  // it may wait for the peers: an abort waits for it
-      res = hold.held() ? nccl.allReduce(times.data(), times.data(), times.size(), ncclFloat64,
-                                         ncclMax, comm, stream)
-                        : set_error(ncclInvalidUsage, "measured auto: the communicator was "
-                                    "aborted or destroyed during the call");
-    }
-    if (res == ncclInProgress) res = wait_until_ready(nccl, comm, state);
-    QNCCL_CHECK(res);
   }
-  t.slowest = times;
-  t.choice = choose(times);
+  ncclResult_t res;
+  {
+    const CommHold hold(state);  // it may wait for the peers: an abort waits for it
+    res = hold.held() ? nccl.allReduce(values.data(), values.data(), values.size(), ncclFloat64,
+                                       ncclMax, comm, stream)
+                      : set_error(ncclInvalidUsage, "measured auto: the communicator was "
+                                  "aborted or destroyed during the call");
+  }
+  if (res == ncclInProgress) res = wait_until_ready(nccl, comm, state);
+  return res;
+}
+
+ncclResult_t agree_equal(uint64_t value, const NcclApi& nccl, ncclComm_t comm,
+                         cudaStream_t stream, int device, CommState& state, bool* equal) {
+  const double hi = (double)(value >> 32), lo = (double)(value & 0xffffffffu);
+  std::vector<double> v = {hi, lo, -hi, -lo};
+  QNCCL_CHECK(agree_max(v, nccl, comm, stream, device, state));
+  *equal = v[0] == hi && v[1] == lo && v[2] == -hi && v[3] == -lo;  // max == min
   return ncclSuccess;
 }
 

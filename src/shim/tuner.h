@@ -61,6 +61,7 @@ struct Tuning {
   std::vector<double> own;      // this rank's fastest trial of each candidate, seconds
   std::vector<double> slowest;  // agreed: the slowest rank's fastest trial of each
   int choice = -1;              // decided: an index into candidates
+  bool stored = false;          // decided by QNCCL_TUNE_FILE (shim/tune_file.h), no trials
   /* Trials on device buffers: events around each on the call's stream, read
    * by the deciding call (engine/compute.h, timing_event). */
   struct Pending {
@@ -93,11 +94,20 @@ const char* candidate_name(int candidate);
 /* Records a trial of candidate `index` that took `seconds` on this rank. */
 void record_trial(Tuning& t, int index, double seconds);
 
-/* The deciding call's agreement: the slowest rank's time of every candidate,
- * through one exact allreduce (maximum, float64) of the real NCCL on
- * `comm`, in host memory for calls on host buffers (`device` -1), else in
- * memory of `device` on `stream` (which it waits for); then the choice.
- * Fails as the allreduce does. */
+/* values = their maximum over the ranks: one exact allreduce (float64) of
+ * the real NCCL on `comm`, in host memory for calls on host buffers
+ * (`device` -1), else in memory of `device` on `stream` (which it waits
+ * for). Fails as the allreduce does. */
+ncclResult_t agree_max(std::vector<double>& values, const NcclApi& nccl, ncclComm_t comm,
+                       cudaStream_t stream, int device, CommState& state);
+
+/* Whether every rank holds the same 64-bit `value`: agree_max of its halves
+ * and their negations (exact in float64). */
+ncclResult_t agree_equal(uint64_t value, const NcclApi& nccl, ncclComm_t comm,
+                         cudaStream_t stream, int device, CommState& state, bool* equal);
+
+/* The deciding call's agreement: the slowest rank's time of every candidate
+ * (agree_max), then the choice. */
 ncclResult_t decide(Tuning& t, const NcclApi& nccl, ncclComm_t comm, cudaStream_t stream,
                     int device, CommState& state);
 

@@ -21,6 +21,12 @@ skew     float32 allreduce of 64 KiB (candidates exact, ring, tree, SRA): ranks 
          no call has tried yet: auto's rule, nothing tried or counted.
 others   a reduce-scatter (candidates exact, ring, SRA) and an allgather (exact, quantized)
          tried and decided alike on every rank, with the same checks.
+tunefile (with a folder in TUNE_DIR) QNCCL_TUNE_FILE: a decision made by trials is stored
+         under its key; a new communicator whose ranks read a file naming another valid
+         choice (tree) runs it from its key's first call, without trials, and says so in its
+         table; a file with a malformed line, or written by another version, is ignored with
+         a warning (trials run, then the file is rewritten whole); ranks whose files differ,
+         one rank without the variable, run the trials and decide alike.
 capture  (device buffers) a call of a size not yet decided, captured into a CUDA graph: it
          is not a trial and counts nothing (no tuning row), runs auto's rule (SRA) at each
          replay, the emulator's next call number.
@@ -30,8 +36,10 @@ deciding call, and the agreement runs in device memory.
 
 Prints one line per failure, then a summary; exits non-zero on any failure.
 """
+import os
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -228,6 +236,89 @@ def others_section():
     require(lib.ncclCommDestroy(c.comm), "ncclCommDestroy")
 
 
+TUNE_COUNT = 4096  # 16 KiB of float32: size class 14
+TUNE_KEY = ("allreduce float32 class=14 ranks=4 nodes=1 local=4 bits=4 bucket=128 "
+            "rounding=stochastic feedback=0 inter=auto intra=0 lanes=0")
+HEADER = "qnccl-tune-file 1 libqnccl "
+
+
+def tune_file(path):
+    """Makes the next communicator's ranks read `path` (None: the variable unset)."""
+    if path is None:
+        os.environ.pop("QNCCL_TUNE_FILE", None)
+    else:
+        os.environ["QNCCL_TUNE_FILE"] = str(path)
+
+
+def stored_lines(path):
+    """The file's lines, once every rank is past its last write (and before any writes
+    it again)."""
+    COMM.barrier()
+    lines = Path(path).read_text().splitlines()
+    COMM.barrier()
+    return lines
+
+
+def write_file(path, text):
+    """Rank 0 writes `path`; every rank waits for it."""
+    if RANK == 0:
+        Path(path).write_text(text)
+    COMM.barrier()
+
+
+def decided_without_trials(c, choice, label):
+    """Two calls of the key that a stored decision decides: both run `choice`, and the
+    table row says stored, with no trial calls."""
+    for i in range(2):
+        checked_call(c, "allreduce", TUNE_COUNT, choice, f"{label}: call {i} ({choice})")
+    row = entry(c, "allreduce", TUNE_COUNT)
+    expect(row is not None and row["stored"] and row["choice"] == choice and
+           row["trial_calls"] == 0 and row["calls"] == 2, label,
+           f"row {row}: expected the stored choice {choice}, no trials, 2 calls")
+
+
+def tunefile_section(folder):
+    shared = folder / "shared.tune"
+    tune_file(shared)
+    c = Comm()
+    choice, row = try_and_decide(c, "allreduce", TUNE_COUNT)
+    expect(row is not None and not row["stored"], "tune file: trials", f"row {row}")
+    require(lib.ncclCommDestroy(c.comm), "ncclCommDestroy")
+    lines = stored_lines(shared)
+    version = lines[0][len(HEADER):] if lines else ""
+    expect(lines[:1] == [HEADER + version] and len(lines) == 2 and
+           lines[1].startswith(f"{TUNE_KEY} : {choice} exact="), "tune file: stored",
+           f"the file holds {lines}, expected the header and '{TUNE_KEY} : {choice} ...'")
+    # Another valid choice in its place: a new communicator runs it without trials.
+    tree = f"{HEADER}{version}\n{TUNE_KEY} : tree exact=9 ring=9 tree=1 sra=9\n"
+    write_file(shared, tree)
+    c = Comm()
+    decided_without_trials(c, "tree", "tune file: reloaded")
+    require(lib.ncclCommDestroy(c.comm), "ncclCommDestroy")
+    # Not trusted: a malformed line, then another version's file; trials run, and the
+    # decision rewrites the file whole.
+    for label, text in (("malformed", tree + "allreduce float32 : ring\n"),
+                        ("stale", tree.replace(HEADER + version, HEADER + "9.9.9"))):
+        write_file(shared, text)
+        c = Comm()
+        choice, row = try_and_decide(c, "allreduce", TUNE_COUNT)
+        expect(row is not None and not row["stored"], f"tune file {label}", f"row {row}")
+        require(lib.ncclCommDestroy(c.comm), "ncclCommDestroy")
+        lines = stored_lines(shared)
+        expect(len(lines) == 2 and lines[0] == HEADER + version and
+               lines[1].startswith(f"{TUNE_KEY} : {choice} "), f"tune file {label}",
+               f"not rewritten whole: {lines}")
+    # Files that differ between ranks, and a rank without the variable: not used, trials.
+    own = folder / f"rank{RANK}.tune"
+    own.write_text(tree.replace(": tree", ": ring") if RANK == 1 else tree)
+    tune_file(None if RANK == 3 else own)
+    c = Comm()
+    choice, row = try_and_decide(c, "allreduce", TUNE_COUNT)
+    expect(row is not None and not row["stored"], "tune files differ", f"row {row}")
+    require(lib.ncclCommDestroy(c.comm), "ncclCommDestroy")
+    tune_file(None)
+
+
 def capture_section():
     c = Comm()
     # Trials of another size first: the layout found and the workspace grown by its
@@ -263,6 +354,8 @@ def main():
         return 2
     skew_section()
     others_section()
+    if os.environ.get("TUNE_DIR"):
+        tunefile_section(Path(os.environ["TUNE_DIR"]))
     if MEMORY.device_mode:
         capture_section()
     failed = COMM.allreduce(len(failures.lines))
