@@ -376,7 +376,12 @@ def test_quantized_ops_warmup_split_and_statistics(interposer):
     result = mpi.run_python(NRANKS, CHECK_PROGRAM, timeout=120)
     summary = [line for line in result.stdout.splitlines() if line.startswith("SUMMARY")]
     assert summary and summary[-1].endswith(" 0 failures"), result.stdout[-6000:]
-    reports = re.findall(r"^QNCCL INFO comm \S+ rank (-?\d+)/(-?\d+): bits=", result.stdout, re.M)
+    # The one-rank section's INFO: each QNCCL_ALGO passes through, and says why.
+    one_rank = re.findall(r"^QNCCL INFO comm \S+ rank 0: ncclAllReduce float32 sum: passed "
+                          r"through \(one rank: nothing crosses a link\)$", result.stdout, re.M)
+    assert len(one_rank) == 6 * NRANKS, result.stdout[-6000:]  # each rank has its own
+    reports = [r for r in re.findall(r"^QNCCL INFO comm \S+ rank (-?\d+)/(-?\d+): bits=",
+                                     result.stdout, re.M) if r[1] != "1"]  # not one-rank's
     assert sorted(int(rank) for rank, size in reports) == list(range(NRANKS)) and \
         all(int(size) == NRANKS for rank, size in reports), \
         f"the nonblocking communicator's reports {reports}: one per rank, of {NRANKS} ranks, " \

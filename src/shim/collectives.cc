@@ -32,6 +32,7 @@ struct Decision {
   bool compress = false;
   bool counted = false;   // took an eligible-call number (warm-up counts these)
   bool measured = false;  // measured auto picks what it runs (shim/tuner.h)
+  bool requested = false;  // a quantized op's call: the application asked for it
   qncclAllReduceConfig_t config = {};
   ncclRedOp_t reduction = ncclSum;
   char why[128] = "";  // pass-through reason
@@ -53,6 +54,7 @@ Decision decide(ShimComm& st, qncclCollective_t kind, size_t count, ncclDataType
   if (quantized != st.ops.end() && kind == qncclCollAllReduce) {
     // An explicit request: the environment does not apply.
     d.compress = true;
+    d.requested = true;
     d.config = quantized->second.allreduce;
     d.reduction = quantized->second.reduction;
     return d;
@@ -400,6 +402,13 @@ ncclResult_t collective(qncclCollective_t kind, const void* send, void* recv, si
   if (d.compress || d.measured) {
     if (const ncclResult_t res = comm_ready(comm, *shim, *st, *nccl); res != ncclSuccess)
       return fail(res);
+    // On one rank nothing crosses a link: the policy's calls are exact, whatever the
+    // algorithm (a quantized op is the application's own request, and keeps it).
+    int nranks = 0;
+    if (!d.requested && nccl->commCount(comm, &nranks) == ncclSuccess && nranks == 1) {
+      d.compress = d.measured = false;
+      snprintf(d.why, sizeof d.why, "one rank: nothing crosses a link");
+    }
   }
   if (d.compress &&
       check_call(kind, send, recv, count, type, d.reduction, d.config, comm) != ncclSuccess)

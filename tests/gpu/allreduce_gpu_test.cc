@@ -7,7 +7,9 @@
  *      outputs get garbage first and guard bytes after, inputs stay intact;
  *   2. mixed host/device buffers fail with ncclInvalidArgument;
  *   3. a call enqueued behind a held stream returns without waiting for it;
- *   4. CUDA graph capture through the interposed ncclAllReduce: on a new
+ *   4. CUDA graph capture through the interposed ncclAllReduce (with a
+ *      quantized op: on one rank the environment's policy passes calls
+ *      through, nothing crossing a link, but an explicit request stays): on a new
  *      communicator (no workspace yet: it is allocated during the capture,
  *      in relaxed mode) two captured calls are quantized, and a replay
  *      writes the host path's bytes of calls 0 and 1; after an eager call a
@@ -333,15 +335,15 @@ bool check_no_sync(Twin& twin, cudaStream_t stream) {
   return same_bytes("no-sync " + c.name(), want, recv.download(), 4);
 }
 
-/* Part 4: captures `calls` interposed ncclAllReduce calls into a graph. */
-bool capture(cudaStream_t stream, ncclComm_t comm, const DeviceBuffer& send,
+/* Part 4: captures `calls` interposed ncclAllReduce calls of `op` into a graph. */
+bool capture(cudaStream_t stream, ncclComm_t comm, ncclRedOp_t op, const DeviceBuffer& send,
              const DeviceBuffer& recv, size_t count, int calls, cudaGraphExec_t* exec) {
   cudaGraph_t graph;
   if (!cuda_ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), "begin capture"))
     return false;
   ncclResult_t res = ncclSuccess;
   for (int i = 0; i < calls && res == ncclSuccess; ++i)
-    res = ncclAllReduce(send.ptr, recv.ptr, count, ncclFloat32, ncclSum, comm, stream);
+    res = ncclAllReduce(send.ptr, recv.ptr, count, ncclFloat32, op, comm, stream);
   const bool ended = cuda_ok(cudaStreamEndCapture(stream, &graph), "end capture");
   if (!nccl_ok(res, "captured ncclAllReduce") || !ended) return false;
   const bool ok = cuda_ok(cudaGraphInstantiate(exec, graph, 0), "cudaGraphInstantiate");
@@ -376,11 +378,16 @@ bool check_capture(cudaStream_t stream) {
   const Bytes input = make_input(c.type, c.count, 5, false);
   DeviceBuffer send(input.size()), recv(input.size());
   if (!send.upload(input)) return false;
+  const qncclQuantizedOpConfig_t quantized = {c.config, ncclSum};
+  ncclRedOp_t op;
+  if (!nccl_ok(qncclRedOpCreateQuantized(&op, &quantized, twin.device),
+               "qncclRedOpCreateQuantized"))
+    return false;
   // No workspace yet: it is made during the capture, and both captured calls
   // are quantized; one replay runs calls 0 and 1 (the second's bytes stay).
   cudaGraphExec_t exec;
   Bytes want;
-  if (!capture(stream, twin.device, send, recv, c.count, 2, &exec) ||
+  if (!capture(stream, twin.device, op, send, recv, c.count, 2, &exec) ||
       !host_result(c, twin.host, input, &want) || !host_result(c, twin.host, input, &want))
     return false;
   bool ok = replay(exec, stream, recv, want, "captured calls on a new communicator");
@@ -395,13 +402,13 @@ bool check_capture(cudaStream_t stream) {
   }
   // An eager call (call 2), then a captured one: replays take calls 3, 4.
   if (!host_result(c, twin.host, input, &want) ||
-      !nccl_ok(ncclAllReduce(send.ptr, recv.ptr, c.count, c.type, c.op, twin.device, stream),
+      !nccl_ok(ncclAllReduce(send.ptr, recv.ptr, c.count, c.type, op, twin.device, stream),
                "eager ncclAllReduce") ||
       !cuda_ok(cudaStreamSynchronize(stream), "eager call") ||
       !same_bytes("eager " + c.name(), want, recv.download(), 4))
     return false;
   if (!host_result(c, twin.host, input, &want) ||
-      !capture(stream, twin.device, send, recv, c.count, 1, &exec))
+      !capture(stream, twin.device, op, send, recv, c.count, 1, &exec))
     return false;
   // Each replay takes the next call number from the device counter: replay 1
   // is call 3, replay 2 call 4 (new rounding noise), and an eager call after
@@ -410,13 +417,13 @@ bool check_capture(cudaStream_t stream) {
        host_result(c, twin.host, input, &want) &&
        replay(exec, stream, recv, want, "captured quantized call, replay 2") &&
        host_result(c, twin.host, input, &want) &&
-       nccl_ok(ncclAllReduce(send.ptr, recv.ptr, c.count, c.type, c.op, twin.device, stream),
+       nccl_ok(ncclAllReduce(send.ptr, recv.ptr, c.count, c.type, op, twin.device, stream),
                "eager ncclAllReduce after the replays") &&
        cuda_ok(cudaStreamSynchronize(stream), "eager call after the replays") &&
        same_bytes("eager call after the replays", want, recv.download(), 4);
   cudaGraphExecDestroy(exec);
   return ok && nccl_ok(qncclCommGetStats(twin.device, &stats), "stats") &&
-         stats.callsCompressed == 5;
+         stats.callsCompressed == 5 && nccl_ok(ncclRedOpDestroy(op, twin.device), "ncclRedOpDestroy");
 }
 
 /* Part 5: `calls` calls with error feedback on one pair of buffers (host and

@@ -28,8 +28,9 @@ split   ncclCommSplit reads the environment again: a child (2 ranks, order by
         is destroyed while its parent goes on; a bad QNCCL_* value fails
         ncclCommSplit, ncclCommInitRank and ncclCommInitRankConfig with
         ncclInvalidArgument and a message naming the variable, on every rank.
-one     ncclCommInitAll(1): a communicator of one rank is exact under measured auto (its
-        one candidate), quantized under QNCCL_ALGO=rule; ncclCommAbort.
+one     ncclCommInitAll(1): a communicator of one rank is exact under every QNCCL_ALGO
+        (nothing crosses a link); a quantized op, the application's own request, is still
+        quantized there; ncclCommAbort.
 nonblocking  a nonblocking communicator (blocking = 0) made under QNCCL_ALGO=hier and
         QNCCL_DEBUG=INFO: libqnccl asks it nothing while its creation is in progress
         (NCCL refuses queries then; the test reads the log for a rank of -1) and
@@ -344,25 +345,27 @@ def rejected(result, variable, label):
 
 
 def one_rank_section():
-    """A communicator of one rank: measured auto's only candidate is the exact call (nothing
-    crosses a link), so the input comes back untouched; auto's rule quantizes."""
-    for algo in ("auto", "rule"):
+    """A communicator of one rank: nothing crosses a link, so every QNCCL_ALGO passes the
+    call through and the input comes back untouched; a quantized op (an explicit request)
+    is quantized once, as the emulator says."""
+    for algo in ("auto", "rule", "ring", "tree", "sra", "hier"):
         comm = ffi.new("ncclComm_t*")
-        with qnccl_env(min_bytes=0, bits=5, algo=algo):
+        with qnccl_env(min_bytes=0, bits=5, algo=algo, debug="INFO"):
             require(lib.ncclCommInitAll(comm, 1, ffi.NULL), "ncclCommInitAll(1)")
         tally = Tally(1, 0)
-        case = Case("auto", "float32", 1000, bits=5)
+        case = Case("ring", "float32", 1000, bits=5)
         x = rank_input(case, RANK)
         result, out, _ = allreduce(comm[0], x, "float32", lib.ncclSum)
         require(result, f"ncclAllReduce on a one-rank communicator (QNCCL_ALGO={algo})")
-        if algo == "auto":
-            tally.passed += 1
-            expected, what = x, "the input (1 rank, exact)"
-        else:
+        tally.passed += 1
+        expect(np.array_equal(bits_of(out), bits_of(x)),
+               f"one-rank communicator, QNCCL_ALGO={algo}", "output is not the input (exact)")
+        if algo == "ring":
+            result, out, _ = allreduce(comm[0], x, "float32", quantized_op(comm[0], case))
+            require(result, "ncclAllReduce with a quantized op on a one-rank communicator")
             tally.add_compressed(case)
-            expected, what = emulate_allreduce([x], bits=5)[0], "the emulator's (1 rank, 5 bits)"
-        expect(np.array_equal(bits_of(out), bits_of(expected)),
-               f"one-rank communicator, QNCCL_ALGO={algo}", f"output is not {what}")
+            expect(np.array_equal(bits_of(out), bits_of(emulate_allreduce([x], bits=5)[0])),
+                   "one-rank communicator, a quantized op", "output is not the emulator's")
         tally.check(comm[0], f"a one-rank communicator, QNCCL_ALGO={algo}")
         require(lib.ncclCommAbort(comm[0]), "ncclCommAbort (one rank)")
 
