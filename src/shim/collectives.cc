@@ -262,12 +262,13 @@ ncclResult_t tune(ncclComm_t comm, ShimComm& shim, CommState& st, const NcclApi&
       QNCCL_CHECK(read_stored_decisions(comm, shim, st, nccl, stream, device));
   }
   Tuning& t = shim.tuning[key];
-  const std::string file_key =
-      tune_file_key(kind, type, size, nranks, st.topology.nodes, st.topology.local_ranks,
-                    d.config);
+  auto file_key = [&] {  // made only where used: at a key's first call and its decision
+    return tune_file_key(kind, type, size, nranks, st.topology.nodes, st.topology.local_ranks,
+                         d.config);
+  };
   if (t.candidates.empty()) {
     t.candidates = tune_candidates(kind, nranks, st.topology);
-    if (t.candidates.size() > 1) use_stored_decision(comm, shim, file_key, t);
+    if (t.candidates.size() > 1) use_stored_decision(comm, shim, file_key(), t);
     if (t.stored) report_decision(comm, shim, kind, type, size, t);
   }
   int index = t.choice;
@@ -281,7 +282,7 @@ ncclResult_t tune(ncclComm_t comm, ShimComm& shim, CommState& st, const NcclApi&
         for (int c : t.candidates) stored.candidates.push_back(candidate_name(c));
         stored.choice = t.choice;
         stored.seconds = t.slowest;
-        store_tune_decision(path, file_key, stored);
+        store_tune_decision(path, file_key(), stored);
       }
     }
     index = t.choice;
