@@ -59,6 +59,7 @@ class Config:
     ranks: int = None  # None: --ranks
     rate: str = "1gbit"  # perf/netlab --rate: of the loopback, or between the nodes
     collective: str = "allreduce"  # the perf binary's (COLLECTIVE_TOOLS), in QNCCL_COLLECTIVES
+    dtype: str = "float32"  # of the values reduced (DTYPES)
 
     @property
     def slug(self):
@@ -69,7 +70,7 @@ class Config:
         perf_args = ["-b", str(args.sizes[0]), "-e", str(args.sizes[1]), "-f", "2",
                      "-n", str(args.iters), "-w", str(args.warmup), "--settle", str(SETTLE),
                      "-z", "1", "-c", "1",
-                     "-d", "float", "-o", "sum", "--placement", "out-of-place"]
+                     "-d", DTYPES[self.dtype], "-o", "sum", "--placement", "out-of-place"]
         if self.kind == "mpi":
             return [str(BUILD / "bin" / "mpi_all_reduce_perf"), *perf_args]
         if self.kind == "torch-gloo":
@@ -84,6 +85,12 @@ class Config:
         return [sys.executable, "-m", "qnccl", "run", "--bits", str(self.bits),
                 "--bucket-size", str(self.bucket_size), "--algo", self.algo,
                 "--rounding", args.rounding, *policy, "--", *perf]
+
+
+# The types a flat section reduces (--dtypes), by the perf binaries' -d names, and how a
+# configuration's name shows one other than float32.
+DTYPES = {"float32": "float", "bfloat16": "bfloat16", "float16": "half"}
+DTYPE_TAGS = {"float32": "", "bfloat16": " bf16", "float16": " fp16"}
 
 
 # Untimed calls before each size, in every run alike (baselines too, so that all are as
@@ -141,14 +148,21 @@ def node_configurations(args, rate):
 
 
 def configurations(args, rate):
-    """The flat section at one rate: baselines, then bits x buckets x algorithms."""
-    configs = [Config("uncompressed (NCCL API)", "nccl", rate=rate)]
-    if "mpi" in args.baselines:
-        configs.append(Config("MPI_Allreduce", "mpi", rate=rate))
-    if "torch" in args.baselines:
-        configs.append(Config("torch gloo", "torch-gloo", rate=rate))
-    configs += [Config(f"qnccl {bits}b B{bucket} {algo}", "qnccl", bits, bucket, algo, rate=rate)
-                for bits in args.bits for bucket in args.buckets for algo in args.algos]
+    """The flat section at one rate, per type of --dtypes: its uncompressed baseline (float32:
+    also MPI's and torch's), then bits x buckets x algorithms (other types: the first bucket
+    size only, which bounds the run time), each measured against its own type's baseline."""
+    configs = []
+    for dtype in args.dtypes:
+        tag = DTYPE_TAGS[dtype]
+        configs.append(Config(f"uncompressed (NCCL API){tag}", "nccl", rate=rate, dtype=dtype))
+        if dtype == "float32" and "mpi" in args.baselines:
+            configs.append(Config("MPI_Allreduce", "mpi", rate=rate))
+        if dtype == "float32" and "torch" in args.baselines:
+            configs.append(Config("torch gloo", "torch-gloo", rate=rate))
+        buckets = args.buckets if dtype == "float32" else args.buckets[:1]
+        configs += [Config(f"qnccl {bits}b B{bucket} {algo}{tag}", "qnccl", bits, bucket, algo,
+                           rate=rate, dtype=dtype)
+                    for bits in args.bits for bucket in buckets for algo in args.algos]
     return configs
 
 
@@ -272,11 +286,15 @@ def busbw_by_size(record):
 
 
 def summarize(records):
-    """Adds busbw, speedup over the uncompressed run, wire ratio and error to
-    every record; returns the sizes."""
-    base = busbw_by_size(records[0]) if records[0]["status"] == "ok" else {}
+    """Adds busbw, speedup over the uncompressed run of the same type (the section's first
+    record of that type), wire ratio and error to every record; returns the sizes."""
+    bases = {}
+    for record in records:
+        bases.setdefault(record.get("dtype", "float32"), record)
     sizes = sorted({size for r in records for size in busbw_by_size(r)})
     for record in records:
+        base_record = bases[record.get("dtype", "float32")]
+        base = busbw_by_size(base_record) if base_record["status"] == "ok" else {}
         busbw = busbw_by_size(record)
         rows = [row for row in record.get("perf", {}).get("rows", [])
                 if row["placement"] == "out-of-place"]
@@ -287,24 +305,33 @@ def summarize(records):
         record["wire_bytes_per_input_byte"] = max(wire) if wire else None
         record["max_error"] = max(errors) if errors else None
         record["check_ok"] = all(row.get("ok") is not False for row in rows) if rows else None
+    for record in records:
+        # the speedup a link-bound call could reach at most: the uncompressed run's bytes on
+        # the wire per byte this one sends
+        base_wire = bases[record.get("dtype", "float32")].get("wire_bytes_per_input_byte")
+        wire = record["wire_bytes_per_input_byte"]
+        record["wire_limit"] = base_wire / wire if base_wire and wire else None
     return sizes
 
 
 def format_table(records, sizes, header):
-    """One line per configuration: wire ratio, error, then busbw and speedup
-    over the uncompressed run at every size."""
+    """One line per configuration: wire ratio, the speedup it allows (limit), error, then
+    busbw and speedup over the uncompressed run of its type at every size."""
     width = max(len(r["name"]) for r in records)
     lines = [header, "",
-             f"{'':<{width}}  {'wire':>5}  {'error':>7}" + "".join(f"  {mib(s):>15}" for s in sizes),
-             f"{'configuration':<{width}}  {'(B/B)':>5}  {'':>7}" +
+             f"{'':<{width}}  {'wire':>5}  {'limit':>6}  {'error':>7}" +
+             "".join(f"  {mib(s):>15}" for s in sizes),
+             f"{'configuration':<{width}}  {'(B/B)':>5}  {'':>6}  {'':>7}" +
              "".join(f"  {'GB/s':>7} {'speedup':>7}" for _ in sizes)]
     for r in records:
         if not r["busbw_gbps"]:
             lines.append(f"{r['name']:<{width}}  {r['status']}: {r['message']}")
             continue
-        wire = r["wire_bytes_per_input_byte"]
+        wire, limit = r["wire_bytes_per_input_byte"], r.get("wire_limit")
         error = r["max_error"]
+        quantized = r["kind"] == "qnccl"
         line = (f"{r['name']:<{width}}  {f'{wire:5.3f}' if wire is not None else '-':>5}"
+                f"  {f'{limit:5.2f}x' if quantized and limit else '-':>6}"
                 f"  {f'{error:.1e}' if error is not None else '-':>7}")
         for s in sizes:
             busbw, speedup = r["busbw_gbps"].get(str(s)), r["speedup"].get(str(s))
@@ -339,16 +366,20 @@ def plot_panel(ax, records, sizes, title):
         if not points:
             continue
         xs, ys = zip(*points)
+        other_type = r.get("dtype", "float32") != "float32"  # triangles, paler
         if r["kind"] == "qnccl":
+            marker = "^" if other_type else "o" if r["bucket_size"] == 128 else "s"
             ax.plot(xs, ys, styles.get(r["algo"], "-"), color=colors.get(r["bits"], "tab:purple"),
-                    marker="o" if r["bucket_size"] == 128 else "s", markersize=4, label=r["name"])
+                    marker=marker, markersize=4, alpha=0.55 if other_type else 1.0,
+                    label=r["name"])
         else:
-            ax.plot(xs, ys, "-", color={"nccl": "black", "mpi": "gray"}.get(r["kind"], "tab:brown"),
+            ax.plot(xs, ys, ":" if other_type else "-",
+                    color={"nccl": "black", "mpi": "gray"}.get(r["kind"], "tab:brown"),
                     linewidth=2.5, label=r["name"])
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")  # speedups read as vertical distances; baselines stay visible
     ax.set_xticks(sizes, [mib(s) for s in sizes])
-    ax.set_xlabel("message size (float32)")
+    ax.set_xlabel("message size (bytes per rank)")
     ax.set_ylabel("busbw (GB/s)")
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
@@ -445,9 +476,11 @@ def main(args):
         section_records = [next(done) for _ in section]
         sizes = summarize(section_records)
         table = emit(section_records, sizes,
-                     f"allreduce of float32 (sum), {args.ranks} ranks, {link.words}, "
-                     f"{args.rounding} rounding; busbw from the median of {args.iters} calls "
-                     f"(speedup over uncompressed all_reduce_perf at the same size)",
+                     f"allreduce of {' and '.join(args.dtypes)} (sum), {args.ranks} ranks, "
+                     f"{link.words}, {args.rounding} rounding; busbw from the median of "
+                     f"{args.iters} calls (speedup over uncompressed all_reduce_perf of the "
+                     f"same type at the same size; limit: the uncompressed run's wire bytes "
+                     f"over this row's, the most a link-bound call can gain)",
                      f"allreduce busbw, {args.ranks} ranks, {link.words}")
         report_sections.append({"link": {"rate": link.rate, "tool": "perf/netlab",
                                          "requested": link.requested},
@@ -503,7 +536,7 @@ def main(args):
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "host": {"name": socket.gethostname(), "cpus": os.cpu_count(),
                  "platform": platform.platform()},
-        "nranks": args.ranks, "datatype": "float", "op": "sum",
+        "nranks": args.ranks, "datatypes": args.dtypes, "op": "sum",
         "rounding": args.rounding, "iters": args.iters, "warmup": args.warmup,
         "command": " ".join(sys.argv), "wall_s": round(time.monotonic() - started, 1),
         "sections": report_sections, "two_nodes": two_nodes,

@@ -516,6 +516,11 @@ def build_parser():
                        help="bucket sizes, comma list (default 128,1024)")
     bench.add_argument("--algos", type=_name_list(("ring", "tree", "sra")),
                        default=["ring", "tree", "sra"], help="comma list (default ring,tree,sra)")
+    bench.add_argument("--dtypes", type=_name_list(("float32", "bfloat16", "float16")),
+                       default=["float32", "bfloat16"],
+                       help="types the flat sections reduce, each against its own uncompressed "
+                            "run; types after float32 run the first of --buckets only "
+                            "(default float32,bfloat16)")
     bench.add_argument("--rounding", choices=("stochastic", "nearest"), default="stochastic",
                        help="default stochastic (QNCCL's default)")
     bench.add_argument("--baselines", type=_name_list(("mpi", "torch")), default=["mpi", "torch"],

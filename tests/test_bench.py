@@ -41,7 +41,9 @@ def bench_report(tmp_path, args):
 
 RATES = ("10gbit", "none")  # the small sweep runs at both: a limited and an unlimited loopback
 NAMES = ["uncompressed (NCCL API)", "MPI_Allreduce", "qnccl 4b B128 sra", "qnccl 4b B128 ring",
-         "qnccl 4b B1024 sra", "qnccl 4b B1024 ring"]
+         "qnccl 4b B1024 sra", "qnccl 4b B1024 ring",
+         # bfloat16 (the default --dtypes' second type): the first bucket size only
+         "uncompressed (NCCL API) bf16", "qnccl 4b B128 sra bf16", "qnccl 4b B128 ring bf16"]
 
 
 @pytest.fixture(scope="module")
@@ -78,9 +80,9 @@ def test_every_configuration_ran(small_bench):
                 assert config["perf"]["qnccl"]["bucket_size"] == config["bucket_size"]
                 assert {r["algo"] for r in rows} == {config["algo"]}
     # Progress: a line per configuration, then per size as the job prints it.
-    assert re.search(r"^\[ 1/12\] uncompressed \(NCCL API\) at 10gbit", output, re.M)
-    assert re.search(r"^\[12/12\] qnccl 4b B1024 ring at none", output, re.M)
-    assert len(re.findall(r"^\s+512 KiB\s+\S+ ms\s+error", output, re.M)) == 12
+    assert re.search(r"^\[ 1/18\] uncompressed \(NCCL API\) at 10gbit", output, re.M)
+    assert re.search(r"^\[18/18\] qnccl 4b B128 ring bf16 at none", output, re.M)
+    assert len(re.findall(r"^\s+512 KiB\s+\S+ ms\s+error", output, re.M)) == 18
 
 
 @pytest.mark.parametrize("section", range(len(RATES)), ids=RATES)
@@ -89,10 +91,12 @@ def test_table_matches_the_jobs(small_bench, section):
     sec = report["sections"][section]
     assert sec["table"] in output and sec["table"] in report["table"]
     lines = {line.split("  ")[0].strip(): line for line in sec["table"].splitlines()}
-    base = sec["configurations"][0]
     for config in sec["configurations"]:
+        # each speedup is over the uncompressed run of the same type
+        base = next(c for c in sec["configurations"]
+                    if c["kind"] == "nccl" and c["dtype"] == config["dtype"])
         fields = lines[config["name"]][len(config["name"]):].split()
-        wire, error, cells = float(fields[0]), float(fields[1]), fields[2:]
+        wire, limit, error, cells = float(fields[0]), fields[1], float(fields[2]), fields[3:]
         oop = [r for r in config["perf"]["rows"] if r["placement"] == "out-of-place"]
         assert error == pytest.approx(max(r["error"] for r in oop), rel=0.06)
         for i, size in enumerate(sec["sizes"]):
@@ -104,12 +108,15 @@ def test_table_matches_the_jobs(small_bench, section):
             assert float(cells[2 * i]) == pytest.approx(busbw, abs=6e-5, rel=1e-3)
             assert float(cells[2 * i + 1].rstrip("x")) == pytest.approx(speedup, abs=0.006)
         if config["kind"] == "qnccl":  # the bytes docs/allreduce.md says each rank sends
-            expected = max(sum(sent_bytes(size // 4, "float32", 4, rank, config["algo"], 4,
-                                          config["bucket_size"]) for rank in range(4)) / 4 / size
-                           for size in sec["sizes"])
+            width = 4 if config["dtype"] == "float32" else 2
+            expected = max(sum(sent_bytes(size // width, config["dtype"], 4, rank,
+                                          config["algo"], 4, config["bucket_size"])
+                               for rank in range(4)) / 4 / size for size in sec["sizes"])
             assert wire == pytest.approx(expected, abs=6e-4)
+            assert float(limit.rstrip("x")) == pytest.approx(
+                1.5 / config["wire_bytes_per_input_byte"], abs=0.006)
         else:
-            assert wire == 1.5
+            assert wire == 1.5 and limit == "-"
 
 
 def test_report_and_plot(small_bench):
@@ -117,8 +124,8 @@ def test_report_and_plot(small_bench):
     limited, unlimited = (s["link"] for s in report["sections"])
     assert limited["requested"] == "10gbit" and limited["rate"] in ("10gbit", "unthrottled")
     assert unlimited["requested"] == "none" and unlimited["rate"] == "unthrottled"
-    assert "allreduce of float32 (sum), 4 ranks, unlimited loopback (perf/netlab --rate none)" \
-        in output or "could not make a namespace" in output
+    assert "allreduce of float32 and bfloat16 (sum), 4 ranks, unlimited loopback (perf/netlab " \
+        "--rate none)" in output or "could not make a namespace" in output
     png = (out / "busbw.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
     assert f"report: {out / 'report.json'}" in output and f"plot:   {out / 'busbw.png'}" in output
@@ -129,6 +136,7 @@ def test_report_and_plot(small_bench):
     (["--sizes", "1M"], "expected MIN:MAX"),
     (["--bits", "9"], "each value must be 1..8"),
     (["--algos", "ring,star"], "each must be one of ring, tree, sra"),
+    (["--dtypes", "float32,int8"], "each must be one of float32, bfloat16, float16"),
     (["--baselines", "nccl"], "each must be one of mpi, torch"),
     (["--ranks", "1"], "must be an integer in 2..64"),
     (["--rate", "fast"], "--rate 'fast' is not a rate"),
@@ -148,7 +156,8 @@ def test_two_node_section(tmp_path):
     checked, hierarchical runs put a third of flat SRA's bytes per input byte on
     the wire (only the shard crosses nodes: 1/L, L = 2, of 2(K-1)/K = 1 vs 3/2)."""
     args = ["--sizes", "256K:256K", "--bits", "4", "--buckets", "128", "--algos", "sra",
-            "--baselines", "mpi", "--iters", "1", "--rate", "10gbit", "--shm-section", "off"]
+            "--baselines", "mpi", "--iters", "1", "--rate", "10gbit", "--shm-section", "off",
+            "--dtypes", "float32"]
     output, report = bench_report(tmp_path, args)
     section = report["two_nodes"]
     names = [c["name"] for c in section["configurations"]]
@@ -175,7 +184,7 @@ def test_collectives_section(tmp_path):
     from qnccl.emulate import compressed_size
     args = ["--sizes", "512K:512K", "--bits", "4", "--buckets", "128", "--algos", "sra",
             "--baselines", "mpi", "--iters", "2", "--rates", "10gbit", "--nodes-section", "off",
-            "--collectives-section", "on", "--shm-section", "off"]
+            "--collectives-section", "on", "--shm-section", "off", "--dtypes", "float32"]
     output, report = bench_report(tmp_path, args)
     section = report["collectives"]
     names = [c["name"] for c in section["configurations"]]
@@ -208,7 +217,7 @@ def test_shared_memory_section(tmp_path):
     uncompressed run."""
     args = ["--sizes", "256K:512K", "--bits", "4", "--buckets", "128", "--algos", "ring,sra",
             "--baselines", "mpi", "--iters", "2", "--rates", "10gbit", "--nodes-section", "off",
-            "--collectives-section", "off", "--shm-section", "on"]
+            "--collectives-section", "off", "--shm-section", "on", "--dtypes", "float32"]
     output, report = bench_report(tmp_path, args)
     section = report["shared_memory"]
     configs = {c["name"]: c for c in section["configurations"]}
