@@ -519,7 +519,7 @@ def build_parser():
     bench.add_argument("--dtypes", type=_name_list(("float32", "bfloat16", "float16")),
                        default=["float32", "bfloat16"],
                        help="types the flat sections reduce, each against its own uncompressed "
-                            "run; types after float32 run the first of --buckets only "
+                            "run; types other than float32 run the first of --buckets only "
                             "(default float32,bfloat16)")
     bench.add_argument("--rounding", choices=("stochastic", "nearest"), default="stochastic",
                        help="default stochastic (QNCCL's default)")

@@ -134,7 +134,8 @@ def test_perf_binary_on_device_memory(nprocs):
     place, every checked call within its error bound: its inputs must reach the device
     before its calls, which run on a non-blocking stream. A cudaMemcpy from pageable memory
     may return before its bytes land (CUDA's API synchronization behaviour), and the
-    simulated GPU lets them land late: on an H200 the first in-place call read stale bytes."""
+    simulated GPU lets them land late: on an H200 the first in-place call read stale bytes.
+    One rank passes every call through (nothing crosses a link): exact, and checked alike."""
     perf = simulated.SIMDEV / "bin" / "all_reduce_perf"
     if not perf.is_file():
         pytest.fail(f"{perf} is missing: build the simulated GPU with `make simdev`")
@@ -142,7 +143,8 @@ def test_perf_binary_on_device_memory(nprocs):
             "INFO", "--", perf, "-b", "64K", "-e", "256K", "-f", "4", "-n", "2", "-w", "1",
             "--memory", "device"]
     result = mpi.run(nprocs, argv, timeout=300, env=simulated.env())
-    assert "# Check: OK" in result.stdout and re.search(r"compressed=[1-9]", result.stdout), \
+    ran = r"compressed=[1-9]" if nprocs > 1 else r"compressed=0 passed_through=[1-9]"
+    assert "# Check: OK" in result.stdout and re.search(ran, result.stdout), \
         result.stdout[-4000:]
 
 

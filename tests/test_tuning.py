@@ -36,3 +36,6 @@ def test_ranks_decide_alike_under_skewed_timings(tmp_path):
     for problem in ("line 3 is not", "was not written by this libqnccl"):
         warnings = re.findall(rf"QNCCL WARN QNCCL_TUNE_FILE=\S+shared.tune {problem}", output)
         assert len(warnings) == NRANKS, (problem, output[-3000:])
+    # the mistyped path: untrusted on every rank, and its one writer (one node) leaves it
+    assert len(re.findall(r"QNCCL WARN QNCCL_TUNE_FILE=\S+script.sh is not a tune file",
+                          output)) == 1, output[-3000:]

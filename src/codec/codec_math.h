@@ -239,8 +239,9 @@ QNCCL_HD float cube_floor_within(float w, float d) {
  * when 2 (w - f^3) > (f+1)^3 - f^3, stochastic when u ((f+1)^3 - f^3) <
  * w - f^3 (probability (w - f^3) / ((f+1)^3 - f^3): unbiased), with no
  * division; w - f^3 and the widths are exact. Nearest from three bits needs
- * no exact f: with k the estimate truncated (f - 1, f or f + 1, and k^3
- * within a factor of two of w, so w - k^3 is exact), the nearest level is k,
+ * no exact f: with k the estimate truncated (f - 1, f or f + 1; w - k^3 is
+ * exact: for k <= f an integer at most w < 2^24 apart, for k = f + 1 the two
+ * within a factor of two), the nearest level is k,
  * or k + 1 when 2 (w - k^3) > (k+1)^3 - k^3, because the cube root of every
  * midpoint (k^3 + (k+1)^3) / 2 lies more than 0.17 from an integer. Written
  * without branches, so that host loops vectorize. */

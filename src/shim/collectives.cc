@@ -263,7 +263,9 @@ ncclResult_t tune(ncclComm_t comm, ShimComm& shim, CommState& st, const NcclApi&
   }
   Tuning& t = shim.tuning[key];
   auto file_key = [&] {  // made only where used: at a key's first call and its decision
-    return tune_file_key(kind, type, size, nranks, st.topology.nodes, st.topology.local_ranks,
+    // values every rank shares: an uneven layout (nodes 0) has no one local size
+    const int local = st.topology.uniform ? st.topology.local_ranks : 0;
+    return tune_file_key(kind, type, size, nranks, st.topology.nodes, local, device >= 0,
                          d.config);
   };
   if (t.candidates.empty()) {
@@ -277,7 +279,8 @@ ncclResult_t tune(ncclComm_t comm, ShimComm& shim, CommState& st, const NcclApi&
     if (step.what == TuneStep::kDecide) {
       QNCCL_CHECK(decide(t, nccl, comm, stream, device, st));
       report_decision(comm, shim, kind, type, size, t);
-      if (const char* path = env::get(env::Var::kTuneFile)) {
+      const char* path = env::get(env::Var::kTuneFile);
+      if (path != nullptr && st.topology.local_rank == 0) {  // one writer per node
         StoredDecision stored;
         for (int c : t.candidates) stored.candidates.push_back(candidate_name(c));
         stored.choice = t.choice;

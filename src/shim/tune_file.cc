@@ -2,9 +2,12 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <mutex>
@@ -45,7 +48,10 @@ class FileLock {
  public:
   FileLock(const std::string& path, int how) {
     fd_ = open((path + ".lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd_ >= 0 && flock(fd_, how) != 0) {
+    int res = -1;
+    while (fd_ >= 0 && (res = flock(fd_, how)) != 0 && errno == EINTR) {
+    }
+    if (fd_ >= 0 && res != 0) {
       close(fd_);
       fd_ = -1;
     }
@@ -62,8 +68,8 @@ class FileLock {
 
 /* Whether `key` has tune_file_key's words in their order. */
 bool key_well_formed(const std::string& key) {
-  static const char* const fields[] = {"class=", "ranks=", "nodes=", "local=", "bits=",
-                                       "bucket=", "rounding=", "feedback=", "inter=",
+  static const char* const fields[] = {"class=", "ranks=", "nodes=", "local=", "memory=",
+                                       "bits=", "bucket=", "rounding=", "feedback=", "inter=",
                                        "intra=", "lanes="};
   std::istringstream in(key);
   std::string collective, type, word;
@@ -73,19 +79,25 @@ bool key_well_formed(const std::string& key) {
   return !(in >> word);
 }
 
-/* Parses "<choice> name=ms name=ms ..." into d; false when malformed. */
+/* Parses "<choice> name=us name=us ..." into d (whole microseconds, or "-"
+ * for a candidate never timed: integers, so no locale changes a byte); false
+ * when malformed. */
 bool parse_value(const std::string& text, StoredDecision* d) {
   std::istringstream in(text);
   std::string choice, pair;
   if (!(in >> choice)) return false;
   while (in >> pair) {
     const size_t eq = pair.find('=');
-    if (eq == std::string::npos || eq == 0) return false;
-    char* end = nullptr;
-    const double ms = strtod(pair.c_str() + eq + 1, &end);
-    if (end == pair.c_str() + eq + 1 || *end != '\0' || !(ms >= 0.0)) return false;
+    if (eq == std::string::npos || eq == 0 || eq + 1 == pair.size()) return false;
+    const std::string value = pair.substr(eq + 1);
+    double seconds = INFINITY;
+    if (value != "-") {
+      if (value.size() > 15 || value.find_first_not_of("0123456789") != std::string::npos)
+        return false;
+      seconds = (double)strtoull(value.c_str(), nullptr, 10) * 1e-6;
+    }
     d->candidates.push_back(pair.substr(0, eq));
-    d->seconds.push_back(ms * 1e-3);
+    d->seconds.push_back(seconds);
     if (d->candidates.back() == choice) d->choice = (int)d->candidates.size() - 1;
   }
   return d->choice >= 0;
@@ -93,10 +105,10 @@ bool parse_value(const std::string& text, StoredDecision* d) {
 
 std::string format_value(const StoredDecision& d) {
   std::string out = d.candidates[d.choice];
-  char ms[64];
   for (size_t i = 0; i < d.candidates.size(); i++) {
-    snprintf(ms, sizeof ms, "%.6g", d.seconds[i] * 1e3);
-    out += " " + d.candidates[i] + "=" + ms;
+    const double us = d.seconds[i] * 1e6;
+    out += " " + d.candidates[i] + "=" +
+           (us >= 0.0 && us < 1e15 ? std::to_string((unsigned long long)llround(us)) : "-");
   }
   return out;
 }
@@ -118,7 +130,7 @@ bool parse(const std::string& text, std::map<std::string, StoredDecision>* out,
     const std::string key = colon == std::string::npos ? "" : line.substr(0, colon);
     const bool key_ok = key_well_formed(key);
     if (!key_ok || !parse_value(line.substr(colon + 3), &d)) {
-      *problem = "line " + std::to_string(number) + " is not '<key> : <choice> <name>=<ms>...': '" +
+      *problem = "line " + std::to_string(number) + " is not '<key> : <choice> <name>=<us>...': '" +
                  line.substr(0, 80) + "'";
       return false;
     }
@@ -127,16 +139,41 @@ bool parse(const std::string& text, std::map<std::string, StoredDecision>* out,
   return true;
 }
 
-/* The file's text; false when it does not exist or cannot be read (errno). */
+/* A tune file holds a few hundred lines: more than this is not one. */
+constexpr size_t kMaxFileBytes = 4u << 20;
+
+/* The file's text; false when it does not exist (errno ENOENT), is not a
+ * regular file of at most kMaxFileBytes (a FIFO would block the rank while
+ * the others wait for it) or cannot be read (errno). */
 bool slurp(const char* path, std::string* text) {
-  FILE* f = fopen(path, "rb");
-  if (f == nullptr) return false;
+  const int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return false;
+  struct stat st;
+  bool ok = fstat(fd, &st) == 0;
+  if (ok && (!S_ISREG(st.st_mode) || (size_t)st.st_size > kMaxFileBytes)) {
+    errno = S_ISREG(st.st_mode) ? EFBIG : EINVAL;
+    ok = false;
+  }
   char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, f)) > 0) text->append(buf, n);
-  const bool ok = !ferror(f);
-  fclose(f);
+  ssize_t n = 0;
+  while (ok && text->size() <= kMaxFileBytes && (n = read(fd, buf, sizeof buf)) != 0) {
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) ok = false;
+    else text->append(buf, (size_t)n);
+  }
+  if (ok && text->size() > kMaxFileBytes) {  // grew while read
+    errno = EFBIG;
+    ok = false;
+  }
+  const int saved = errno;
+  close(fd);
+  errno = saved;
   return ok;
+}
+
+/* Whether `text` may be replaced by a tune file: empty, or one already. */
+bool replaceable(const std::string& text) {
+  return text.empty() || text.rfind("qnccl-tune-file ", 0) == 0;
 }
 
 uint64_t fnv1a(const std::string& s, uint64_t h) {
@@ -147,14 +184,16 @@ uint64_t fnv1a(const std::string& s, uint64_t h) {
 }  // namespace
 
 std::string tune_file_key(qncclCollective_t kind, ncclDataType_t type, int size_class, int ranks,
-                          int nodes, int local_ranks, const qncclAllReduceConfig_t& config) {
+                          int nodes, int local_ranks, bool device,
+                          const qncclAllReduceConfig_t& config) {
   char key[320];
   snprintf(key, sizeof key,
-           "%s %s class=%d ranks=%d nodes=%d local=%d bits=%d bucket=%zu rounding=%s "
+           "%s %s class=%d ranks=%d nodes=%d local=%d memory=%s bits=%d bucket=%zu rounding=%s "
            "feedback=%d inter=%s intra=%d lanes=%d",
            collective_word(kind), short_type_name(type), size_class, ranks, nodes, local_ranks,
-           config.codec.bits, config.codec.bucketSize, rounding_name(config.codec.rounding),
-           config.errorFeedback, algo_name(config.interAlgo), config.intraBits, config.lanes);
+           device ? "device" : "host", config.codec.bits, config.codec.bucketSize,
+           rounding_name(config.codec.rounding), config.errorFeedback,
+           algo_name(config.interAlgo), config.intraBits, config.lanes);
   return key;
 }
 
@@ -188,7 +227,18 @@ void store_tune_decision(const char* path, const std::string& key, const StoredD
   const FileLock lock(path, LOCK_EX);
   std::string text, problem;
   std::map<std::string, StoredDecision> all;
-  if (slurp(path, &text) && !parse(text, &all, &problem)) all.clear();  // not trusted: replaced
+  errno = 0;
+  if (!slurp(path, &text) && errno != ENOENT) {  // not a regular file, or unreadable
+    warn_once(path, std::string("cannot be read (") + strerror(errno) +
+                        "): left alone, no decision stored");
+    return;
+  }
+  if (!replaceable(text)) {  // a typo must not destroy someone's file
+    warn_once(path, "is not a tune file (its first line is not 'qnccl-tune-file ...'): left "
+                    "alone, no decision stored");
+    return;
+  }
+  if (!parse(text, &all, &problem)) all.clear();  // not trusted: replaced whole
   all[key] = d;
   std::ostringstream tmp_name;
   tmp_name << path << ".tmp." << getpid() << "." << std::this_thread::get_id();

@@ -422,8 +422,9 @@ bool check_capture(cudaStream_t stream) {
        cuda_ok(cudaStreamSynchronize(stream), "eager call after the replays") &&
        same_bytes("eager call after the replays", want, recv.download(), 4);
   cudaGraphExecDestroy(exec);
-  return ok && nccl_ok(qncclCommGetStats(twin.device, &stats), "stats") &&
-         stats.callsCompressed == 5 && nccl_ok(ncclRedOpDestroy(op, twin.device), "ncclRedOpDestroy");
+  ok = ok && nccl_ok(qncclCommGetStats(twin.device, &stats), "stats") &&
+       stats.callsCompressed == 5;
+  return nccl_ok(ncclRedOpDestroy(op, twin.device), "ncclRedOpDestroy") && ok;
 }
 
 /* Part 5: `calls` calls with error feedback on one pair of buffers (host and

@@ -25,8 +25,9 @@ tunefile (with a folder in TUNE_DIR) QNCCL_TUNE_FILE: a decision made by trials 
          under its key; a new communicator whose ranks read a file naming another valid
          choice (tree) runs it from its key's first call, without trials, and says so in its
          table; a file with a malformed line, or written by another version, is ignored with
-         a warning (trials run, then the file is rewritten whole); ranks whose files differ,
-         one rank without the variable, run the trials and decide alike.
+         a warning (trials run, then the file is rewritten whole); a file that is not a tune
+         file is never written; ranks whose files differ, one rank without the variable, run
+         the trials and decide alike.
 capture  (device buffers) a call of a size not yet decided, captured into a CUDA graph: it
          is not a trial and counts nothing (no tuning row), runs auto's rule (SRA) at each
          replay, the emulator's next call number.
@@ -237,8 +238,9 @@ def others_section():
 
 
 TUNE_COUNT = 4096  # 16 KiB of float32: size class 14
-TUNE_KEY = ("allreduce float32 class=14 ranks=4 nodes=1 local=4 bits=4 bucket=128 "
-            "rounding=stochastic feedback=0 inter=auto intra=0 lanes=0")
+TUNE_KEY = (f"allreduce float32 class=14 ranks=4 nodes=1 local=4 "
+            f"memory={'device' if MEMORY.device_mode else 'host'} bits=4 bucket=128 "
+            f"rounding=stochastic feedback=0 inter=auto intra=0 lanes=0")
 HEADER = "qnccl-tune-file 1 libqnccl "
 
 
@@ -290,7 +292,7 @@ def tunefile_section(folder):
            lines[1].startswith(f"{TUNE_KEY} : {choice} exact="), "tune file: stored",
            f"the file holds {lines}, expected the header and '{TUNE_KEY} : {choice} ...'")
     # Another valid choice in its place: a new communicator runs it without trials.
-    tree = f"{HEADER}{version}\n{TUNE_KEY} : tree exact=9 ring=9 tree=1 sra=9\n"
+    tree = f"{HEADER}{version}\n{TUNE_KEY} : tree exact=9000 ring=9000 tree=1000 sra=9000\n"
     write_file(shared, tree)
     c = Comm()
     decided_without_trials(c, "tree", "tune file: reloaded")
@@ -308,6 +310,15 @@ def tunefile_section(folder):
         expect(len(lines) == 2 and lines[0] == HEADER + version and
                lines[1].startswith(f"{TUNE_KEY} : {choice} "), f"tune file {label}",
                f"not rewritten whole: {lines}")
+    # A file that is not a tune file (a mistyped path): read as untrusted, never written.
+    script = folder / "script.sh"
+    write_file(script, "#!/bin/sh\necho hello\n")
+    tune_file(script)
+    c = Comm()
+    try_and_decide(c, "allreduce", TUNE_COUNT)
+    require(lib.ncclCommDestroy(c.comm), "ncclCommDestroy")
+    expect(stored_lines(script) == ["#!/bin/sh", "echo hello"], "not a tune file",
+           "the file was changed")
     # Files that differ between ranks, and a rank without the variable: not used, trials.
     own = folder / f"rank{RANK}.tune"
     own.write_text(tree.replace(": tree", ": ring") if RANK == 1 else tree)
