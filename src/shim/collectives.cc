@@ -403,13 +403,14 @@ ncclResult_t collective(qncclCollective_t kind, const void* send, void* recv, si
   std::shared_ptr<CommState> st;
   if (states_of(comm, &shim, &st) != ncclSuccess) return fail(ncclInvalidArgument);
   Decision d = decide(*shim, kind, count, type, op);
+  int nranks = 1;  // asked once, for the calls QNCCL works on
   if (d.compress || d.measured) {
     if (const ncclResult_t res = comm_ready(comm, *shim, *st, *nccl); res != ncclSuccess)
       return fail(res);
     // On one rank nothing crosses a link: the policy's calls are exact, whatever the
     // algorithm (a quantized op is the application's own request, and keeps it).
-    int nranks = 0;
-    if (!d.requested && nccl->commCount(comm, &nranks) == ncclSuccess && nranks == 1) {
+    const bool known = nccl->commCount(comm, &nranks) == ncclSuccess;
+    if (!d.requested && known && nranks == 1) {
       d.compress = d.measured = false;
       snprintf(d.why, sizeof d.why, "one rank: nothing crosses a link");
     }
@@ -432,9 +433,8 @@ ncclResult_t collective(qncclCollective_t kind, const void* send, void* recv, si
     // algorithm auto picks.
     const bool layout = d.config.algo == qncclAlgoAuto || d.config.algo == qncclAlgoHier;
     if (layout && group_depth == 0 && !capturing && !st->topology.known) {
-      int rank = 0, nranks = 0;
+      int rank = 0;
       nccl->commUserRank(comm, &rank);
-      nccl->commCount(comm, &nranks);
       if (const ncclResult_t res = discover_topology(*nccl, comm, rank, nranks, *st);
           res != ncclSuccess)
         return fail(res);
@@ -448,8 +448,6 @@ ncclResult_t collective(qncclCollective_t kind, const void* send, void* recv, si
   }
   Trial trial;
   if (d.measured && group_depth == 0) {
-    int nranks = 1;
-    nccl->commCount(comm, &nranks);
     if (const ncclResult_t res = tune(comm, *shim, *st, *nccl, kind, count, type, stream, device,
                                       capturing, nranks, d, &trial);
         res != ncclSuccess)

@@ -113,6 +113,11 @@ std::string format_value(const StoredDecision& d) {
   return out;
 }
 
+/* One decision's line, as the file holds it. */
+std::string line_text(const std::string& key, const StoredDecision& d) {
+  return key + " : " + format_value(d) + "\n";
+}
+
 /* The decisions of the file's text; false (with what is wrong in *problem)
  * when the text is not a whole file of this version. */
 bool parse(const std::string& text, std::map<std::string, StoredDecision>* out,
@@ -218,7 +223,7 @@ TuneFileSnapshot read_tune_file(const char* path) {
     return snap;
   }
   uint64_t h = 0xcbf29ce484222325ull;
-  for (const auto& [key, d] : snap.decisions) h = fnv1a(key + " : " + format_value(d) + "\n", h);
+  for (const auto& [key, d] : snap.decisions) h = fnv1a(line_text(key, d), h);
   snap.hash = snap.decisions.empty() ? 0 : h;
   return snap;
 }
@@ -247,7 +252,7 @@ void store_tune_decision(const char* path, const std::string& key, const StoredD
   bool ok = f != nullptr;
   if (ok) {
     fprintf(f, "%s\n", kHeader);
-    for (const auto& [k, v] : all) fprintf(f, "%s : %s\n", k.c_str(), format_value(v).c_str());
+    for (const auto& [k, v] : all) fputs(line_text(k, v).c_str(), f);
     ok = fflush(f) == 0 && !ferror(f);
     ok = (fclose(f) == 0) && ok;
     ok = ok && rename(tmp.c_str(), path) == 0;
