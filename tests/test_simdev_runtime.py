@@ -94,7 +94,7 @@ DOCUMENTED = {
         "before no, after no",
         "a new thread has a context: no",
         "cudaPointerGetAttributes(host memory) -> cudaSuccess",
-        "then it has a context: yes"],
+        "then it has a context: no"],
 }
 # What CUDA leaves undefined or a GPU cannot promise, as the simulator answers it: rule ->
 # (the lines, the message on stderr, the settings of the run).

@@ -66,10 +66,10 @@ const char* carried_archs(const CudaModule& module, bool ptx);
 
 /* The device whose memory `ptr` is (device memory, stream-ordered or
  * managed), else -1 (host memory, registered or not), as the driver says
- * (cuPointerGetAttributes: unlike the runtime's cudaPointerGetAttributes it
- * makes no context on a thread that has none). kNoDevice: the machine has no
- * GPU; kDriverTooOld: the driver API is unavailable because the driver is
- * older than the runtime; kFailed: *why says what failed. */
+ * (cuPointerGetAttributes, which answers on a thread that has no context and
+ * makes none). kNoDevice: the machine has no GPU; kDriverTooOld: the driver
+ * API is unavailable because the driver is older than the runtime; kFailed:
+ * *why says what failed. */
 enum class PointerQuery { kOk, kNoDevice, kDriverTooOld, kFailed };
 PointerQuery driver_pointer_device(const void* ptr, int* device, const char** why);
 

@@ -471,12 +471,11 @@ static void pointer_on_new_thread(struct PointerThread* t) {
   pthread_join(thread, NULL);
 }
 
-/* The runtime's cudaPointerGetAttributes, on a thread with no context, makes
- * the current device's primary context (device 0's) current there: a library
- * that classifies a pointer that way leaves a context behind (and creates
- * device 0's), which is why QNCCL asks the driver: its cuPointerGetAttributes
- * answers on a thread with no context, for device and host memory, and makes
- * none (what libqnccl's pointer_device relies on). */
+/* Classifying a pointer on a thread with no context leaves none behind: the
+ * driver's cuPointerGetAttributes answers for device and host memory and makes
+ * no context current (what libqnccl's pointer_device relies on), and neither
+ * does the runtime's cudaPointerGetAttributes (as a GPU answered: CUDA 12.9
+ * runtime, driver 580; the simulator once made device 0's current there). */
 static void rule_pointer_context(void) {
   static char host[64];
   void* driver = dlopen("libcuda.so.1", RTLD_NOW);
