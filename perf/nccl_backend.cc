@@ -253,7 +253,7 @@ class NcclBackend : public Backend {
   }
 
   int settling_calls() const override {
-    return measured() ? 2 * QNCCL_MAX_CANDIDATES + 1 : 0;  // every trial, then the decision
+    return measured() ? QNCCL_TRIAL_ROUNDS * QNCCL_MAX_CANDIDATES + 1 : 0;  // every trial, then the decision
   }
 
   void finalize() override {

@@ -128,7 +128,7 @@ void usage(const char* tool, FILE* out) {
           "  -n, --iters N            timed iterations per size (default 20)\n"
           "  -w, --warmup_iters N     warm-up iterations at the largest and smallest size (default 5)\n"
           "      --settle N           untimed calls before each size's timed ones (default: what\n"
-          "                           the library needs: 11 under QNCCL's measured auto, for its\n"
+          "                           the library needs: 16 under QNCCL's measured auto, for its\n"
           "                           trials; else 0)\n"
           "  -d, --datatype TYPE      %s, or all (default float)\n"
           "  -o, --op OP              %s, or all (default sum; reductions only)\n"

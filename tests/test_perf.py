@@ -171,7 +171,7 @@ def test_measured_auto_rows(tmp_path):
                             tmp_path, qnccl=["--bits", str(bits), "--rounding", "nearest"])
     check_table(result.stdout, data, nranks)
     assert data["qnccl"]["measured"] is True and data["qnccl"]["algo"] == "auto"
-    assert "# settle: 11 untimed calls before each size's timed ones" in result.stdout
+    assert "# settle: 16 untimed calls before each size's timed ones" in result.stdout
     assert "measured auto: a size's first calls are its trials" in result.stdout
     for r in data["rows"]:
         assert r["ok"] and r["agree"], r
@@ -239,10 +239,11 @@ def test_check_off(tmp_path):
 
 def run_faulty(fault, faulty_nccl, tmp_path, quantized=False):
     """all_reduce_perf on 4 ranks with the faulty ncclAllReduce in front of the
-    host backend's, or of libqnccl.so's (4 bits, nearest) when `quantized`."""
+    host backend's, or of libqnccl.so's (4 bits, nearest, ring: measured auto might run the
+    exact call) when `quantized`."""
     preload = [faulty_nccl, LIBQNCCL] if quantized else [faulty_nccl]
     wrapper = ["env", f"FAULTY_NCCL={fault}", f"LD_PRELOAD={':'.join(map(str, preload))}",
-               "QNCCL_BITS=4", "QNCCL_ROUNDING=nearest"]
+               "QNCCL_BITS=4", "QNCCL_ROUNDING=nearest", "QNCCL_ALGO=ring"]
     return run_perf(4, ["-b", "1M", "-e", "1M", "-n", "1", "-w", "0"], tmp_path, wrapper=wrapper,
                     check=False)
 

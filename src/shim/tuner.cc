@@ -20,8 +20,6 @@ bool TuneKey::operator<(const TuneKey& o) const {
 
 int size_class(size_t bytes) { return bytes == 0 ? 0 : 63 - __builtin_clzll(bytes); }
 
-static_assert(kTrialRounds == 2, "qnccl.h's qncclTuning_t.trialCalls says candidates x 2");
-
 std::vector<int> tune_candidates(qncclCollective_t kind, int nranks, const Topology& topology) {
   std::vector<int> c = {kExactCandidate};
   if (nranks < 2) return c;
@@ -42,7 +40,7 @@ TuneStep next_step(Tuning& t) {
   const uint64_t call = t.calls++;
   if (t.choice < 0 && n == 1) t.choice = 0;
   if (t.choice >= 0) return {TuneStep::kDecided, t.choice};
-  if (call < n * kTrialRounds) return {TuneStep::kTrial, (int)(call / kTrialRounds)};
+  if (call < n * kTrialRounds) return {TuneStep::kTrial, (int)(call % n)};
   return {TuneStep::kDecide, -1};
 }
 
@@ -50,7 +48,7 @@ int choose(const std::vector<double>& slowest) {
   int best = 0;
   for (size_t i = 1; i < slowest.size(); i++)
     if (slowest[i] < slowest[best]) best = (int)i;
-  return best;
+  return slowest[best] < slowest[0] * (1 - kQuantizedGain) ? best : 0;
 }
 
 const char* candidate_name(int candidate) {

@@ -30,11 +30,20 @@ struct CommState;
  * (qncclAlgoAuto: the one an allgather or all-to-all has). */
 constexpr int kExactCandidate = QNCCL_EXACT_CANDIDATE;
 
-/* Trial calls of each candidate, one after another; a candidate's fastest
- * trial counts: its first may pay for workspace and first-touch pages, and
- * for the skew its predecessor left between the ranks' arrivals, while its
- * second follows itself, as in a job that repeats the call. */
-constexpr int kTrialRounds = 2;  // qncclTuning_t.trialCalls says so too
+/* Rounds of trials: each round tries every candidate once, in order, and a
+ * candidate's fastest trial counts. Rounds rather than each candidate's
+ * trials in a row, so that what one stretch of calls pays (the key's first
+ * calls: connections, workspace, first-touch pages; a slow spell of a busy
+ * machine) falls on every candidate's first round instead of all of one
+ * candidate's trials (the exact call, tried first, measured 2-4 times its
+ * steady time so on 4 ranks over shared memory). */
+constexpr int kTrialRounds = QNCCL_TRIAL_ROUNDS;
+
+/* A quantized candidate is chosen over the exact call only when its agreed
+ * time is less than (1 - kQuantizedGain) of exact's: it costs accuracy, and a
+ * few trials on a busy machine cannot tell a near-tie apart, so that goes to
+ * the exact call (never slower than the real NCCL). */
+constexpr double kQuantizedGain = 0.05;
 
 /* What a decision is kept under, per communicator. */
 struct TuneKey {
@@ -79,13 +88,14 @@ struct TuneStep {
 };
 
 /* The next call's step, counting it: call i < C * kTrialRounds tries
- * candidate i / kTrialRounds; the next one decides first; later ones run the
- * choice.
+ * candidate i % C (round i / C); the next one decides first; later ones run
+ * the choice.
  * A key with one candidate is decided at once, without trials. */
 TuneStep next_step(Tuning& t);
 
-/* The candidate with the least agreed time; a tie goes to the earlier one,
- * so exact wins unless a quantized algorithm is strictly faster. */
+/* The candidate with the least agreed time (a tie goes to the earlier one),
+ * unless it is quantized and not kQuantizedGain faster than exact
+ * (candidate 0): then exact. */
 int choose(const std::vector<double>& slowest);
 
 /* "exact", "ring", ..., or "quantized" for an allgather's or all-to-all's. */

@@ -7,18 +7,22 @@ Python as in interposer_check.py.
 
 Every call of every section is checked: its output is the same bytes on every rank; a call
 that ran quantized is the emulator's bytes for the candidate the documented schedule names
-(trial i of a key tries candidate i / 2 of C; the next call decides; the rest run the
-choice)
+(trial i of a key tries candidate i % C of C, in 3 rounds; the next call decides; the rest
+run the choice)
 at the communicator's call number (only quantized calls take one); a call that ran exact is
 the real library's own result of the same call. qncclCommGetStats counts both kinds.
 
 skew     float32 allreduce of 64 KiB (candidates exact, ring, tree, SRA): ranks 1, 2 and 3
-         each arrive 0.2 s late at both trials of exact, ring and tree respectively. Each of
+         each arrive 0.2 s late at every trial of exact, ring and tree respectively. Each of
          those is slow for every rank but the late one, which finds it fast (the others
          were already waiting): their own timings disagree, yet every rank must decide SRA,
          the one candidate nobody delayed, from the agreed (slowest rank's) times, in which
          the delayed ones take >= 0.2 s. Then decided calls; then, inside a group, a size
-         no call has tried yet: auto's rule, nothing tried or counted.
+         no call has tried yet: auto's rule, nothing tried or counted. Then a near-tie (8
+         KiB): rank 1 arrives 0.5 s late at every trial of exact, rank 2 0.488 s at SRA's,
+         rank 3 0.6 s at ring's and tree's; SRA's agreed time is the least (its call, even
+         on the simulated GPU, takes less than the 12 ms between the delays), but not 5% less
+         than exact's, so every rank decides exact.
 others   a reduce-scatter (candidates exact, ring, SRA) and an allgather (exact, quantized)
          tried and decided alike on every rank, with the same checks.
 tunefile (with a folder in TUNE_DIR) QNCCL_TUNE_FILE: a decision made by trials is stored
@@ -54,7 +58,7 @@ from qnccl.emulate import collectives as emulate
 LATE_S = 0.2
 CANDIDATES = {"allreduce": ["exact", "ring", "tree", "sra"],
               "reducescatter": ["exact", "ring", "sra"], "allgather": ["exact", "quantized"]}
-TRIAL_ROUNDS = 2  # docs/tuning.md
+TRIAL_ROUNDS = 3  # docs/tuning.md
 SETTINGS = dict(min_bytes="1K", collectives="allreduce,reducescatter,allgather", debug="INFO")
 
 
@@ -104,13 +108,13 @@ def expected_quantized(kind, candidate, inputs, call, count):
     return None  # allreduce: allreduce_check.check_case
 
 
-def checked_call(c, kind, count, candidate, label, late=False):
-    """One call of `kind` on `c` that the schedule says runs `candidate`; `late`: this rank
-    arrives LATE_S late."""
+def checked_call(c, kind, count, candidate, label, late=0.0):
+    """One call of `kind` on `c` that the schedule says runs `candidate`; this rank arrives
+    `late` seconds late."""
     case = Case(candidate if candidate != "exact" else "sra", "float32", count)
     x = rank_input(case, RANK).astype(np.float32)
     if late:
-        time.sleep(LATE_S)
+        time.sleep(late)
     out = interposed(kind, c.comm, x)
     inputs = COMM.gather(x, root=0)
     outputs = COMM.gather(out, root=0)
@@ -146,17 +150,20 @@ def entry(c, kind, count):
     return rows[0] if rows else None
 
 
-def try_and_decide(c, kind, count, late_rank=None):
+def try_and_decide(c, kind, count, late=None):
     """The trials, the deciding call and two decided calls of one key; returns the choice
-    every rank agreed on and this rank's table row (None, None on failure)."""
+    every rank agreed on and this rank's table row (None, None on failure). `late`: a
+    candidate -> (rank, seconds) that rank arrives late at each of its trials."""
     names = CANDIDATES[kind]
     for i in range(len(names) * TRIAL_ROUNDS):
-        candidate = names[i // TRIAL_ROUNDS]
-        late = late_rank is not None and RANK == late_rank(candidate)
-        checked_call(c, kind, count, candidate, f"{kind} trial {i} ({candidate})", late)
+        candidate = names[i % len(names)]
+        rank, seconds = (late or {}).get(candidate, (None, 0.0))
+        checked_call(c, kind, count, candidate, f"{kind} trial {i} ({candidate})",
+                     seconds if RANK == rank else 0.0)
     row = entry(c, kind, count)
-    expect(row is not None and row["choice"] is None and row["calls"] == len(names) * 2, kind,
-           f"after the trials: {row}, expected no choice yet and {len(names) * 2} calls")
+    trials = len(names) * TRIAL_ROUNDS
+    expect(row is not None and row["choice"] is None and row["calls"] == trials, kind,
+           f"after the trials: {row}, expected no choice yet and {trials} calls")
     # The deciding call: what it runs is not known before it; the table says afterwards.
     x_case = Case("sra", "float32", count)
     x = rank_input(x_case, RANK).astype(np.float32)
@@ -167,9 +174,9 @@ def try_and_decide(c, kind, count, late_rank=None):
     choice = row["choice"]
     choices = COMM.allgather(choice)
     expect(len(set(choices)) == 1, kind, f"the ranks decided differently: {choices}")
-    expect(row["candidates"] == names and row["trial_calls"] == len(names) * 2, kind,
+    expect(row["candidates"] == names and row["trial_calls"] == trials, kind,
            f"candidates {row['candidates']} with {row['trial_calls']} trial calls, expected "
-           f"{names} with {len(names) * 2}")
+           f"{names} with {trials}")
     outputs = COMM.gather(out, root=0)
     if choice == "exact":
         c.passed += 1
@@ -191,8 +198,8 @@ def try_and_decide(c, kind, count, late_rank=None):
     for i in range(2):
         checked_call(c, kind, count, choice, f"{kind} decided call {i} ({choice})")
     row = entry(c, kind, count)
-    expect(row is not None and row["calls"] == len(names) * 2 + 3, kind,
-           f"calls counted: {row and row['calls']}, expected {len(names) * 2 + 3}")
+    expect(row is not None and row["calls"] == trials + 3, kind,
+           f"calls counted: {row and row['calls']}, expected {trials + 3}")
     c.stats_check(f"{kind}: statistics")
     return choice, row
 
@@ -204,8 +211,8 @@ def skew_section():
     # another size does that first (the first trial of its own key: exact).
     checked_call(c, "allreduce", 8192, "exact", "allreduce, the first call")
     count = 16384  # 64 KiB of float32
-    late = {"exact": 1, "ring": 2, "tree": 3}
-    choice, row = try_and_decide(c, "allreduce", count, late_rank=lambda cand: late.get(cand))
+    late = {"exact": (1, LATE_S), "ring": (2, LATE_S), "tree": (3, LATE_S)}
+    choice, row = try_and_decide(c, "allreduce", count, late)
     expect(choice == "sra", "skew", f"decided {choice}; expected sra, the one nobody delayed")
     if row is not None:
         seconds = dict(zip(row["candidates"], row["seconds"]))
@@ -227,6 +234,15 @@ def skew_section():
     c.compressed += 1
     expect(len(qcomm.tuning(c.comm)) == 2, "group", "a call inside a group made a tuning row")
     c.stats_check("skew: statistics")
+    # A near-tie (docs/tuning.md: a quantized candidate must be more than 5% faster).
+    near = {"exact": (1, 0.5), "sra": (2, 0.488), "ring": (3, 0.6), "tree": (3, 0.6)}
+    choice, row = try_and_decide(c, "allreduce", 2048, near)
+    if row is not None:
+        seconds = dict(zip(row["candidates"], row["seconds"]))
+        expect(seconds["sra"] < seconds["exact"] < seconds["sra"] / 0.95, "near-tie",
+               f"agreed times {seconds}: expected SRA's the least, within 5% of exact's")
+    expect(choice == "exact", "near-tie", f"decided {choice}; expected exact (SRA is not 5% "
+           "faster)")
     require(lib.ncclCommDestroy(c.comm), "ncclCommDestroy")
 
 
@@ -334,7 +350,7 @@ def capture_section():
     c = Comm()
     # Trials of another size first: the layout found and the workspace grown by its
     # quantized trials, so that the capture needs no new memory (CUDA forbids it there).
-    for i, candidate in enumerate(c for c in CANDIDATES["allreduce"] for _ in range(2)):
+    for i, candidate in enumerate(CANDIDATES["allreduce"] * TRIAL_ROUNDS):
         checked_call(c, "allreduce", 32768, candidate, f"capture section, trial {i}")
     count = 16384
     case = Case("sra", "float32", count)
