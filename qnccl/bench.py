@@ -126,13 +126,17 @@ SHM_BITS, SHM_BUCKET = 4, 128  # the shared-memory section's codec configuration
 
 def shm_configurations(args):
     """The shared-memory section: --ranks ranks on one emulated node, MPI over shared memory
-    with no rate limit, the fastest link the uncompressed allreduce gets here; QNCCL at 4 bits /
-    bucket 128 with auto and with each algorithm of --algos."""
-    where = dict(shared_memory=True, rate="none")
-    configs = [Config("shm uncompressed (NCCL API)", "nccl", **where)]
-    configs += [Config(f"shm qnccl {SHM_BITS}b B{SHM_BUCKET} {algo}", "qnccl", SHM_BITS,
-                       SHM_BUCKET, algo, **where)
-                for algo in dict.fromkeys(("auto", *args.algos))]
+    with no rate limit, the fastest link the uncompressed allreduce gets here; per type of
+    --dtypes, its uncompressed run, then QNCCL at 4 bits / bucket 128 with auto and with each
+    algorithm of --algos."""
+    configs = []
+    for dtype in args.dtypes:
+        where = dict(shared_memory=True, rate="none", dtype=dtype)
+        tag = DTYPE_TAGS[dtype]
+        configs.append(Config(f"shm uncompressed (NCCL API){tag}", "nccl", **where))
+        configs += [Config(f"shm qnccl {SHM_BITS}b B{SHM_BUCKET} {algo}{tag}", "qnccl", SHM_BITS,
+                           SHM_BUCKET, algo, **where)
+                    for algo in dict.fromkeys(("auto", *args.algos))]
     return configs
 
 
@@ -523,10 +527,11 @@ def main(args):
         shm_sizes = summarize(shm_records)
         shm_table = emit(
             shm_records, shm_sizes,
-            f"allreduce of float32 (sum), {args.ranks} ranks on one node over shared memory "
-            f"(perf/netlab --nodes 1: MPI btl vader, no rate limit), {args.rounding} rounding; "
-            f"busbw from the median of {args.iters} calls (speedup over uncompressed "
-            f"all_reduce_perf at the same size; below 1x QNCCL is slower: docs/perf.md)",
+            f"allreduce of {' and '.join(args.dtypes)} (sum), {args.ranks} ranks on one node "
+            f"over shared memory (perf/netlab --nodes 1: MPI btl vader, no rate limit), "
+            f"{args.rounding} rounding; busbw from the median of {args.iters} calls (speedup "
+            f"over uncompressed all_reduce_perf of the same type at the same size; below 1x "
+            f"QNCCL is slower: docs/perf.md)",
             f"allreduce busbw, {args.ranks} ranks, shared memory")
         shm_section = {"link": {"rate": "none", "tool": "perf/netlab --nodes 1",
                                 "transport": "shared memory"},

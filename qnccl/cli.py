@@ -518,9 +518,9 @@ def build_parser():
                        default=["ring", "tree", "sra"], help="comma list (default ring,tree,sra)")
     bench.add_argument("--dtypes", type=_name_list(("float32", "bfloat16", "float16")),
                        default=["float32", "bfloat16"],
-                       help="types the flat sections reduce, each against its own uncompressed "
-                            "run; types other than float32 run the first of --buckets only "
-                            "(default float32,bfloat16)")
+                       help="types the flat and shared-memory sections reduce, each against "
+                            "its own uncompressed run; types other than float32 run the first "
+                            "of --buckets only (default float32,bfloat16)")
     bench.add_argument("--rounding", choices=("stochastic", "nearest"), default="stochastic",
                        help="default stochastic (QNCCL's default)")
     bench.add_argument("--baselines", type=_name_list(("mpi", "torch")), default=["mpi", "torch"],
@@ -538,8 +538,8 @@ def build_parser():
     bench.add_argument("--shm-section", type=_name_list(("on", "off")), default=["on"],
                        metavar="on|off",
                        help="then --ranks ranks on one node over shared memory, no rate limit "
-                            "(where uncompressed is fastest): uncompressed, and 4 bits / bucket "
-                            "128 with auto and each of --algos (default on)")
+                            "(where uncompressed is fastest): per type of --dtypes, uncompressed, "
+                            "and 4 bits / bucket 128 with auto and each of --algos (default on)")
     bench.add_argument("--iters", type=int_in(1), default=3, metavar="N",
                        help="timed calls per size; busbw from their median (default 3)")
     bench.add_argument("--warmup", type=int_in(0), default=1, metavar="N",

@@ -246,3 +246,28 @@ def test_shared_memory_section(tmp_path):
         twin = next(r for r in fixed
                     if (r["size"], r["placement"]) == (row["size"], row["placement"]))
         assert row["wire_bytes_per_input_byte"] == twin["wire_bytes_per_input_byte"]
+
+
+def test_shared_memory_section_per_type(tmp_path):
+    """The shared-memory section runs each type of --dtypes, each configuration's speedup over
+    its own type's uncompressed run (bfloat16's wire is half of float32's)."""
+    args = ["--sizes", "256K:256K", "--bits", "4", "--buckets", "128", "--algos", "sra",
+            "--baselines", "mpi", "--iters", "1", "--rates", "10gbit", "--nodes-section", "off",
+            "--collectives-section", "off", "--shm-section", "on",
+            "--dtypes", "float32,bfloat16"]
+    _, report = bench_report(tmp_path, args)
+    configs = {c["name"]: c for c in report["shared_memory"]["configurations"]}
+    assert list(configs) == ["shm uncompressed (NCCL API)", "shm qnccl 4b B128 auto",
+                             "shm qnccl 4b B128 sra", "shm uncompressed (NCCL API) bf16",
+                             "shm qnccl 4b B128 auto bf16", "shm qnccl 4b B128 sra bf16"]
+    for name, config in configs.items():
+        dtype = "bfloat16" if name.endswith("bf16") else "float32"
+        assert config["status"] == "ok" and config["check_ok"] and config["dtype"] == dtype
+        assert config["perf"]["rows"][0]["type"] == {"float32": "float"}.get(dtype, dtype)
+        base = configs["shm uncompressed (NCCL API)" + (" bf16" if dtype == "bfloat16" else "")]
+        for size, busbw in config["busbw_gbps"].items():
+            assert config["speedup"][size] == pytest.approx(busbw / base["busbw_gbps"][size])
+    sra16 = configs["shm qnccl 4b B128 sra bf16"]
+    assert sra16["wire_limit"] == pytest.approx(
+        configs["shm uncompressed (NCCL API) bf16"]["wire_bytes_per_input_byte"]
+        / sra16["wire_bytes_per_input_byte"])
