@@ -253,7 +253,8 @@ class NcclBackend : public Backend {
   }
 
   int settling_calls() const override {
-    return measured() ? QNCCL_TRIAL_ROUNDS * QNCCL_MAX_CANDIDATES + 1 : 0;  // every trial, then the decision
+    // every trial, then the decision
+    return measured() ? QNCCL_TRIAL_ROUNDS * QNCCL_MAX_CANDIDATES + 1 : 0;
   }
 
   void finalize() override {

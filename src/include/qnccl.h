@@ -352,8 +352,8 @@ typedef struct {
   ncclDataType_t datatype;
   int sizeClass;        /* its calls' input per rank: [2^sizeClass, 2^(sizeClass+1)) bytes */
   uint64_t calls;       /* its calls so far, trials included */
-  int trialCalls;       /* calls its trials take: candidateCount x QNCCL_TRIAL_ROUNDS (0: one candidate, or
-                           a decision read from QNCCL_TUNE_FILE) */
+  int trialCalls;       /* calls its trials take: candidateCount x QNCCL_TRIAL_ROUNDS (0:
+                           one candidate, or a decision read from QNCCL_TUNE_FILE) */
   int candidateCount;
   int candidates[QNCCL_MAX_CANDIDATES]; /* QNCCL_EXACT_CANDIDATE, or a qncclAlgo_t value;
                                            qncclAlgoAuto is an allgather's or all-to-all's

@@ -36,7 +36,7 @@ constexpr int kExactCandidate = QNCCL_EXACT_CANDIDATE;
  * calls: connections, workspace, first-touch pages; a slow spell of a busy
  * machine) falls on every candidate's first round instead of all of one
  * candidate's trials (the exact call, tried first, measured 2-4 times its
- * steady time so on 4 ranks over shared memory). */
+ * steady time on 4 ranks over shared memory). */
 constexpr int kTrialRounds = QNCCL_TRIAL_ROUNDS;
 
 /* A quantized candidate is chosen over the exact call only when its agreed
