@@ -80,9 +80,14 @@ ifeq ($(shell uname -m),x86_64)
 endif
 ISA_FLAGS_generic :=
 ISA_FLAGS_avx2 := -mavx2 -mf16c -mbmi2
-# AVX-512 instructions on 256-bit vectors: its masks and ternary logic
-# without the clock penalty of 512-bit ones (faster on every codec loop here).
-ISA_FLAGS_avx512 := $(ISA_FLAGS_avx2) -mavx512f -mavx512bw -mavx512vl -mavx512dq -mprefer-vector-width=256
+# AVX-512 on 512-bit vectors: the cubic grid's encode is arithmetic-bound,
+# and 16 lanes encode 1.5 times as fast as 8 on the development machine
+# (docs/perf.md, the codec).
+ISA_FLAGS_avx512 := $(ISA_FLAGS_avx2) -mavx512f -mavx512bw -mavx512vl -mavx512dq -mprefer-vector-width=512
+# Jump threading would split bucket_params' two grids back into branches
+# (it specializes the constant inputs of the grid that does not apply), and
+# the loop that derives a batch of buckets' parameters would not vectorize.
+CODEC_FLAGS := -fno-thread-jumps
 HOST_CODEC_OBJS := $(HOST_ISAS:%=$(BUILD)/obj/src/codec/codec_host_%.o)
 
 LIB_OBJS := $(LIB_SRCS:%.cc=$(BUILD)/obj/%.o) $(HOST_CODEC_OBJS) $(CU_OBJS)
@@ -112,7 +117,7 @@ native: $(LIB) $(HOST_LIB) $(CDEF) $(BUILD)/bin/codec_bench
 # Objects depend on the compilers and flags they were built with: a build
 # with other settings (say CUDA=0) rebuilds everything instead of mixing.
 FLAGS_STAMP := $(BUILD)/flags.txt
-FLAGS_NOW := $(CXX) $(CXXFLAGS) | $(CUDA_ROOT) $(CUDA_ARCHS) / $(CUDA_PTX) | $(LDFLAGS) $(CUDA_LIBS)
+FLAGS_NOW := $(CXX) $(CXXFLAGS) | $(CODEC_FLAGS) $(foreach i,$(HOST_ISAS),$(ISA_FLAGS_$(i))) | $(CUDA_ROOT) $(CUDA_ARCHS) / $(CUDA_PTX) | $(LDFLAGS) $(CUDA_LIBS)
 $(shell mkdir -p $(BUILD) && { test -f $(FLAGS_STAMP) && test "$$(cat $(FLAGS_STAMP))" = '$(FLAGS_NOW)' || echo '$(FLAGS_NOW)' > $(FLAGS_STAMP); })
 
 $(BUILD)/obj/%.o: %.cc $(HEADERS) $(FLAGS_STAMP)
@@ -121,7 +126,7 @@ $(BUILD)/obj/%.o: %.cc $(HEADERS) $(FLAGS_STAMP)
 
 $(BUILD)/obj/src/codec/codec_host_%.o: src/codec/codec_host.cc $(HEADERS) $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
-	$(CXX) $(CXXFLAGS) $(ISA_FLAGS_$*) -DQNCCL_CODEC_ISA=$* -c $< -o $@
+	$(CXX) $(CXXFLAGS) $(CODEC_FLAGS) $(ISA_FLAGS_$*) -DQNCCL_CODEC_ISA=$* -c $< -o $@
 
 # The kernels: NVRTC images of each module, embedded by a generated source.
 NVRTC_INCLUDES := -I src/include -I src -I src/codec/nvrtc_include -I $(CUDA_ROOT)/cuda_cccl/include

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include <algorithm>
+#include <utility>
 #include <vector>
 
 #include "codec/codec.h"
@@ -33,9 +34,11 @@ static_assert(kTile % kGroup == 0, "tile alignment");
 
 /* Explicit vectors (GCC/Clang vector extensions) for the loops the
  * auto-vectorizer does not take on: the min/max reduction and the packing.
- * One register wide: 32 bytes in the AVX2 and AVX-512 builds (the latter
- * with 256-bit vectors), 16 otherwise. */
-#if defined(__AVX2__)
+ * One register wide: 64 bytes in the AVX-512 build, 32 in the AVX2 build,
+ * 16 otherwise. */
+#if defined(__AVX512F__)
+constexpr size_t kVectorBytes = 64;
+#elif defined(__AVX2__)
 constexpr size_t kVectorBytes = 32;
 #else
 constexpr size_t kVectorBytes = 16;
@@ -55,14 +58,14 @@ VecF load_vector(const typename D::T* x) {
 
 /* Lane j of the result holds lane (j + half) % kLanes of v: a constant
  * permutation, so the compiler emits one shuffle instruction. */
+template <size_t half, class V, size_t... J>
+V rotate_lanes(V v, std::index_sequence<J...>) {
+  return __builtin_shufflevector(v, v, ((J + half) % kLanes)...);
+}
+
 template <size_t half, class V>
 V rotate_lanes(V v) {
-  static_assert(kLanes == 4 || kLanes == 8, "rotate_lanes covers 4 and 8 lanes");
-  if constexpr (kLanes == 8)
-    return __builtin_shufflevector(v, v, half, half + 1, half + 2, half + 3, (half + 4) % 8,
-                                   (half + 5) % 8, (half + 6) % 8, (half + 7) % 8);
-  else
-    return __builtin_shufflevector(v, v, half, (half + 1) % 4, (half + 2) % 4, (half + 3) % 4);
+  return rotate_lanes<half>(v, std::make_index_sequence<kLanes>{});
 }
 
 /* Folds lanes in halves (log2(kLanes) shuffles): every lane ends with the
@@ -212,7 +215,15 @@ void unpack_stage(const uint8_t* in, size_t n, size_t room, uint8_t* stage) {
 constexpr size_t kAhead = 64;
 
 struct Ahead {
-  BucketParams params[kAhead];
+  /* The params, one array per field: the loop that derives a batch then
+   * vectorizes (bucket_params is branch-free after inlining). */
+  struct Fields {
+    float lo[kAhead], hi[kAhead], top[kAhead], a[kAhead], step[kAhead], inv_step[kAhead],
+        sigma[kAhead], inv_sigma[kAhead], zero[kAhead], span_neg[kAhead], span_pos[kAhead],
+        unit_neg[kAhead], unit_pos[kAhead], inv_unit_neg[kAhead], inv_unit_pos[kAhead];
+    bool nonfinite[kAhead], cubic[kAhead];
+  } f;
+  BucketParams current{};
   size_t size = 0, next = 0;
 
   /* How many to derive at value `at`, a bucket start: the buckets of
@@ -225,14 +236,33 @@ struct Ahead {
   void refill(const uint8_t* metas, size_t n) {
     size = n;
     next = 0;
+    float mins[kAhead], maxs[kAhead];
     for (size_t k = 0; k < size; k++) {
-      BucketMeta m;
-      memcpy(&m, metas + k * kMetaBytes, kMetaBytes);
-      params[k] = bucket_params(m, BITS);
+      memcpy(&mins[k], metas + k * kMetaBytes, 4);
+      memcpy(&maxs[k], metas + k * kMetaBytes + 4, 4);
+    }
+    for (size_t k = 0; k < size; k++) {
+      const BucketParams p = bucket_params(BucketMeta{mins[k], maxs[k]}, BITS);
+      f.lo[k] = p.lo, f.hi[k] = p.hi, f.top[k] = p.top, f.a[k] = p.a, f.step[k] = p.step;
+      f.inv_step[k] = p.inv_step, f.sigma[k] = p.sigma, f.inv_sigma[k] = p.inv_sigma;
+      f.zero[k] = p.zero, f.span_neg[k] = p.span_neg, f.span_pos[k] = p.span_pos;
+      f.unit_neg[k] = p.unit_neg, f.unit_pos[k] = p.unit_pos;
+      f.inv_unit_neg[k] = p.inv_unit_neg, f.inv_unit_pos[k] = p.inv_unit_pos;
+      f.nonfinite[k] = p.nonfinite, f.cubic[k] = p.cubic;
     }
   }
   bool empty() const { return next == size; }
-  const BucketParams& pop() { return params[next++]; }
+  const BucketParams& pop() {
+    const size_t k = next++;
+    BucketParams& p = current;
+    p.lo = f.lo[k], p.hi = f.hi[k], p.top = f.top[k], p.a = f.a[k], p.step = f.step[k];
+    p.inv_step = f.inv_step[k], p.sigma = f.sigma[k], p.inv_sigma = f.inv_sigma[k];
+    p.zero = f.zero[k], p.span_neg = f.span_neg[k], p.span_pos = f.span_pos[k];
+    p.unit_neg = f.unit_neg[k], p.unit_pos = f.unit_pos[k];
+    p.inv_unit_neg = f.inv_unit_neg[k], p.inv_unit_pos = f.inv_unit_pos[k];
+    p.nonfinite = f.nonfinite[k], p.cubic = f.cubic[k];
+    return p;
+  }
 };
 
 template <class D, int BITS>

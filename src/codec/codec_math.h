@@ -137,50 +137,53 @@ QNCCL_HD float max_f(float x, float y) { return x > y ? x : y; }
  * chosen between the two integers around L * B / (A + B), the smaller on a
  * tie; L when A == 0 (no code above zero). */
 QNCCL_HD float zero_code(float big, float small, float top) {
-  if (big == 0.0f) return top;
   const float ratio = div_rn(0.5f * small, 0.5f * big + 0.5f * small);  // halves: no overflow
   float i0 = (float)(int32_t)(top * ratio);  // floor: the product is >= 0
   i0 = i0 < 1.0f ? 1.0f : (i0 > top - 1.0f ? top - 1.0f : i0);
   const float i1 = i0 + 1.0f > top - 1.0f ? top - 1.0f : i0 + 1.0f;
   const float w0 = max_f(div_rn(small, i0), div_rn(big, top - i0));
   const float w1 = max_f(div_rn(small, i1), div_rn(big, top - i1));
-  return w1 < w0 ? i1 : i0;
+  return big == 0.0f ? top : (w1 < w0 ? i1 : i0);
 }
 
+/* Both grids' values are derived every time and the grid that applies
+ * picks its own: no branches, so that the host's loop over a batch of
+ * buckets vectorizes. Where the cubic grid does not apply, its inputs are
+ * replaced by 1 so that its unused values stay finite (zero_code converts
+ * a float to an integer, undefined for NaN). */
 QNCCL_HD BucketParams bucket_params(BucketMeta m, int bits) {
   BucketParams p = {};
   p.nonfinite = !(m.min == m.min);
   p.lo = m.min;
   p.hi = m.max;
   p.top = levels(bits);
-  if (bits >= 2 && m.min < 0.0f && m.max >= 0.0f) {  // false for NaN
-    const float big = m.max, small = -m.min;
-    p.zero = zero_code(big, small, p.top);
-    p.span_neg = p.zero;
-    p.span_pos = p.top - p.zero;
-    p.unit_neg = div_rn(small, p.span_neg * p.span_neg * p.span_neg);
-    // with A == 0 the side above zero holds only zero itself: any unit will do
-    p.unit_pos = big == 0.0f ? p.unit_neg : div_rn(big, p.span_pos * p.span_pos * p.span_pos);
-    // A subnormal unit would make the cubes coarser than the uniform grid's 2^-126
-    // floor: such tiny buckets (below about 2^-102) keep the uniform grid.
-    p.cubic = p.unit_neg >= 0x1p-126f && p.unit_pos >= 0x1p-126f;
-    if (p.cubic) {
-      p.inv_unit_neg = div_rn(1.0f, p.unit_neg);
-      p.inv_unit_pos = div_rn(1.0f, p.unit_pos);
-      return p;
-    }
-  }
-  float amin = m.min < 0.0f ? -m.min : m.min;
-  float amax = m.max < 0.0f ? -m.max : m.max;
-  bool huge = (amin > amax ? amin : amax) >= 0x1p126f;
+  // cubic grid
+  const bool straddles = bits >= 2 && m.min < 0.0f && m.max >= 0.0f;  // false for NaN
+  const float big = straddles ? m.max : 1.0f, small = straddles ? -m.min : 1.0f;
+  p.zero = zero_code(big, small, p.top);
+  p.span_neg = p.zero;
+  p.span_pos = p.top - p.zero;
+  p.unit_neg = div_rn(small, p.span_neg * p.span_neg * p.span_neg);
+  // with A == 0 the side above zero holds only zero itself: any unit will do
+  const float unit_pos = div_rn(big, p.span_pos * p.span_pos * p.span_pos);
+  p.unit_pos = big == 0.0f ? p.unit_neg : unit_pos;
+  // A subnormal unit would make the cubes coarser than the uniform grid's 2^-126
+  // floor: such tiny buckets (below about 2^-102) keep the uniform grid.
+  p.cubic = straddles & (p.unit_neg >= 0x1p-126f) & (p.unit_pos >= 0x1p-126f);
+  p.inv_unit_neg = div_rn(1.0f, p.unit_neg);
+  p.inv_unit_pos = div_rn(1.0f, p.unit_pos);
+  // uniform grid
+  const float amin = m.min < 0.0f ? -m.min : m.min;
+  const float amax = m.max < 0.0f ? -m.max : m.max;
+  const bool huge = (amin > amax ? amin : amax) >= 0x1p126f;
   p.sigma = huge ? 0.5f : 1.0f;
   p.inv_sigma = huge ? 2.0f : 1.0f;
   p.a = p.sigma * m.min;
-  float d = p.sigma * m.max - p.a;
-  float s = div_rn(d, p.top);
-  if (d > 0.0f && s < 0x1p-126f) s = 0x1p-126f;  // also when d / top underflowed to 0
-  p.step = s;
-  p.inv_step = s > 0.0f ? div_rn(1.0f, s) : 0.0f;
+  const float d = p.sigma * m.max - p.a;
+  const float s = div_rn(d, p.top);
+  p.step = (d > 0.0f && s < 0x1p-126f) ? 0x1p-126f : s;  // also when d / top underflowed to 0
+  const float inv_step = div_rn(1.0f, p.step);
+  p.inv_step = p.step > 0.0f ? inv_step : 0.0f;
   return p;
 }
 
