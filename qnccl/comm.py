@@ -79,7 +79,7 @@ def tuning(comm):
     (collective, type, size class) met so far: "collective" and "dtype" (names),
     "min_bytes"/"max_bytes" per rank, "calls", "trial_calls", "candidates" (names: "exact",
     "ring", ..., "quantized" for an allgather's or all-to-all's), "seconds" (agreed: the
-    slowest rank's fastest trial of each, once decided), "choice" (a candidate's name, or
+    slowest rank's median trial of each, once decided), "choice" (a candidate's name, or
     None while trying) and "stored" (True: the decision came from QNCCL_TUNE_FILE, no trials
     ran)."""
     ffi, lib = _lib.ffi(), _lib.lib()

@@ -358,7 +358,7 @@ typedef struct {
   int candidates[QNCCL_MAX_CANDIDATES]; /* QNCCL_EXACT_CANDIDATE, or a qncclAlgo_t value;
                                            qncclAlgoAuto is an allgather's or all-to-all's
                                            one quantized algorithm */
-  double seconds[QNCCL_MAX_CANDIDATES]; /* agreed: the slowest rank's fastest trial, once
+  double seconds[QNCCL_MAX_CANDIDATES]; /* agreed: the slowest rank's median trial, once
                                            decided (0 before) */
   int choice;           /* the index of the candidate its calls run; -1 while trying */
   int stored;           /* 1: decided by QNCCL_TUNE_FILE, without trials (seconds: the

@@ -165,7 +165,7 @@ void report_decision(ncclComm_t comm, const ShimComm& st, qncclCollective_t kind
   else
     info(comm, st.config.debug,
          ": measured auto: %s %s of %zu..%zu bytes per rank runs %s (the slowest rank's "
-         "fastest trial, ms: %s; %zu trial calls)",
+         "median trial, ms: %s; %zu trial calls)",
          call_name(kind), short_type_name(type), (size_t)1 << size_class,
          ((size_t)2 << size_class) - 1, candidate_name(t.candidates[t.choice]), times,
          t.candidates.size() * kTrialRounds);

@@ -3,6 +3,7 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include <algorithm>
 #include <mutex>
 #include <tuple>
 
@@ -57,8 +58,15 @@ const char* candidate_name(int candidate) {
 }
 
 void record_trial(Tuning& t, int index, double seconds) {
-  if (t.own.size() != t.candidates.size()) t.own.assign(t.candidates.size(), INFINITY);
-  if (seconds < t.own[index]) t.own[index] = seconds;
+  if (t.trials.size() != t.candidates.size()) t.trials.resize(t.candidates.size());
+  t.trials[index].push_back(seconds);
+}
+
+double median_seconds(std::vector<double> seconds) {
+  const size_t n = seconds.size();
+  if (n == 0) return INFINITY;
+  std::sort(seconds.begin(), seconds.end());
+  return n % 2 ? seconds[n / 2] : (seconds[n / 2 - 1] + seconds[n / 2]) / 2;
 }
 
 ncclResult_t decide(Tuning& t, const NcclApi& nccl, ncclComm_t comm, cudaStream_t stream,
@@ -74,8 +82,10 @@ ncclResult_t decide(Tuning& t, const NcclApi& nccl, ncclComm_t comm, cudaStream_
   }
   t.pending.clear();
   QNCCL_CHECK(res);
-  record_trial(t, 0, INFINITY);  // sized, should no trial have been recorded
-  std::vector<double> times = t.own;
+  t.trials.resize(t.candidates.size());  // should no trial have been recorded
+  std::vector<double> times;
+  for (const std::vector<double>& trials : t.trials) times.push_back(median_seconds(trials));
+  t.trials.clear();
   QNCCL_CHECK(agree_max(times, nccl, comm, stream, device, state));
   t.slowest = times;
   t.choice = choose(times);

@@ -2,7 +2,7 @@
  * the candidates of each (collective, type, size class) of a communicator on
  * the job's own first calls of it (the real NCCL's exact call and each
  * quantized algorithm that applies), the ranks agree on the one whose
- * slowest rank was fastest, and that candidate runs from then on. Bits and
+ * slowest rank's median trial was fastest, and that candidate runs from then on. Bits and
  * bucket stay the user's: only speed is tuned.
  *
  * Every rank issues the same calls, so a key's call count, its candidates
@@ -31,7 +31,9 @@ struct CommState;
 constexpr int kExactCandidate = QNCCL_EXACT_CANDIDATE;
 
 /* Rounds of trials: each round tries every candidate once, in order, and a
- * candidate's fastest trial counts. Rounds rather than each candidate's
+ * candidate's median trial counts (its steady time: a fastest trial rewards a
+ * lucky call, and the key's first calls or a slow spell can fall on one
+ * round without moving the median). Rounds rather than each candidate's
  * trials in a row, so that what one stretch of calls pays (the key's first
  * calls: connections, workspace, first-touch pages; a slow spell of a busy
  * machine) falls on every candidate's first round instead of all of one
@@ -67,8 +69,8 @@ std::vector<int> tune_candidates(qncclCollective_t kind, int nranks, const Topol
 struct Tuning {
   std::vector<int> candidates;
   uint64_t calls = 0;           // its calls so far (trials, the deciding call, the rest)
-  std::vector<double> own;      // this rank's fastest trial of each candidate, seconds
-  std::vector<double> slowest;  // agreed: the slowest rank's fastest trial of each
+  std::vector<std::vector<double>> trials;  // this rank's trials of each candidate, seconds
+  std::vector<double> slowest;  // agreed: the slowest rank's median trial of each
   int choice = -1;              // decided: an index into candidates
   bool stored = false;          // decided by QNCCL_TUNE_FILE (shim/tune_file.h), no trials
   /* Trials on device buffers: events around each on the call's stream, read
@@ -104,6 +106,10 @@ const char* candidate_name(int candidate);
 /* Records a trial of candidate `index` that took `seconds` on this rank. */
 void record_trial(Tuning& t, int index, double seconds);
 
+/* The median of `seconds` (of an even count, the mean of the middle two);
+ * infinity for none. */
+double median_seconds(std::vector<double> seconds);
+
 /* values = their maximum over the ranks: one exact allreduce (float64) of
  * the real NCCL on `comm`, in host memory for calls on host buffers
  * (`device` -1), else in memory of `device` on `stream` (which it waits
@@ -116,8 +122,8 @@ ncclResult_t agree_max(std::vector<double>& values, const NcclApi& nccl, ncclCom
 ncclResult_t agree_equal(uint64_t value, const NcclApi& nccl, ncclComm_t comm,
                          cudaStream_t stream, int device, CommState& state, bool* equal);
 
-/* The deciding call's agreement: the slowest rank's time of every candidate
- * (agree_max), then the choice. */
+/* The deciding call's agreement: the slowest rank's median trial of every
+ * candidate (agree_max), then the choice. */
 ncclResult_t decide(Tuning& t, const NcclApi& nccl, ncclComm_t comm, cudaStream_t stream,
                     int device, CommState& state);
 

@@ -22,7 +22,10 @@ skew     float32 allreduce of 64 KiB (candidates exact, ring, tree, SRA): ranks 
          KiB): rank 1 arrives 0.5 s late at every trial of exact, rank 2 0.488 s at SRA's,
          rank 3 0.6 s at ring's and tree's; SRA's agreed time is the least (its call, even
          on the simulated GPU, takes less than the 12 ms between the delays), but not 5% less
-         than exact's, so every rank decides exact.
+         than exact's, so every rank decides exact. Then a lucky trial (4 KiB): rank 1
+         arrives 0.3 s late at ring's trials of rounds 2 and 3, rank 2 0.2 s late at every
+         trial of the others; ring's median (>= 0.3 s) loses although its first trial was
+         the fastest of all.
 others   a reduce-scatter (candidates exact, ring, SRA) and an allgather (exact, quantized)
          tried and decided alike on every rank, with the same checks.
 tunefile (with a folder in TUNE_DIR) QNCCL_TUNE_FILE: a decision made by trials is stored
@@ -153,11 +156,14 @@ def entry(c, kind, count):
 def try_and_decide(c, kind, count, late=None):
     """The trials, the deciding call and two decided calls of one key; returns the choice
     every rank agreed on and this rank's table row (None, None on failure). `late`: a
-    candidate -> (rank, seconds) that rank arrives late at each of its trials."""
+    candidate -> (rank, seconds) that rank arrives late at each of its trials, or (rank,
+    seconds, rounds) at its trials of those rounds only."""
     names = CANDIDATES[kind]
     for i in range(len(names) * TRIAL_ROUNDS):
         candidate = names[i % len(names)]
-        rank, seconds = (late or {}).get(candidate, (None, 0.0))
+        rank, seconds, *rounds = (late or {}).get(candidate, (None, 0.0))
+        if rounds and i // len(names) not in rounds[0]:
+            seconds = 0.0
         checked_call(c, kind, count, candidate, f"{kind} trial {i} ({candidate})",
                      seconds if RANK == rank else 0.0)
     row = entry(c, kind, count)
@@ -243,6 +249,17 @@ def skew_section():
                f"agreed times {seconds}: expected SRA's the least, within 5% of exact's")
     expect(choice == "exact", "near-tie", f"decided {choice}; expected exact (SRA is not 5% "
            "faster)")
+    # A lucky trial (docs/tuning.md: a candidate's median trial counts): ring is late in two
+    # rounds of three, fast in one; exact, tree and SRA are late in every round, by less.
+    lucky = {"ring": (1, 0.3, {1, 2}), "exact": (2, 0.2), "tree": (2, 0.2), "sra": (2, 0.2)}
+    choice, row = try_and_decide(c, "allreduce", 1024, lucky)
+    if row is not None:
+        seconds = dict(zip(row["candidates"], row["seconds"]))
+        expect(seconds["ring"] >= 0.3 and all(0.2 <= seconds[n] < 0.3 for n in
+                                                ("exact", "tree", "sra")),
+               "lucky trial", f"agreed times {seconds}: expected ring's >= 0.3 s (its median), "
+               "the others' in [0.2, 0.3)")
+    expect(choice != "ring", "lucky trial", "decided ring, from its one fast trial")
     require(lib.ncclCommDestroy(c.comm), "ncclCommDestroy")
 
 
