@@ -344,7 +344,8 @@ ncclResult_t qncclCommGetStats(ncclComm_t comm, qncclStats_t* stats);
 
 #define QNCCL_MAX_CANDIDATES 5
 #define QNCCL_EXACT_CANDIDATE (-1) /* a candidate: the real NCCL's exact call */
-#define QNCCL_TRIAL_ROUNDS 3       /* trial calls per candidate (docs/tuning.md) */
+#define QNCCL_TRIAL_ROUNDS 4       /* trial calls per candidate: one to warm it up, three timed
+                                      (docs/tuning.md) */
 
 /* One (collective, type, size class) of a communicator under QNCCL_ALGO=auto. */
 typedef struct {

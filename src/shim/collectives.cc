@@ -144,6 +144,7 @@ struct Trial {
   Tuning* tuning = nullptr;
   int index = -1;
   int device = -1;        // of the buffers (-1: host memory)
+  bool timed = false;     // outside the warm-up round
   std::chrono::steady_clock::time_point begin;
   void* start = nullptr;  // device buffers: the event recorded before it
 };
@@ -291,7 +292,7 @@ ncclResult_t tune(ncclComm_t comm, ShimComm& shim, CommState& st, const NcclApi&
     index = t.choice;
     if (step.what == TuneStep::kTrial) {
       index = step.index;
-      *trial = Trial{&t, index, device, std::chrono::steady_clock::now(), nullptr};
+      *trial = Trial{&t, index, device, step.timed, std::chrono::steady_clock::now(), nullptr};
     }
   }
   run_candidate(t.candidates[index], kind, trial->tuning != nullptr, d);
@@ -300,6 +301,7 @@ ncclResult_t tune(ncclComm_t comm, ShimComm& shim, CommState& st, const NcclApi&
 
 /* Starts the timing of a trial (device buffers: an event on its stream). */
 ncclResult_t start_trial(Trial& trial, cudaStream_t stream) {
+  if (!trial.timed) return ncclSuccess;
 #ifdef QNCCL_WITH_CUDA
   if (trial.device >= 0) return timing_event(trial.device, stream, &trial.start);
 #else
@@ -310,9 +312,9 @@ ncclResult_t start_trial(Trial& trial, cudaStream_t stream) {
 }
 
 /* Ends it after the call `res` answered. ncclInProgress is waited out
- * first (the answer stays ncclInProgress): on host buffers the call is then
- * complete, on device buffers all of its work is queued, and an event
- * records its end, read at the deciding call. */
+ * first (the answer stays ncclInProgress), in the warm-up round too: on host
+ * buffers the call is then complete, on device buffers all of its work is
+ * queued, and an event records its end, read at the deciding call. */
 ncclResult_t end_trial(Trial& trial, ncclResult_t res, const NcclApi& nccl, ncclComm_t comm,
                        CommState& st, cudaStream_t stream) {
   if (res != ncclSuccess && res != ncclInProgress) return res;
@@ -320,6 +322,7 @@ ncclResult_t end_trial(Trial& trial, ncclResult_t res, const NcclApi& nccl, nccl
     const ncclResult_t ready = wait_until_ready(nccl, comm, st);
     if (ready != ncclSuccess) return fail(ready);
   }
+  if (!trial.timed) return res;
 #ifdef QNCCL_WITH_CUDA
   if (trial.device >= 0) {
     void* end = nullptr;

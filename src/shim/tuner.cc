@@ -40,9 +40,9 @@ TuneStep next_step(Tuning& t) {
   const uint64_t n = t.candidates.size();
   const uint64_t call = t.calls++;
   if (t.choice < 0 && n == 1) t.choice = 0;
-  if (t.choice >= 0) return {TuneStep::kDecided, t.choice};
-  if (call < n * kTrialRounds) return {TuneStep::kTrial, (int)(call % n)};
-  return {TuneStep::kDecide, -1};
+  if (t.choice >= 0) return {TuneStep::kDecided, t.choice, false};
+  if (call < n * kTrialRounds) return {TuneStep::kTrial, (int)(call % n), call >= n * kWarmupRounds};
+  return {TuneStep::kDecide, -1, false};
 }
 
 int choose(const std::vector<double>& slowest) {

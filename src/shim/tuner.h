@@ -30,16 +30,18 @@ struct CommState;
  * (qncclAlgoAuto: the one an allgather or all-to-all has). */
 constexpr int kExactCandidate = QNCCL_EXACT_CANDIDATE;
 
-/* Rounds of trials: each round tries every candidate once, in order, and a
- * candidate's median trial counts (its steady time: a fastest trial rewards a
- * lucky call, and the key's first calls or a slow spell can fall on one
- * round without moving the median). Rounds rather than each candidate's
- * trials in a row, so that what one stretch of calls pays (the key's first
- * calls: connections, workspace, first-touch pages; a slow spell of a busy
- * machine) falls on every candidate's first round instead of all of one
- * candidate's trials (the exact call, tried first, measured 2-4 times its
- * steady time on 4 ranks over shared memory). */
+/* Rounds of trials: each round tries every candidate once, in order. The
+ * first round warms every candidate up and is not timed: a call's first
+ * runs at a new size pay for what later ones reuse (the exact call over
+ * Open MPI's shared memory took 3-5 times its steady time on the first run
+ * and up to twice on the second, on 4 ranks at 1 MiB). In the timed rounds a
+ * candidate's median trial counts (its steady time: a fastest trial rewards
+ * a lucky call). Rounds rather than each candidate's trials in a row, so that
+ * what one stretch of calls pays (a slow spell of a busy machine) falls on
+ * one trial of every candidate, which the median leaves out, rather than
+ * on all of one candidate's. */
 constexpr int kTrialRounds = QNCCL_TRIAL_ROUNDS;
+constexpr int kWarmupRounds = 1;  // the first of them, untimed
 
 /* A quantized candidate is chosen over the exact call only when its agreed
  * time is less than (1 - kQuantizedGain) of exact's: it costs accuracy, and a
@@ -87,11 +89,12 @@ struct Tuning {
 struct TuneStep {
   enum What { kTrial, kDecide, kDecided } what;
   int index;  // kTrial: the candidate it tries; kDecided: the choice
+  bool timed;  // kTrial: outside the warm-up round
 };
 
 /* The next call's step, counting it: call i < C * kTrialRounds tries
- * candidate i % C (round i / C); the next one decides first; later ones run
- * the choice.
+ * candidate i % C (round i / C, timed from round kWarmupRounds on); the next
+ * one decides first; later ones run the choice.
  * A key with one candidate is decided at once, without trials. */
 TuneStep next_step(Tuning& t);
 
