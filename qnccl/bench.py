@@ -68,7 +68,8 @@ class Config:
     def argv(self, args):
         """The rank command (what mpirun starts) for this configuration."""
         perf_args = ["-b", str(args.sizes[0]), "-e", str(args.sizes[1]), "-f", "2",
-                     "-n", str(args.iters), "-w", str(args.warmup), "--settle", str(SETTLE),
+                     "-n", str(timed_calls(args, self.shared_memory)), "-w", str(args.warmup),
+                     "--settle", str(SETTLE),
                      "-z", "1", "-c", "1",
                      "-d", DTYPES[self.dtype], "-o", "sum", "--placement", "out-of-place"]
         if self.kind == "mpi":
@@ -122,6 +123,14 @@ NODES, NODE_RANKS = 2, 4  # the multi-node section: 2 nodes x 2 ranks
 
 
 SHM_BITS, SHM_BUCKET = 4, 128  # the shared-memory section's codec configuration
+# Timed calls per size in the shared-memory section, at least: its calls are short (0.1 ms at
+# 64 KiB) and on a machine with fewer cores than ranks one call's time swings by a third.
+SHM_MIN_ITERS = 21
+
+
+def timed_calls(args, shared_memory):
+    """The perf binary's -n: --iters, raised to SHM_MIN_ITERS over shared memory."""
+    return max(args.iters, SHM_MIN_ITERS) if shared_memory else args.iters
 
 
 def shm_configurations(args):
@@ -154,7 +163,8 @@ def node_configurations(args, rate):
 def configurations(args, rate):
     """The flat section at one rate, per type of --dtypes: its uncompressed baseline (float32:
     also MPI's and torch's), then bits x buckets x algorithms (other types: the first bucket
-    size only, which bounds the run time), each measured against its own type's baseline."""
+    size only, which bounds the run time), then measured auto at 4 bits (else the first of
+    --bits) and the first bucket size, each measured against its own type's baseline."""
     configs = []
     for dtype in args.dtypes:
         tag = DTYPE_TAGS[dtype]
@@ -167,6 +177,9 @@ def configurations(args, rate):
         configs += [Config(f"qnccl {bits}b B{bucket} {algo}{tag}", "qnccl", bits, bucket, algo,
                            rate=rate, dtype=dtype)
                     for bits in args.bits for bucket in buckets for algo in args.algos]
+        bits = 4 if 4 in args.bits else args.bits[0]
+        configs.append(Config(f"qnccl {bits}b B{buckets[0]} auto{tag}", "qnccl", bits,
+                              buckets[0], "auto", rate=rate, dtype=dtype))
     return configs
 
 

@@ -541,7 +541,8 @@ def build_parser():
                             "(where uncompressed is fastest): per type of --dtypes, uncompressed, "
                             "and 4 bits / bucket 128 with auto and each of --algos (default on)")
     bench.add_argument("--iters", type=int_in(1), default=3, metavar="N",
-                       help="timed calls per size; busbw from their median (default 3)")
+                       help="timed calls per size; busbw from their median (default 3; the "
+                            "shared-memory section times at least 21)")
     bench.add_argument("--warmup", type=int_in(0), default=1, metavar="N",
                        help="warm-up calls (default 1)")
     bench.add_argument("--timeout", type=int_in(10), default=900, metavar="S",

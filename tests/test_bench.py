@@ -41,9 +41,10 @@ def bench_report(tmp_path, args):
 
 RATES = ("10gbit", "none")  # the small sweep runs at both: a limited and an unlimited loopback
 NAMES = ["uncompressed (NCCL API)", "MPI_Allreduce", "qnccl 4b B128 sra", "qnccl 4b B128 ring",
-         "qnccl 4b B1024 sra", "qnccl 4b B1024 ring",
+         "qnccl 4b B1024 sra", "qnccl 4b B1024 ring", "qnccl 4b B128 auto",
          # bfloat16 (the default --dtypes' second type): the first bucket size only
-         "uncompressed (NCCL API) bf16", "qnccl 4b B128 sra bf16", "qnccl 4b B128 ring bf16"]
+         "uncompressed (NCCL API) bf16", "qnccl 4b B128 sra bf16", "qnccl 4b B128 ring bf16",
+         "qnccl 4b B128 auto bf16"]
 
 
 @pytest.fixture(scope="module")
@@ -71,18 +72,23 @@ def test_every_configuration_ran(small_bench):
             slug = re.sub(r"[^a-z0-9.]+", "-", f"{config['rate']} {config['name']}".lower())
             assert (out / "logs" / f"{slug.strip('-')}.log").is_file()
             assert f"--rate {config['rate']} " in " ".join(config["command"])
+            assert config["perf"]["options"]["iters"] == 2  # --iters
             rows = config["perf"]["rows"]
             assert {r["size"] for r in rows} == {256 << 10, 512 << 10}
             assert all(r["ok"] and r["agree"] for r in rows)
-            assert all(r["compressed"] == (config["kind"] == "qnccl") for r in rows)
             if config["kind"] == "qnccl":
                 assert config["perf"]["qnccl"]["bits"] == config["bits"]
                 assert config["perf"]["qnccl"]["bucket_size"] == config["bucket_size"]
-                assert {r["algo"] for r in rows} == {config["algo"]}
+            if config["algo"] == "auto":  # measured: the exact call, or an algorithm
+                assert all(r["algo"] in ("ring", "tree", "sra") for r in rows if r["compressed"])
+            else:
+                assert all(r["compressed"] == (config["kind"] == "qnccl") for r in rows)
+                if config["kind"] == "qnccl":
+                    assert {r["algo"] for r in rows} == {config["algo"]}
     # Progress: a line per configuration, then per size as the job prints it.
-    assert re.search(r"^\[ 1/18\] uncompressed \(NCCL API\) at 10gbit", output, re.M)
-    assert re.search(r"^\[18/18\] qnccl 4b B128 ring bf16 at none", output, re.M)
-    assert len(re.findall(r"^\s+512 KiB\s+\S+ ms\s+error", output, re.M)) == 18
+    assert re.search(r"^\[ 1/22\] uncompressed \(NCCL API\) at 10gbit", output, re.M)
+    assert re.search(r"^\[22/22\] qnccl 4b B128 auto bf16 at none", output, re.M)
+    assert len(re.findall(r"^\s+512 KiB\s+\S+ ms\s+error", output, re.M)) == 22
 
 
 @pytest.mark.parametrize("section", range(len(RATES)), ids=RATES)
@@ -109,9 +115,14 @@ def test_table_matches_the_jobs(small_bench, section):
             assert float(cells[2 * i + 1].rstrip("x")) == pytest.approx(speedup, abs=0.006)
         if config["kind"] == "qnccl":  # the bytes docs/allreduce.md says each rank sends
             width = 4 if config["dtype"] == "float32" else 2
-            expected = max(sum(sent_bytes(size // width, config["dtype"], 4, rank,
-                                          config["algo"], 4, config["bucket_size"])
-                               for rank in range(4)) / 4 / size for size in sec["sizes"])
+
+            def wire_of(size):  # auto: what it ran at that size (exact: NCCL's 1.5)
+                row = next(r for r in oop if r["size"] == size)
+                if not row["compressed"]:
+                    return 1.5
+                return sum(sent_bytes(size // width, config["dtype"], 4, rank, row["algo"], 4,
+                                      config["bucket_size"]) for rank in range(4)) / 4 / size
+            expected = max(wire_of(size) for size in sec["sizes"])
             assert wire == pytest.approx(expected, abs=6e-4)
             assert float(limit.rstrip("x")) == pytest.approx(
                 1.5 / config["wire_bytes_per_input_byte"], abs=0.006)
@@ -230,6 +241,7 @@ def test_shared_memory_section(tmp_path):
         assert config["shared_memory"] and config["perf"]["nranks"] == 4
         netlab = config["command"][1:config["command"].index("--")]
         assert netlab == ["--nodes", "1", "--rate", "none"], config["command"]
+        assert config["perf"]["options"]["iters"] == 21  # bench.SHM_MIN_ITERS over --iters 2
         for size, busbw in config["busbw_gbps"].items():
             assert config["speedup"][size] == pytest.approx(busbw / base["busbw_gbps"][size])
     for algo in ("ring", "sra"):
