@@ -128,6 +128,12 @@ SHM_BITS, SHM_BUCKET = 4, 128  # the shared-memory section's codec configuration
 SHM_MIN_ITERS = 21
 
 
+# Over shared memory each rank is bound to a core (two to a core when there are more ranks
+# than cores): unbound, the scheduler placed 4 ranks on 2 cores differently from job to job,
+# and one job's 64 KiB allreduce took 60 us, the next one's 98 us (bound: 57-60 us).
+SHM_BINDING = ("--bind-to", "core:overload-allowed")
+
+
 def timed_calls(args, shared_memory):
     """The perf binary's -n: --iters, raised to SHM_MIN_ITERS over shared memory."""
     return max(args.iters, SHM_MIN_ITERS) if shared_memory else args.iters
@@ -150,13 +156,15 @@ def shm_configurations(args):
 
 
 def node_configurations(args, rate):
-    """The multi-node section: 2 nodes x 2 ranks, `rate` between the nodes."""
+    """The multi-node section: 2 nodes x 2 ranks, `rate` between the nodes: uncompressed,
+    MPI's, ring, SRA and hierarchical at 8 and 4 bits, then measured auto at 4 bits."""
     where = dict(nodes=NODES, ranks=NODE_RANKS, rate=rate)
     configs = [Config("2x2 uncompressed (NCCL API)", "nccl", **where)]
     if "mpi" in args.baselines:
         configs.append(Config("2x2 MPI_Allreduce", "mpi", **where))
     configs += [Config(f"2x2 qnccl {bits}b B128 {algo}", "qnccl", bits, 128, algo, **where)
                 for bits in (8, 4) for algo in ("ring", "sra", "hier")]
+    configs.append(Config("2x2 qnccl 4b B128 auto", "qnccl", 4, 128, "auto", **where))
     return configs
 
 
@@ -247,8 +255,9 @@ def run_config(config, args, out_dir, log):
     json_path.unlink(missing_ok=True)
     mpirun = shutil.which("mpirun") or "mpirun"
     lab = ["--nodes", str(config.nodes)] if config.nodes > 1 or config.shared_memory else []
-    cmd = [str(NETLAB), *lab, "--rate", config.rate, "--", mpirun, "-np",
-           str(config.ranks or args.ranks), *config.argv(args), "-J", str(json_path)]
+    binding = SHM_BINDING if config.shared_memory else ()
+    cmd = [str(NETLAB), *lab, "--rate", config.rate, "--", mpirun, *binding,
+           "-np", str(config.ranks or args.ranks), *config.argv(args), "-J", str(json_path)]
     record = {**dataclasses.asdict(config), "command": cmd, "status": "ok", "message": None}
     start = time.monotonic()
     with open(log_path, "w") as log_file:

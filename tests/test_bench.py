@@ -173,7 +173,8 @@ def test_two_node_section(tmp_path):
     section = report["two_nodes"]
     names = [c["name"] for c in section["configurations"]]
     assert names == ["2x2 uncompressed (NCCL API)", "2x2 MPI_Allreduce"] + [
-        f"2x2 qnccl {b}b B128 {a}" for b in (8, 4) for a in ("ring", "sra", "hier")]
+        f"2x2 qnccl {b}b B128 {a}" for b in (8, 4) for a in ("ring", "sra", "hier")] + [
+        "2x2 qnccl 4b B128 auto"]
     by_name = {c["name"]: c for c in section["configurations"]}
     for config in section["configurations"]:
         assert config["status"] == "ok" and config["check_ok"], config
@@ -184,6 +185,9 @@ def test_two_node_section(tmp_path):
         assert {r["algo"] for r in hier["perf"]["rows"]} == {"hier"}
         assert hier["wire_bytes_per_input_byte"] == pytest.approx(
             sra["wire_bytes_per_input_byte"] / 3, rel=0.02)
+    for row in by_name["2x2 qnccl 4b B128 auto"]["perf"]["rows"]:  # measured: any candidate
+        assert row["ok"] and (not row["compressed"] or row["algo"] in ("ring", "tree", "sra",
+                                                                       "hier")), row
     assert section["table"] in output and section["table"] in report["table"]
 
 
@@ -241,6 +245,8 @@ def test_shared_memory_section(tmp_path):
         assert config["shared_memory"] and config["perf"]["nranks"] == 4
         netlab = config["command"][1:config["command"].index("--")]
         assert netlab == ["--nodes", "1", "--rate", "none"], config["command"]
+        mpirun = config["command"][config["command"].index("--") + 1:]
+        assert mpirun[1:3] == ["--bind-to", "core:overload-allowed"], config["command"]
         assert config["perf"]["options"]["iters"] == 21  # bench.SHM_MIN_ITERS over --iters 2
         for size, busbw in config["busbw_gbps"].items():
             assert config["speedup"][size] == pytest.approx(busbw / base["busbw_gbps"][size])
