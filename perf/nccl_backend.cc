@@ -254,7 +254,7 @@ class NcclBackend : public Backend {
 
   int settling_calls() const override {
     // every trial, then the decision
-    return measured() ? QNCCL_TRIAL_ROUNDS * QNCCL_MAX_CANDIDATES + 1 : 0;
+    return measured() ? QNCCL_TRIALS_PER_CANDIDATE * QNCCL_MAX_CANDIDATES + 1 : 0;
   }
 
   void finalize() override {

@@ -95,9 +95,9 @@ DTYPE_TAGS = {"float32": "", "bfloat16": " bf16", "float16": " fp16"}
 
 
 # Untimed calls before each size, in every run alike (baselines too, so that all are as
-# warm): what QNCCL's measured auto needs to decide a size, its 4 rounds of trials of at
-# most 5 candidates and the deciding call (docs/tuning.md).
-SETTLE = 21
+# warm): what QNCCL's measured auto needs to decide a size, 5 trials of each of at most 5
+# candidates and the deciding call (docs/tuning.md).
+SETTLE = 26
 
 # The perf binary of each collective.
 COLLECTIVE_TOOLS = {"allreduce": "all_reduce_perf", "reducescatter": "reduce_scatter_perf",

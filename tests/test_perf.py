@@ -171,7 +171,7 @@ def test_measured_auto_rows(tmp_path):
                             tmp_path, qnccl=["--bits", str(bits), "--rounding", "nearest"])
     check_table(result.stdout, data, nranks)
     assert data["qnccl"]["measured"] is True and data["qnccl"]["algo"] == "auto"
-    assert "# settle: 21 untimed calls before each size's timed ones" in result.stdout
+    assert "# settle: 26 untimed calls before each size's timed ones" in result.stdout
     assert "measured auto: a size's first calls are its trials" in result.stdout
     for r in data["rows"]:
         assert r["ok"] and r["agree"], r

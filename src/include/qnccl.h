@@ -344,8 +344,8 @@ ncclResult_t qncclCommGetStats(ncclComm_t comm, qncclStats_t* stats);
 
 #define QNCCL_MAX_CANDIDATES 5
 #define QNCCL_EXACT_CANDIDATE (-1) /* a candidate: the real NCCL's exact call */
-#define QNCCL_TRIAL_ROUNDS 4       /* trial calls per candidate: one to warm it up, three timed
-                                      (docs/tuning.md) */
+#define QNCCL_TRIALS_PER_CANDIDATE 5 /* trial calls per candidate, in a row: two warm it up,
+                                        three are timed (docs/tuning.md) */
 
 /* One (collective, type, size class) of a communicator under QNCCL_ALGO=auto. */
 typedef struct {
@@ -353,7 +353,7 @@ typedef struct {
   ncclDataType_t datatype;
   int sizeClass;        /* its calls' input per rank: [2^sizeClass, 2^(sizeClass+1)) bytes */
   uint64_t calls;       /* its calls so far, trials included */
-  int trialCalls;       /* calls its trials take: candidateCount x QNCCL_TRIAL_ROUNDS (0:
+  int trialCalls;       /* calls its trials take: candidateCount x QNCCL_TRIALS_PER_CANDIDATE (0:
                            one candidate, or a decision read from QNCCL_TUNE_FILE) */
   int candidateCount;
   int candidates[QNCCL_MAX_CANDIDATES]; /* QNCCL_EXACT_CANDIDATE, or a qncclAlgo_t value;

@@ -144,7 +144,7 @@ struct Trial {
   Tuning* tuning = nullptr;
   int index = -1;
   int device = -1;        // of the buffers (-1: host memory)
-  bool timed = false;     // outside the warm-up round
+  bool timed = false;     // past the candidate's untimed trials
   std::chrono::steady_clock::time_point begin;
   void* start = nullptr;  // device buffers: the event recorded before it
 };
@@ -169,7 +169,7 @@ void report_decision(ncclComm_t comm, const ShimComm& st, qncclCollective_t kind
          "median trial, ms: %s; %zu trial calls)",
          call_name(kind), short_type_name(type), (size_t)1 << size_class,
          ((size_t)2 << size_class) - 1, candidate_name(t.candidates[t.choice]), times,
-         t.candidates.size() * kTrialRounds);
+         t.candidates.size() * kTrialsPerCandidate);
 }
 
 /* QNCCL_TUNE_FILE's decisions for `comm`: this rank's file, read once, kept
@@ -312,7 +312,7 @@ ncclResult_t start_trial(Trial& trial, cudaStream_t stream) {
 }
 
 /* Ends it after the call `res` answered. ncclInProgress is waited out
- * first (the answer stays ncclInProgress), in the warm-up round too: on host
+ * first (the answer stays ncclInProgress), untimed trials too: on host
  * buffers the call is then complete, on device buffers all of its work is
  * queued, and an event records its end, read at the deciding call. */
 ncclResult_t end_trial(Trial& trial, ncclResult_t res, const NcclApi& nccl, ncclComm_t comm,

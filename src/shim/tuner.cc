@@ -41,8 +41,9 @@ TuneStep next_step(Tuning& t) {
   const uint64_t call = t.calls++;
   if (t.choice < 0 && n == 1) t.choice = 0;
   if (t.choice >= 0) return {TuneStep::kDecided, t.choice, false};
-  if (call < n * kTrialRounds)
-    return {TuneStep::kTrial, (int)(call % n), call >= n * kWarmupRounds};
+  if (call < n * kTrialsPerCandidate)
+    return {TuneStep::kTrial, (int)(call / kTrialsPerCandidate),
+            call % kTrialsPerCandidate >= (uint64_t)kUntimedTrials};
   return {TuneStep::kDecide, -1, false};
 }
 

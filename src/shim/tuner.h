@@ -30,18 +30,20 @@ struct CommState;
  * (qncclAlgoAuto: the one an allgather or all-to-all has). */
 constexpr int kExactCandidate = QNCCL_EXACT_CANDIDATE;
 
-/* Rounds of trials: each round tries every candidate once, in order. The
- * first round warms every candidate up and is not timed: a call's first
- * runs at a new size pay for what later ones reuse (the exact call over
- * Open MPI's shared memory took 3-5 times its steady time on the first run
- * and up to twice on the second, on 4 ranks at 1 MiB). In the timed rounds a
- * candidate's median trial counts (its steady time: a fastest trial rewards
- * a lucky call). Rounds rather than each candidate's trials in a row, so that
- * what one stretch of calls pays (a slow spell of a busy machine) falls on
- * one trial of every candidate, which the median leaves out, rather than
- * on all of one candidate's. */
-constexpr int kTrialRounds = QNCCL_TRIAL_ROUNDS;
-constexpr int kWarmupRounds = 1;  // the first of them, untimed
+/* Each candidate's trials run in a row, exact's first: the first two warm
+ * it up and are not timed, and of the timed ones the median counts. A
+ * decided key runs its choice call after call, and that steady state is
+ * what the trials must measure: a candidate's first calls at a new size pay
+ * for what later ones reuse (the exact call over Open MPI's shared memory
+ * took 3-5 times its steady time on the first run and up to twice on the
+ * second), and a call right after another candidate's finds that one's
+ * buffers in the caches and the ranks leaving at that one's skew (in rounds
+ * of one call per candidate, exact's trials over shared memory on 4 ranks
+ * at 4 MiB took 8.5 ms against 4.1 once warm, SRA's 6.5 against 8.0: auto
+ * ran SRA, 0.71x the exact call). The median, not the fastest trial: a
+ * fastest trial rewards one lucky call. */
+constexpr int kTrialsPerCandidate = QNCCL_TRIALS_PER_CANDIDATE;
+constexpr int kUntimedTrials = 2;
 
 /* A quantized candidate is chosen over the exact call only when its agreed
  * time is less than (1 - kQuantizedGain) of exact's: it costs accuracy, and a
@@ -89,11 +91,11 @@ struct Tuning {
 struct TuneStep {
   enum What { kTrial, kDecide, kDecided } what;
   int index;  // kTrial: the candidate it tries; kDecided: the choice
-  bool timed;  // kTrial: outside the warm-up round
+  bool timed;  // kTrial: past the candidate's untimed trials
 };
 
-/* The next call's step, counting it: call i < C * kTrialRounds tries
- * candidate i % C (round i / C, timed from round kWarmupRounds on); the next
+/* The next call's step, counting it: call i < C * kTrialsPerCandidate tries
+ * candidate i / kTrialsPerCandidate (timed from its kUntimedTrials-th on); the next
  * one decides first; later ones run the choice.
  * A key with one candidate is decided at once, without trials. */
 TuneStep next_step(Tuning& t);

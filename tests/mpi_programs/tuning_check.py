@@ -7,9 +7,8 @@ Python as in interposer_check.py.
 
 Every call of every section is checked: its output is the same bytes on every rank; a call
 that ran quantized is the emulator's bytes for the candidate the documented schedule names
-(trial i of a key tries candidate i % C of C, in 4 rounds, the first untimed; the next call
-decides; the rest
-run the choice)
+(trial i of a key tries candidate i // 5, five trials of each in a row, the first two untimed;
+the next call decides; the rest run the choice)
 at the communicator's call number (only quantized calls take one); a call that ran exact is
 the real library's own result of the same call. qncclCommGetStats counts both kinds.
 
@@ -24,11 +23,11 @@ skew     float32 allreduce of 64 KiB (candidates exact, ring, tree, SRA): ranks 
          rank 3 0.6 s at ring's and tree's; SRA's agreed time is the least (its call, even
          on the simulated GPU, takes less than the 12 ms between the delays), but not 5% less
          than exact's, so every rank decides exact. Then a lucky trial (4 KiB): rank 1
-         arrives 0.3 s late at ring's trials of rounds 3 and 4, rank 2 0.2 s late at every
-         trial of the others; ring's median (>= 0.3 s) loses although its first timed
-         trial was the fastest of all. Then the warm-up round (2 KiB): rank 1 arrives 0.4 s
-         late at exact's trials of rounds 1 and 2 of 4; exact's agreed time is a fast
-         trial's (its median of rounds 2-4).
+         arrives 0.3 s late at ring's last two trials, rank 2 0.2 s late at every trial of
+         the others; ring's median (>= 0.3 s) loses although its first timed trial was the
+         fastest of all. Then the untimed trials (2 KiB): rank 1 arrives 0.4 s late at
+         exact's first three trials of five; exact's agreed time is a fast trial's (the
+         median of its trials 3-5).
 others   a reduce-scatter (candidates exact, ring, SRA) and an allgather (exact, quantized)
          tried and decided alike on every rank, with the same checks.
 tunefile (with a folder in TUNE_DIR) QNCCL_TUNE_FILE: a decision made by trials is stored
@@ -64,7 +63,7 @@ from qnccl.emulate import collectives as emulate
 LATE_S = 0.2
 CANDIDATES = {"allreduce": ["exact", "ring", "tree", "sra"],
               "reducescatter": ["exact", "ring", "sra"], "allgather": ["exact", "quantized"]}
-TRIAL_ROUNDS = 4  # docs/tuning.md: the first untimed
+TRIALS = 5  # per candidate, in a row (docs/tuning.md): the first two untimed
 SETTINGS = dict(min_bytes="1K", collectives="allreduce,reducescatter,allgather", debug="INFO")
 
 
@@ -160,17 +159,17 @@ def try_and_decide(c, kind, count, late=None):
     """The trials, the deciding call and two decided calls of one key; returns the choice
     every rank agreed on and this rank's table row (None, None on failure). `late`: a
     candidate -> (rank, seconds) that rank arrives late at each of its trials, or (rank,
-    seconds, rounds) at its trials of those rounds only."""
+    seconds, trials) at those of its trials only (0: its first)."""
     names = CANDIDATES[kind]
-    for i in range(len(names) * TRIAL_ROUNDS):
-        candidate = names[i % len(names)]
-        rank, seconds, *rounds = (late or {}).get(candidate, (None, 0.0))
-        if rounds and i // len(names) not in rounds[0]:
+    for i in range(len(names) * TRIALS):
+        candidate = names[i // TRIALS]
+        rank, seconds, *which = (late or {}).get(candidate, (None, 0.0))
+        if which and i % TRIALS not in which[0]:
             seconds = 0.0
         checked_call(c, kind, count, candidate, f"{kind} trial {i} ({candidate})",
                      seconds if RANK == rank else 0.0)
     row = entry(c, kind, count)
-    trials = len(names) * TRIAL_ROUNDS
+    trials = len(names) * TRIALS
     expect(row is not None and row["choice"] is None and row["calls"] == trials, kind,
            f"after the trials: {row}, expected no choice yet and {trials} calls")
     # The deciding call: what it runs is not known before it; the table says afterwards.
@@ -253,9 +252,9 @@ def skew_section():
     expect(choice == "exact", "near-tie", f"decided {choice}; expected exact (SRA is not 5% "
            "faster)")
     # A lucky trial (docs/tuning.md: a candidate's median trial counts): ring is late in two
-    # timed rounds of three, fast in the other; exact, tree and SRA are late in every round,
+    # timed trials of three, fast in the other; exact, tree and SRA are late in every trial,
     # by less.
-    lucky = {"ring": (1, 0.3, {2, 3}), "exact": (2, 0.2), "tree": (2, 0.2), "sra": (2, 0.2)}
+    lucky = {"ring": (1, 0.3, {3, 4}), "exact": (2, 0.2), "tree": (2, 0.2), "sra": (2, 0.2)}
     choice, row = try_and_decide(c, "allreduce", 1024, lucky)
     if row is not None:
         seconds = dict(zip(row["candidates"], row["seconds"]))
@@ -264,12 +263,12 @@ def skew_section():
                "lucky trial", f"agreed times {seconds}: expected ring's >= 0.3 s (its median), "
                "the others' in [0.2, 0.3)")
     expect(choice != "ring", "lucky trial", "decided ring, from its one fast trial")
-    # The warm-up round is not timed: exact late in the warm-up and the first timed round
+    # The first two trials are not timed: exact late in those and its first timed trial
     # only, its median is a fast trial's.
-    choice, row = try_and_decide(c, "allreduce", 512, {"exact": (1, 0.4, {0, 1})})
+    choice, row = try_and_decide(c, "allreduce", 512, {"exact": (1, 0.4, {0, 1, 2})})
     if row is not None:
         seconds = dict(zip(row["candidates"], row["seconds"]))
-        expect(seconds["exact"] < 0.2, "warm-up round",
+        expect(seconds["exact"] < 0.2, "untimed trials",
                f"agreed times {seconds}: exact's must be a fast trial's (< 0.2 s)")
     require(lib.ncclCommDestroy(c.comm), "ncclCommDestroy")
 
@@ -378,7 +377,7 @@ def capture_section():
     c = Comm()
     # Trials of another size first: the layout found and the workspace grown by its
     # quantized trials, so that the capture needs no new memory (CUDA forbids it there).
-    for i, candidate in enumerate(CANDIDATES["allreduce"] * TRIAL_ROUNDS):
+    for i, candidate in enumerate(c for c in CANDIDATES["allreduce"] for _ in range(TRIALS)):
         checked_call(c, "allreduce", 32768, candidate, f"capture section, trial {i}")
     count = 16384
     case = Case("sra", "float32", count)
