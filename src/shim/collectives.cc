@@ -169,7 +169,7 @@ void report_decision(ncclComm_t comm, const ShimComm& st, qncclCollective_t kind
          "median trial, ms: %s; %zu trial calls)",
          call_name(kind), short_type_name(type), (size_t)1 << size_class,
          ((size_t)2 << size_class) - 1, candidate_name(t.candidates[t.choice]), times,
-         t.candidates.size() * kTrialsPerCandidate);
+         (size_t)trial_calls(t));
 }
 
 /* QNCCL_TUNE_FILE's decisions for `comm`: this rank's file, read once, kept

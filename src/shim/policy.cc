@@ -96,7 +96,7 @@ ncclResult_t get_tuning(const char* fn, ncclComm_t comm, qncclTuning_t* table, i
       e.sizeClass = key.size_class;
       e.calls = t.calls;
       e.candidateCount = (int)t.candidates.size();
-      e.trialCalls = e.candidateCount > 1 && !t.stored ? e.candidateCount * kTrialsPerCandidate : 0;
+      e.trialCalls = trial_calls(t);
       e.stored = t.stored ? 1 : 0;
       for (int i = 0; i < e.candidateCount; i++) {
         e.candidates[i] = t.candidates[i];

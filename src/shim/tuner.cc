@@ -36,12 +36,15 @@ std::vector<int> tune_candidates(qncclCollective_t kind, int nranks, const Topol
   return c;
 }
 
+uint64_t trial_calls(const Tuning& t) {
+  return t.candidates.size() > 1 && !t.stored ? t.candidates.size() * kTrialsPerCandidate : 0;
+}
+
 TuneStep next_step(Tuning& t) {
-  const uint64_t n = t.candidates.size();
   const uint64_t call = t.calls++;
-  if (t.choice < 0 && n == 1) t.choice = 0;
+  if (t.choice < 0 && t.candidates.size() == 1) t.choice = 0;
   if (t.choice >= 0) return {TuneStep::kDecided, t.choice, false};
-  if (call < n * kTrialsPerCandidate)
+  if (call < trial_calls(t))
     return {TuneStep::kTrial, (int)(call / kTrialsPerCandidate),
             call % kTrialsPerCandidate >= (uint64_t)kUntimedTrials};
   return {TuneStep::kDecide, -1, false};

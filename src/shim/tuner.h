@@ -94,7 +94,11 @@ struct TuneStep {
   bool timed;  // kTrial: past the candidate's untimed trials
 };
 
-/* The next call's step, counting it: call i < C * kTrialsPerCandidate tries
+/* How many of a key's calls are trials: kTrialsPerCandidate for each of
+ * its C candidates, none when one candidate or QNCCL_TUNE_FILE decided it. */
+uint64_t trial_calls(const Tuning& t);
+
+/* The next call's step, counting it: call i < trial_calls(t) tries
  * candidate i / kTrialsPerCandidate (timed from its kUntimedTrials-th on); the next
  * one decides first; later ones run the choice.
  * A key with one candidate is decided at once, without trials. */

@@ -67,6 +67,11 @@ TRIALS = 5  # per candidate, in a row (docs/tuning.md): the first two untimed
 SETTINGS = dict(min_bytes="1K", collectives="allreduce,reducescatter,allgather", debug="INFO")
 
 
+def trial_schedule(kind):
+    """The candidate of each of a key's trial calls, in order (docs/tuning.md)."""
+    return [name for name in CANDIDATES[kind] for _ in range(TRIALS)]
+
+
 class Comm:
     """A communicator made under SETTINGS, with what this program expects of it."""
 
@@ -161,15 +166,14 @@ def try_and_decide(c, kind, count, late=None):
     candidate -> (rank, seconds) that rank arrives late at each of its trials, or (rank,
     seconds, trials) at those of its trials only (0: its first)."""
     names = CANDIDATES[kind]
-    for i in range(len(names) * TRIALS):
-        candidate = names[i // TRIALS]
+    for i, candidate in enumerate(trial_schedule(kind)):
         rank, seconds, *which = (late or {}).get(candidate, (None, 0.0))
         if which and i % TRIALS not in which[0]:
             seconds = 0.0
         checked_call(c, kind, count, candidate, f"{kind} trial {i} ({candidate})",
                      seconds if RANK == rank else 0.0)
     row = entry(c, kind, count)
-    trials = len(names) * TRIALS
+    trials = len(trial_schedule(kind))
     expect(row is not None and row["choice"] is None and row["calls"] == trials, kind,
            f"after the trials: {row}, expected no choice yet and {trials} calls")
     # The deciding call: what it runs is not known before it; the table says afterwards.
@@ -377,7 +381,7 @@ def capture_section():
     c = Comm()
     # Trials of another size first: the layout found and the workspace grown by its
     # quantized trials, so that the capture needs no new memory (CUDA forbids it there).
-    for i, candidate in enumerate(c for c in CANDIDATES["allreduce"] for _ in range(TRIALS)):
+    for i, candidate in enumerate(trial_schedule("allreduce")):
         checked_call(c, "allreduce", 32768, candidate, f"capture section, trial {i}")
     count = 16384
     case = Case("sra", "float32", count)
