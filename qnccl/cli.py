@@ -112,6 +112,10 @@ RUN_OPTIONS = (
         type=int_in(0, 8), metavar="N",
         help="lanes of a flat call's pipeline, 1..8; 0: 2 on device buffers, 1 on host "
              "buffers (default 0)")),
+    ("--segment-values", "QNCCL_SEGMENT_VALUES", dict(
+        type=_byte_size, metavar="N",
+        help="values per pipelined segment of an allreduce (bounds its workspace); K, M, G "
+             "suffixes allowed; 0: 4M (default 0)")),
     ("--collectives", "QNCCL_COLLECTIVES", dict(
         metavar="LIST",
         help="the interposed collectives that are quantized: none, or a comma list of "
@@ -299,6 +303,7 @@ def describe_env_config(config):
             f"algo={algo} "
             f"inter_algo={_ALGO_NAMES.get(allreduce.interAlgo, allreduce.interAlgo)} "
             f"intra_bits={allreduce.intraBits} lanes={allreduce.lanes} "
+            f"segment_values={allreduce.segmentValues} "
             f"min_bytes={config.minBytes} seed={allreduce.codec.seed} "
             f"warmup={config.warmupCalls} enable={config.enable} "
             f"error_feedback={config.allreduce.errorFeedback} "

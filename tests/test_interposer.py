@@ -254,7 +254,7 @@ def test_info_lines(preloaded):
     output = preloaded.output
     configs = re.findall(
         rf"{INFO}/{NRANKS}: bits=4 bucket=64 rounding=stochastic algo=rule inter_algo=auto "
-        rf"intra_bits=0 lanes=0 min_bytes={MIN_BYTES} "
+        rf"intra_bits=0 lanes=0 segment_values=0 min_bytes={MIN_BYTES} "
         rf"seed={SEED} warmup=0 error_feedback=0 error_feedback_max_bytes={4 << 30} enable=1 "
         rf"collectives=allreduce nccl=(\S+)$",
         output, re.M)
@@ -419,7 +419,7 @@ def env_config(capi):
 
 
 DEFAULTS = ("bits=4 bucket=128 rounding=stochastic algo=auto inter_algo=auto intra_bits=0 "
-            "lanes=0 min_bytes=65536 seed=0 warmup=0 enable=1 error_feedback=0 "
+            "lanes=0 segment_values=0 min_bytes=65536 seed=0 warmup=0 enable=1 error_feedback=0 "
             f"error_feedback_max_bytes={4 << 30} debug=WARN "
             "collectives=allreduce")
 
@@ -447,6 +447,9 @@ def test_default_configuration(capi):
     ("QNCCL_LANES", "0", "lanes=0"),
     ("QNCCL_LANES", "3", "lanes=3"),
     ("QNCCL_LANES", "8", "lanes=8"),
+    ("QNCCL_SEGMENT_VALUES", "4096", "segment_values=4096"),
+    ("QNCCL_SEGMENT_VALUES", "64K", f"segment_values={64 << 10}"),
+    ("QNCCL_SEGMENT_VALUES", "1024G", f"segment_values={1 << 40}"),
     ("QNCCL_MIN_BYTES", "0", "min_bytes=0"),
     ("QNCCL_MIN_BYTES", "12345", "min_bytes=12345"),
     ("QNCCL_MIN_BYTES", "2K", "min_bytes=2048"),
@@ -492,6 +495,7 @@ ALLOWED = {
     "QNCCL_INTER_ALGO": r"auto.*ring.*tree.*sra",
     "QNCCL_INTRA_BITS": r"0 \(exact\) or 1\.\.8",
     "QNCCL_LANES": r"0 \(auto.*\) or 1\.\.8",
+    "QNCCL_SEGMENT_VALUES": r"0 \(4M\) or 1\.\.2\^40 values.*K.*M.*G",
     "QNCCL_MIN_BYTES": r">= ?0.*K.*M.*G",
     "QNCCL_SEED": r"64-bit|2\^64",
     "QNCCL_ERROR_FEEDBACK": r"\b0 or 1\b",
@@ -518,6 +522,8 @@ ALLOWED = {
     ("QNCCL_INTER_ALGO", "hier"), ("QNCCL_INTER_ALGO", "fast"),
     ("QNCCL_INTRA_BITS", "9"), ("QNCCL_INTRA_BITS", "-1"), ("QNCCL_INTRA_BITS", "exact"),
     ("QNCCL_LANES", "9"), ("QNCCL_LANES", "two"),
+    ("QNCCL_SEGMENT_VALUES", "-1"), ("QNCCL_SEGMENT_VALUES", "1.5M"),
+    ("QNCCL_SEGMENT_VALUES", "1025G"),
     ("QNCCL_MIN_BYTES", "-1"), ("QNCCL_MIN_BYTES", "10X"), ("QNCCL_MIN_BYTES", "1.5M"),
     ("QNCCL_MIN_BYTES", "99999999999G"),
     ("QNCCL_SEED", "-1"), ("QNCCL_SEED", str(2**64)), ("QNCCL_SEED", "abc"),
@@ -551,7 +557,7 @@ def test_run_flags_set_the_variables():
     library's syntax; variables without a flag pass through untouched."""
     args = parse_run("--bits", "3", "--bucket-size", "256", "--rounding", "nearest",
                      "--algo", "tree", "--inter-algo", "ring", "--intra-bits", "6",
-                     "--lanes", "3", "--collectives", "allreduce,reducescatter",
+                     "--lanes", "3", "--segment-values", "64K", "--collectives", "allreduce,reducescatter",
                      "--allreduce-bits", "5", "--reducescatter-bits", "2",
                      "--allgather-bits", "8", "--alltoall-bits", "6", "--sendrecv-bits", "1",
                      "--min-bytes", "2K", "--seed", str(2**64 - 1),
@@ -563,7 +569,7 @@ def test_run_flags_set_the_variables():
     assert {k: v for k, v in env.items() if k.startswith("QNCCL_")} == {
         "QNCCL_BITS": "3", "QNCCL_BUCKET_SIZE": "256", "QNCCL_ROUNDING": "nearest",
         "QNCCL_ALGO": "tree", "QNCCL_INTER_ALGO": "ring", "QNCCL_INTRA_BITS": "6",
-        "QNCCL_LANES": "3", "QNCCL_COLLECTIVES": "allreduce,reducescatter",
+        "QNCCL_LANES": "3", "QNCCL_SEGMENT_VALUES": "65536", "QNCCL_COLLECTIVES": "allreduce,reducescatter",
         "QNCCL_ALLREDUCE_BITS": "5", "QNCCL_REDUCESCATTER_BITS": "2",
         "QNCCL_ALLGATHER_BITS": "8", "QNCCL_ALLTOALL_BITS": "6", "QNCCL_SENDRECV_BITS": "1",
         "QNCCL_MIN_BYTES": "2048", "QNCCL_SEED": str(2**64 - 1),
@@ -782,6 +788,7 @@ def check_process_group(tmp_path, nprocs, env=None):
 
 
 
+@pytest.mark.serial  # asserts a time: under 60 s
 def test_fault_on_one_rank_fails_the_others_within_the_timeout(interposer):
     """Rank 1's quantized call fails before any transfer (QNCCL_HOST_ISA names no
     instruction set, set on rank 1 alone): it returns the error at once and

@@ -15,6 +15,7 @@ const char* name(Var var) {
     case Var::kInterAlgo: return "QNCCL_INTER_ALGO";
     case Var::kIntraBits: return "QNCCL_INTRA_BITS";
     case Var::kLanes: return "QNCCL_LANES";
+    case Var::kSegmentValues: return "QNCCL_SEGMENT_VALUES";
     case Var::kMinBytes: return "QNCCL_MIN_BYTES";
     case Var::kSeed: return "QNCCL_SEED";
     case Var::kErrorFeedback: return "QNCCL_ERROR_FEEDBACK";

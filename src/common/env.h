@@ -16,6 +16,7 @@ enum class Var {
   kInterAlgo,         // QNCCL_INTER_ALGO: hierarchical, between nodes
   kIntraBits,         // QNCCL_INTRA_BITS: hierarchical, inside a node (0: exact)
   kLanes,             // QNCCL_LANES: lanes of a flat call's pipeline (0: auto)
+  kSegmentValues,     // QNCCL_SEGMENT_VALUES: values per pipelined segment (0: the default)
   kMinBytes,          // QNCCL_MIN_BYTES
   kSeed,              // QNCCL_SEED
   kErrorFeedback,     // QNCCL_ERROR_FEEDBACK

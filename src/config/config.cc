@@ -176,6 +176,10 @@ ncclResult_t config_from_env(qncclEnvConfig_t* config) {
   QNCCL_CHECK(read_unsigned(Var::kLanes, 0, QNCCL_MAX_LANES, false,
                             "0 (auto: 2 on device buffers, 1 on host buffers) or 1..8", &v));
   c.allreduce.lanes = (int)v;
+  v = c.allreduce.segmentValues;
+  QNCCL_CHECK(read_unsigned(Var::kSegmentValues, 0, (uint64_t)1 << 40, true,
+                            "0 (4M) or 1..2^40 values, optionally with K, M or G (x1024)", &v));
+  c.allreduce.segmentValues = (size_t)v;
   v = c.minBytes;
   QNCCL_CHECK(read_unsigned(Var::kMinBytes, 0, UINT64_MAX, true,
                             "an integer >= 0, optionally with K, M or G (x1024)", &v));

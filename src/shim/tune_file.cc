@@ -70,7 +70,7 @@ class FileLock {
 bool key_well_formed(const std::string& key) {
   static const char* const fields[] = {"class=", "ranks=", "nodes=", "local=", "memory=",
                                        "bits=", "bucket=", "rounding=", "feedback=", "inter=",
-                                       "intra=", "lanes="};
+                                       "intra=", "lanes=", "segment="};
   std::istringstream in(key);
   std::string collective, type, word;
   if (!(in >> collective >> type)) return false;
@@ -194,11 +194,12 @@ std::string tune_file_key(qncclCollective_t kind, ncclDataType_t type, int size_
   char key[320];
   snprintf(key, sizeof key,
            "%s %s class=%d ranks=%d nodes=%d local=%d memory=%s bits=%d bucket=%zu rounding=%s "
-           "feedback=%d inter=%s intra=%d lanes=%d",
+           "feedback=%d inter=%s intra=%d lanes=%d segment=%zu",
            collective_word(kind), short_type_name(type), size_class, ranks, nodes, local_ranks,
            device ? "device" : "host", config.codec.bits, config.codec.bucketSize,
            rounding_name(config.codec.rounding), config.errorFeedback,
-           algo_name(config.interAlgo), config.intraBits, config.lanes);
+           algo_name(config.interAlgo), config.intraBits, config.lanes,
+           config.segmentValues);
   return key;
 }
 

@@ -494,21 +494,22 @@ def hier_cases():
 
 
 def grouped(failures, algo, lanes=0):
-    """Calls of several default-size segments on two communicators in one group,
-    through the interposed ncclAllReduce (QNCCL_* variables): the calls run in
-    lock-step, and each one's pipelined segments (engine/pipeline.cc) take its
+    """Calls of several segments (QNCCL_SEGMENT_VALUES) on two communicators in one
+    group, through the interposed ncclAllReduce (QNCCL_* variables): the calls run
+    in lock-step, and each one's pipelined segments (engine/pipeline.cc) take its
     steps: a hierarchical call's lanes together, so each real group carries
     segments of both calls; a flat call's `lanes` in turn. Each is call 0 of its
-    communicator."""
-    seed = 7071
+    communicator. The emulator cuts the calls at QNCCL_SEGMENT_VALUES too: a library
+    that ignored the variable would run one segment, other random streams."""
+    seed, width = 7071, 4096
     os.environ.update(QNCCL_ALGO=algo, QNCCL_BITS="4", QNCCL_BUCKET_SIZE="128",
-                      QNCCL_ROUNDING="stochastic", QNCCL_SEED=str(seed),
-                      QNCCL_INTER_ALGO="auto", QNCCL_INTRA_BITS="0", QNCCL_LANES=str(lanes))
-    width = segment_length(0, 128)
+                      QNCCL_ROUNDING="stochastic", QNCCL_SEED=str(seed), QNCCL_MIN_BYTES="0",
+                      QNCCL_INTER_ALGO="auto", QNCCL_INTRA_BITS="0", QNCCL_LANES=str(lanes),
+                      QNCCL_SEGMENT_VALUES=str(width))
     cases = [Case(algo, "float32", 2 * width + 5003, "stochastic", "sum", False, seed=seed,
-                  lanes=lanes),
+                  segment_values=width, lanes=lanes),
              Case(algo, "bfloat16", width + 301, "stochastic", "avg", True, seed=seed,
-                  lanes=lanes)]
+                  segment_values=width, lanes=lanes)]
     comms = [init_comm(), init_comm()]
     inputs = [rank_input(case, RANK) for case in cases]
     sends = [x.copy() for x in inputs]
