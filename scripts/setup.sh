@@ -32,6 +32,8 @@ PY_PKGS=(
   mpi4py==4.1.2
   pytest==9.2.0
   pytest-timeout==2.4.0
+  pytest-xdist==3.8.0  # make test: two test files at a time (most tests wait on their ranks)
+  execnet==2.1.2       # (pytest-xdist's)
   hypothesis==6.170.15
   matplotlib==3.11.2
   ml-dtypes==0.6.0  # bfloat16 numpy arrays: qnccl.codec accepts them (tests/test_codec.py)

@@ -78,6 +78,7 @@ def test_calls_from_another_thread(section):
     assert warned == expected, result.stdout[-6000:]
 
 
+@pytest.mark.serial  # late ranks and give-up times, in seconds
 def test_misuse_fails_fast_with_a_message():
     """Rendezvous: nranks mismatch, duplicate rank, rank out of range, a rank
     that never arrives, an absent root, a root so late that a member gave up

@@ -104,6 +104,7 @@ def test_interposed_collectives_under_a_policy():
               QNCCL_ALLTOALL_BITS="3")
 
 
+@pytest.mark.serial  # tuning_check's skewed timings (tests/test_tuning.py)
 def test_measured_auto_on_device_buffers(tmp_path):
     """Measured auto with device buffers (mpi_programs/tuning_check.py): trials timed by CUDA
     events, read at the deciding call, the agreements in device memory, every rank deciding
