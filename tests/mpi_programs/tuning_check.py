@@ -165,15 +165,15 @@ def try_and_decide(c, kind, count, late=None):
     every rank agreed on and this rank's table row (None, None on failure). `late`: a
     candidate -> (rank, seconds) that rank arrives late at each of its trials, or (rank,
     seconds, trials) at those of its trials only (0: its first)."""
-    names = CANDIDATES[kind]
-    for i, candidate in enumerate(trial_schedule(kind)):
+    names, schedule = CANDIDATES[kind], trial_schedule(kind)
+    for i, candidate in enumerate(schedule):
         rank, seconds, *which = (late or {}).get(candidate, (None, 0.0))
         if which and i % TRIALS not in which[0]:
             seconds = 0.0
         checked_call(c, kind, count, candidate, f"{kind} trial {i} ({candidate})",
                      seconds if RANK == rank else 0.0)
     row = entry(c, kind, count)
-    trials = len(trial_schedule(kind))
+    trials = len(schedule)
     expect(row is not None and row["choice"] is None and row["calls"] == trials, kind,
            f"after the trials: {row}, expected no choice yet and {trials} calls")
     # The deciding call: what it runs is not known before it; the table says afterwards.
