@@ -349,11 +349,10 @@ def _cuda_rows(ffi, lib):
     _lib.check(lib.qncclCudaInfo(info))
     if not info.compiled:
         return [("CUDA kernels", "not built (host codec only)")]
-    sass = ffi.string(info.sass).decode().split(",")
-    ptx = ffi.string(info.ptx).decode().split(",")
+    sass, ptx = ([a for a in ffi.string(s).decode().split(",") if a] for s in (info.sass, info.ptx))
     return [("CUDA kernels", f"built in, {_cuda_version(info.runtimeVersion)} runtime (static)"),
-            ("CUDA archs", " ".join(f"sm_{a}" for a in sass) + ", PTX " +
-             " ".join(f"compute_{a}" for a in ptx)),
+            ("CUDA archs", " ".join(f"sm_{a}" for a in sass) + ", " +
+             ("PTX " + " ".join(f"compute_{a}" for a in ptx) if ptx else "no PTX")),
             ("CUDA compat", driver_verdict(info.runtimeVersion, info.driverVersion))]
 
 

@@ -18,6 +18,7 @@
 import re
 import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -69,6 +70,33 @@ def test_plain_cuda_program_runs_unchanged(program, schedule):
 @pytest.mark.gpu
 def test_plain_cuda_program_on_a_gpu(program):
     check_program(on_gpu(program))
+
+
+NAME_CHECK = """
+import ctypes
+cuda = ctypes.CDLL("libcuda.so.1")
+name = ctypes.create_string_buffer(64)
+for length, device in ((64, 1), (8, 0), (0, 0), (64, 2)):
+    result = cuda.cuDeviceGetName(name, length, device)
+    print(length, device, result, name.value.decode() if result == 0 else "")
+"""
+
+
+def test_qnccl_info_and_device_names_on_the_simulator():
+    """`qnccl info` through the simulated driver: each device by its name (cuDeviceGetName),
+    the library's one image and no PTX. cuDeviceGetName cuts the name to len - 1 characters
+    and refuses len 0 (CUDA_ERROR_INVALID_VALUE) and a device that does not exist
+    (CUDA_ERROR_INVALID_DEVICE), as the driver does."""
+    env = {**simulated.env(devices=2), "QNCCL_CDEF": str(BUILD / "include" / "qnccl_cdef.h")}
+    info = simulated.run([sys.executable, "-m", "qnccl", "info"], env, timeout=120)
+    assert info.returncode == 0, info.stdout + info.stderr
+    assert re.search(r"^GPU +2 device\(s\): QNCCL simulated GPU 0 \(simdev\), QNCCL simulated "
+                     r"GPU 1 \(simdev\) \(driver CUDA 12\.9\)$", info.stdout, re.M), info.stdout
+    assert re.search(r"^CUDA archs +sm_90, no PTX$", info.stdout, re.M), info.stdout
+    names = simulated.run([sys.executable, "-c", NAME_CHECK], env, timeout=60)
+    assert names.stdout.splitlines() == ["64 1 0 QNCCL simulated GPU 1 (simdev)",
+                                         "8 0 0 QNCCL s", "0 0 1 ", "64 2 101 "], \
+        names.stdout + names.stderr
 
 
 # CUDA's documented answers, the same on a GPU: rule -> the lines the program prints.

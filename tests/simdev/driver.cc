@@ -128,6 +128,17 @@ CUresult cuDeviceGet(CUdevice* dev, int ordinal) {
   return CUDA_SUCCESS;
 }
 
+/* As the driver: the name cut to len - 1 characters; a NULL name, len <= 0 or a bad device
+ * is an error. */
+CUresult cuDeviceGetName(char* name, int len, CUdevice dev) {
+  RETURN_IF(out_ok(name, "name", "cuDeviceGetName"));
+  if (len <= 0) return cu(fail(cudaErrorInvalidValue, "cuDeviceGetName: len = %d", len));
+  const Device* d = simdev::device(dev);
+  if (d == nullptr) return cu(fail(cudaErrorInvalidDevice, "cuDeviceGetName(%d)", dev));
+  device_name(*d, name, (size_t)len);
+  return CUDA_SUCCESS;
+}
+
 CUresult cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev) {
   ENTER("cuDevicePrimaryCtxRetain");
   RETURN_IF(out_ok(pctx, "pctx", "cuDevicePrimaryCtxRetain"));
@@ -576,22 +587,22 @@ void* driver_symbol(const char* name) {
     void* fn;
   } table[] = {
       ENTRY(cuInit), ENTRY(cuDriverGetVersion), ENTRY(cuGetErrorString), ENTRY(cuGetErrorName),
-      ENTRY(cuDeviceGetCount), ENTRY(cuDeviceGet), ENTRY(cuDevicePrimaryCtxRetain),
-      ENTRY(cuDevicePrimaryCtxRelease), ENTRY(cuCtxGetCurrent), ENTRY(cuCtxSetCurrent),
-      ENTRY(cuCtxPushCurrent), ENTRY(cuCtxPopCurrent), ENTRY(cuCtxGetDevice),
-      ENTRY(cuCtxSynchronize), ENTRY(cuStreamCreate), ENTRY(cuStreamDestroy),
+      ENTRY(cuDeviceGetCount), ENTRY(cuDeviceGet), ENTRY(cuDeviceGetName),
+      ENTRY(cuDevicePrimaryCtxRetain), ENTRY(cuDevicePrimaryCtxRelease), ENTRY(cuCtxGetCurrent),
+      ENTRY(cuCtxSetCurrent), ENTRY(cuCtxPushCurrent), ENTRY(cuCtxPopCurrent),
+      ENTRY(cuCtxGetDevice), ENTRY(cuCtxSynchronize), ENTRY(cuStreamCreate), ENTRY(cuStreamDestroy),
       ENTRY(cuStreamGetCtx), ENTRY(cuStreamSynchronize), ENTRY(cuStreamQuery),
       ENTRY(cuStreamWaitEvent), ENTRY(cuLaunchHostFunc), ENTRY(cuEventCreate),
       ENTRY(cuEventDestroy), ENTRY(cuEventRecord), ENTRY(cuEventRecordWithFlags),
       ENTRY(cuEventQuery), ENTRY(cuEventSynchronize), ENTRY(cuMemAlloc), ENTRY(cuMemFree),
-      ENTRY(cuMemHostAlloc), ENTRY(cuMemAllocHost), ENTRY(cuMemFreeHost),
-      ENTRY(cuMemHostRegister), ENTRY(cuMemHostUnregister), ENTRY(cuMemcpyAsync),
-      ENTRY(cuMemcpyHtoDAsync), ENTRY(cuMemcpyDtoHAsync), ENTRY(cuPointerGetAttribute),
-      ENTRY(cuPointerGetAttributes), ENTRY(cuThreadExchangeStreamCaptureMode),
-      ENTRY(cuStreamIsCapturing), ENTRY(cuStreamGetCaptureInfo), ENTRY(cuUserObjectCreate),
-      ENTRY(cuUserObjectRetain), ENTRY(cuUserObjectRelease), ENTRY(cuGraphRetainUserObject),
-      ENTRY(cuGraphReleaseUserObject), ENTRY(cuModuleLoadData), ENTRY(cuModuleUnload),
-      ENTRY(cuModuleGetFunction), ENTRY(cuLaunchKernel), ENTRY(cuGetProcAddress),
+      ENTRY(cuMemHostAlloc), ENTRY(cuMemAllocHost), ENTRY(cuMemFreeHost), ENTRY(cuMemHostRegister),
+      ENTRY(cuMemHostUnregister), ENTRY(cuMemcpyAsync), ENTRY(cuMemcpyHtoDAsync),
+      ENTRY(cuMemcpyDtoHAsync), ENTRY(cuPointerGetAttribute), ENTRY(cuPointerGetAttributes),
+      ENTRY(cuThreadExchangeStreamCaptureMode), ENTRY(cuStreamIsCapturing),
+      ENTRY(cuStreamGetCaptureInfo), ENTRY(cuUserObjectCreate), ENTRY(cuUserObjectRetain),
+      ENTRY(cuUserObjectRelease), ENTRY(cuGraphRetainUserObject), ENTRY(cuGraphReleaseUserObject),
+      ENTRY(cuModuleLoadData), ENTRY(cuModuleUnload), ENTRY(cuModuleGetFunction),
+      ENTRY(cuLaunchKernel), ENTRY(cuGetProcAddress),
   };
 #undef ENTRY
   for (const auto& e : table)

@@ -65,7 +65,7 @@ constexpr int kVersion = 12090;  // the runtime and driver the simulator follows
 
 void properties(int ordinal, cudaDeviceProp* p) {
   memset(p, 0, sizeof *p);
-  snprintf(p->name, sizeof p->name, "QNCCL simulated GPU %d (simdev)", ordinal);
+  device_name(*device(ordinal), p->name, sizeof p->name);
   for (int i = 0; i < 16; i++) p->uuid.bytes[i] = (char)(0x51 + i + 16 * ordinal);
   p->totalGlobalMem = size_t(80) << 30;
   p->sharedMemPerBlock = 48 << 10;

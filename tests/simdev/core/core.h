@@ -21,6 +21,9 @@ namespace simdev {
 
 int device_count();
 Device* device(int ordinal);  // nullptr for a bad ordinal
+/* The device's name (cudaDeviceProp::name, cuDeviceGetName) into out[0, size), cut to fit
+ * and NUL-terminated as the driver does. */
+void device_name(const Device& d, char* out, size_t size);
 /* The context current on this thread (a device's primary context), or
  * nullptr: a thread starts with none. */
 Device* current_context();

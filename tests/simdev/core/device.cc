@@ -41,6 +41,10 @@ Device* device(int ordinal) {
   return sim().devices[(size_t)ordinal].get();
 }
 
+void device_name(const Device& d, char* out, size_t size) {
+  snprintf(out, size, "QNCCL simulated GPU %d (simdev)", d.ordinal);
+}
+
 Device* current_context() { return depth == 0 ? nullptr : contexts[depth - 1]; }
 
 void set_current_context(Device* d) {
