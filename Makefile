@@ -40,11 +40,13 @@ CXXFLAGS ?= -O3 -g
 CXXFLAGS += -std=c++17 -fPIC -ffp-contract=off -fno-fast-math -fno-trapping-math -fvisibility=hidden \
             -Wall -Wextra -Wshadow -Werror -Isrc/include -Isrc
 ifneq ($(strip $(SANITIZE)),)
-  # the sanitized builds of the host path; the simulated GPU's (simdev-asan) keeps CUDA
+  # ThreadSanitizer's build is of the host path; the simulated GPU's (simdev-asan) keeps CUDA
   ifeq ($(SIMDEV_SANITIZED),)
     CUDA := 0
   endif
-  CXXFLAGS += -fsanitize=$(SANITIZE) -fno-sanitize-recover=all -fno-omit-frame-pointer
+  # a report needs files and lines only: line tables (-g1) compile a fifth faster than -g
+  CXXFLAGS := $(patsubst -g,-g1,$(CXXFLAGS)) -fsanitize=$(SANITIZE) -fno-sanitize-recover=all \
+              -fno-omit-frame-pointer
   SAN_LDFLAGS := -fsanitize=$(SANITIZE)
 endif
 # -Bsymbolic-functions: calls between our own exported functions stay inside
@@ -100,7 +102,6 @@ CDEF     := $(BUILD)/include/qnccl_cdef.h
 # nccl-tests style perf binaries (docs/perf.md): one rank per process under mpirun.
 # The driver (perf/perf.h: one file per job) and the NCCL backend its binaries share.
 PERF_DRIVER_SRCS := perf/perf.cc perf/options.cc perf/reference.cc perf/timing.cc perf/output.cc
-PERF_DRIVER := $(PERF_DRIVER_SRCS) perf/perf.h perf/driver.h
 NCCL_PERF_TOOLS := all_reduce_perf reduce_scatter_perf all_gather_perf alltoall_perf sendrecv_perf
 NCCL_PERF_BINS := $(NCCL_PERF_TOOLS:%=$(BUILD)/bin/%)
 COLL_PERF_BINS := $(NCCL_PERF_BINS) $(BUILD)/bin/mpi_all_reduce_perf
@@ -180,18 +181,33 @@ $(BUILD)/include/nccl/nccl.h:
 # Built with CUDA when the library is: buffers then live on the GPU when one is
 # visible (--memory), and the same binary runs over NVIDIA's NCCL. They link
 # the host backend; LD_LIBRARY_PATH picks another libnccl.so.2 at run time.
-PERF_CUDA_FLAGS := $(if $(CU_OBJS),-DQNCCL_PERF_CUDA $(CUDA_CFLAGS))
+# The driver and the NCCL backend are compiled once per flavour: host (MPI's
+# baseline, and the NCCL binaries of a build without CUDA) and cuda.
+PERF_HEADERS := perf/perf.h perf/driver.h perf/nccl_backend.h $(HEADERS) $(NCCL_INCLUDE)/nccl.h \
+                $(FLAGS_STAMP)
+PERF_FLAGS_host :=
+PERF_FLAGS_cuda := -DQNCCL_PERF_CUDA $(CUDA_CFLAGS)
+define perf_flavour
+$(BUILD)/obj/perf/$(1)/%.o: perf/%.cc $(PERF_HEADERS)
+	@mkdir -p $$(dir $$@)
+	$(MPICXX) $(PERF_CXXFLAGS) $(PERF_FLAGS_$(1)) -c $$< -o $$@
+endef
+$(foreach f,host cuda,$(eval $(call perf_flavour,$(f))))
+# perf_objs FLAVOUR[,nccl]: the driver's objects (and the NCCL backend's)
+perf_objs = $(PERF_DRIVER_SRCS:perf/%.cc=$(BUILD)/obj/perf/$(1)/%.o) \
+            $(if $(2),$(BUILD)/obj/perf/$(1)/nccl_backend.o)
+PERF_FLAVOUR := $(if $(CU_OBJS),cuda,host)
 PERF_CUDA_LIBS := $(if $(CU_OBJS),$(CUDA_LIBS))
-$(NCCL_PERF_BINS): $(BUILD)/bin/%: perf/%.cc perf/nccl_backend.cc perf/nccl_backend.h \
-                   $(PERF_DRIVER) $(HOST_LIB) $(HEADERS) $(NCCL_INCLUDE)/nccl.h $(FLAGS_STAMP)
+$(NCCL_PERF_BINS): $(BUILD)/bin/%: perf/%.cc $(call perf_objs,$(PERF_FLAVOUR),nccl) $(HOST_LIB) \
+                   $(PERF_HEADERS)
 	@mkdir -p $(dir $@)
-	$(MPICXX) $(PERF_CXXFLAGS) $(PERF_CUDA_FLAGS) $< perf/nccl_backend.cc $(PERF_DRIVER_SRCS) \
-	  -o $@ -L$(BUILD)/host -lnccl $(PERF_CUDA_LIBS) -ldl -Wl,-rpath,'$$ORIGIN/../host'
+	$(MPICXX) $(PERF_CXXFLAGS) $(PERF_FLAGS_$(PERF_FLAVOUR)) $< \
+	  $(call perf_objs,$(PERF_FLAVOUR),nccl) -o $@ -L$(BUILD)/host -lnccl $(PERF_CUDA_LIBS) -ldl \
+	  -Wl,-rpath,'$$ORIGIN/../host'
 
-$(BUILD)/bin/mpi_all_reduce_perf: perf/mpi_all_reduce_perf.cc $(PERF_DRIVER) $(HEADERS) \
-                                  $(NCCL_INCLUDE)/nccl.h $(FLAGS_STAMP)
+$(BUILD)/bin/mpi_all_reduce_perf: perf/mpi_all_reduce_perf.cc $(call perf_objs,host) $(PERF_HEADERS)
 	@mkdir -p $(dir $@)
-	$(MPICXX) $(PERF_CXXFLAGS) $< $(PERF_DRIVER_SRCS) -o $@
+	$(MPICXX) $(PERF_CXXFLAGS) $< $(call perf_objs,host) -o $@
 
 $(BUILD)/bin/%_gpu_test: tests/gpu/%_gpu_test.cc $(LIB) $(HEADERS) tests/gpu/gpu_test.h $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
@@ -222,14 +238,12 @@ accuracy: setup
 	@$(MAKE) --no-print-directory -j$(JOBS) all
 	$(PYTHON) perf/accuracy_bench.py
 
-# The concurrency tests under ThreadSanitizer, the interposer's under
-# AddressSanitizer + UBSan (scripts/sanitize.sh; docs/host-backend.md).
-SAN_TARGETS = lib/libqnccl.so host/libnccl.so.2 include/qnccl_cdef.h
+# The concurrency tests under ThreadSanitizer (build/tsan: the host path), the interposer's
+# and the simulated GPU's under AddressSanitizer + UBSan (build/simdev-asan: one build of
+# the library with CUDA, on the simulated GPU) (scripts/sanitize.sh; docs/host-backend.md).
 sanitize: setup
 	@$(MAKE) --no-print-directory -j$(JOBS) BUILD=build/tsan SANITIZE=thread \
-	  $(SAN_TARGETS:%=build/tsan/%)
-	@$(MAKE) --no-print-directory -j$(JOBS) BUILD=build/asan SANITIZE=address,undefined \
-	  $(SAN_TARGETS:%=build/asan/%)
+	  build/tsan/lib/libqnccl.so build/tsan/host/libnccl.so.2 build/tsan/include/qnccl_cdef.h
 	@$(MAKE) --no-print-directory simdev-asan
 	@bash scripts/sanitize.sh
 

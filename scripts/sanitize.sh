@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # make sanitize: runs the tests that exercise QNCCL's threads under
-# ThreadSanitizer, the interposer's tests under AddressSanitizer + UBSan, and
-# the simulated GPU's kernel and runtime tests under AddressSanitizer + UBSan,
-# each against its own instrumented build (build/tsan, build/asan,
-# build/simdev-asan; `make sanitize` builds them first). pytest and every MPI rank preload the
-# sanitizer's runtime (Python itself is not instrumented; mpirun does not);
-# a report fails its process, so the test fails with the report in its output.
+# ThreadSanitizer (build/tsan: the host path), then the interposer's tests and the
+# simulated GPU's kernel and runtime tests under AddressSanitizer + UBSan
+# (build/simdev-asan: the library with CUDA, on the simulated GPU; its objects and host
+# backend in build/simdev-asan/product); `make sanitize` builds them first. pytest and every
+# MPI rank preload the sanitizer's runtime (Python itself is not instrumented; mpirun does
+# not); a report fails its process, so the test fails with the report in its output. Each
+# runs a test file per worker, two at a time (pytest-xdist), as `make test` does.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-.venv/bin/python}
@@ -17,13 +18,13 @@ runtime() {  # the shared sanitizer runtime the compiler links against
   readlink -f "$path"
 }
 
-run() {  # run BUILD PRELOAD PYTEST-ARGS...
-  local build=$1 preload=$2
-  shift 2
-  echo "[sanitize] $build: ${*}"
+run() {  # run BUILD LIBRARY PRELOAD PYTEST-ARGS...: BUILD's host backend and header, LIBRARY
+  local build=$1 library=$2 preload=$3
+  shift 3
+  echo "[sanitize] $library: ${*}"
   QNCCL_TEST_BUILD=$PWD/$build QNCCL_TEST_RANK_PRELOAD=$preload LD_PRELOAD=$preload \
-    QNCCL_LIB=$PWD/$build/lib/libqnccl.so QNCCL_CDEF=$PWD/$build/include/qnccl_cdef.h \
-    "$PYTHON" -m pytest -p no:cacheprovider -q "$@"
+    QNCCL_LIB=$PWD/$library QNCCL_CDEF=$PWD/$build/include/qnccl_cdef.h \
+    "$PYTHON" -m pytest -p no:cacheprovider -q -n 2 --dist loadfile "$@"
 }
 
 # ThreadSanitizer: nonblocking communicators (progress and watchdog threads,
@@ -34,7 +35,7 @@ run() {  # run BUILD PRELOAD PYTEST-ARGS...
 # on two communicators, a group's quantized sends and receives.
 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 report_signal_unsafe=0 \
 suppressions=$PWD/scripts/tsan.supp" \
-  run build/tsan "$(runtime libtsan.so)" \
+  run build/tsan build/tsan/lib/libqnccl.so "$(runtime libtsan.so)" \
   tests/test_host_backend.py tests/test_interposer.py tests/test_hierarchical.py \
   tests/test_allreduce.py tests/test_collectives.py \
   -k "nonblocking or another_thread or process_group or fault_on_one_rank or host_ids or \
@@ -43,24 +44,26 @@ each_communicator_counts or (interposed and (both or fsdp)) or (quantized_sends 
 # AddressSanitizer + UBSan: the interposer's tests, but those that replace
 # LD_PRELOAD themselves (the runtime must stay preloaded), and the other
 # collectives' but their long matrices (one run of quantized sends and
-# receives). Python leaks by
-# design (interned objects at exit): leak checking is off.
+# receives), with the library of the simulated GPU (a device is there; these
+# tests' buffers are host memory). Python leaks by design (interned objects at
+# exit): leak checking is off.
 ASAN_OPTIONS="detect_leaks=0 verify_asan_link_order=0 abort_on_error=1" \
 UBSAN_OPTIONS="print_stacktrace=1 halt_on_error=1" \
-  run build/asan "$(runtime libasan.so)" tests/test_interposer.py tests/test_collectives.py \
+  run build/simdev-asan/product build/simdev-asan/lib/libqnccl.so "$(runtime libasan.so)" \
+  tests/test_interposer.py tests/test_collectives.py \
   -k "(not ld_preload and not matches_the_emulator and not match_the_emulator) or \
 (quantized_sends and 3)"
 
-# The simulated GPU with AddressSanitizer + UBSan (build/simdev-asan: `make sanitize` builds
-# it), the library's kernels and the simulator included: the codec kernels against the host
-# codec, the plain CUDA program, CUDA's rules and the executor's (but the misaligned load,
-# which UBSan reports itself, ending the program: its case checks the plain build's answer).
-# The simulator's own SIGSEGV handler turns a kernel's fault into CUDA's error, so ASan
-# leaves SIGSEGV to it.
+# The simulated GPU with AddressSanitizer + UBSan, the library's kernels and the simulator
+# included: the codec kernels against the host codec, the plain CUDA program, CUDA's rules
+# and the executor's (but the misaligned load, which UBSan reports itself, ending the
+# program: its case checks the plain build's answer). The simulator's own SIGSEGV handler
+# turns a kernel's fault into CUDA's error, so ASan leaves SIGSEGV to it. Two files, one of
+# them most of the time: the tests, not the files, go to the workers.
 echo "[sanitize] build/simdev-asan: the simulated GPU"
 ASAN_OPTIONS="detect_leaks=0 verify_asan_link_order=0 abort_on_error=1 handle_segv=0 \
 allow_user_segv_handler=1" \
 UBSAN_OPTIONS="print_stacktrace=1 halt_on_error=1" \
 QNCCL_TEST_SIMDEV=$PWD/build/simdev-asan LD_PRELOAD="$(runtime libasan.so)" \
-  "$PYTHON" -m pytest -p no:cacheprovider -q tests/test_simdev_runtime.py \
+  "$PYTHON" -m pytest -p no:cacheprovider -q -n 2 --dist load tests/test_simdev_runtime.py \
   tests/test_simdev_kernels.py -k "not device_path and not misaligned"

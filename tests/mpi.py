@@ -23,6 +23,10 @@ REPO = Path(__file__).resolve().parents[1]
 BUILD = Path(os.environ.get("QNCCL_TEST_BUILD") or REPO / "build")
 RANK_PRELOAD = os.environ.get("QNCCL_TEST_RANK_PRELOAD", "")
 HOST_NCCL = BUILD / "host" / "libnccl.so.2"
+# The libqnccl.so the ranks preload: the one the Python side opens (QNCCL_LIB, which `make
+# sanitize` points at the AddressSanitizer build's library on the simulated GPU), else the
+# build's.
+LIBQNCCL = Path(os.environ.get("QNCCL_LIB") or BUILD / "lib" / "libqnccl.so")
 
 # Open MPI as root in a container, more ranks than cores, no busy waiting,
 # shared memory between the ranks of this machine.

@@ -9,10 +9,9 @@ from pathlib import Path
 import pytest
 
 import mpi
-from mpi import BUILD, HOST_NCCL, REPO
+from mpi import HOST_NCCL, LIBQNCCL, REPO
 
 PROGRAM = Path(__file__).resolve().parent / "mpi_programs" / "allreduce_check.py"
-LIBQNCCL = BUILD / "lib" / "libqnccl.so"
 
 
 def _missing_build():

@@ -34,7 +34,7 @@ import pytest
 
 import mpi
 from conftest import cuda_device_count, from_float32, sent_bytes, widen
-from mpi import BUILD, HOST_NCCL, REPO
+from mpi import HOST_NCCL, LIBQNCCL, REPO
 from qnccl import cli
 from qnccl.emulate import allreduce as emulate_allreduce
 from qnccl.emulate.allreduce import auto_algo
@@ -42,7 +42,6 @@ from qnccl.emulate.allreduce import auto_algo
 TESTS = Path(__file__).resolve().parent
 PROGRAM_SOURCE = TESTS / "programs" / "nccl_allreduce.c"
 CHECK_PROGRAM = TESTS / "mpi_programs" / "interposer_check.py"
-LIBQNCCL = BUILD / "lib" / "libqnccl.so"
 QNCCL = [sys.executable, "-m", "qnccl"]  # the `qnccl` command of this interpreter
 NRANKS = 4
 

@@ -24,7 +24,7 @@ import pytest
 
 import mpi
 from conftest import sent_bytes
-from mpi import BUILD, HOST_NCCL, REPO
+from mpi import BUILD, HOST_NCCL, LIBQNCCL, REPO
 
 BIN = BUILD / "bin"
 ALL_REDUCE_PERF = BIN / "all_reduce_perf"
@@ -33,7 +33,6 @@ QNCCL = [sys.executable, "-m", "qnccl"]
 SMALL_SWEEP = ["-b", "256K", "-e", "1M", "-f", "4", "-n", "2", "-w", "1"]
 ELEMENT_SIZE = {"int8": 1, "uint8": 1, "int32": 4, "uint32": 4, "int64": 8, "uint64": 8,
                 "half": 2, "float": 4, "double": 8, "bfloat16": 2}
-LIBQNCCL = BUILD / "lib" / "libqnccl.so"
 # nccl-tests' fields, in its order; `error` stands where it prints #wrong.
 FIELDS = ["size", "count", "type", "redop", "root",
           "time", "algbw", "busbw", "error", "time", "algbw", "busbw", "error", "agree", "wire"]

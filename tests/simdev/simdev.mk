@@ -14,8 +14,9 @@
 #                               libcudart.so.12 and the host backend (make simdev only)
 #
 # `make simdev-asan` builds the same with AddressSanitizer and UBSan (kernels included) into
-# build/simdev-asan. The kernels need clang++: its -fno-strict-float-cast-overflow gives the GPU's
-# saturating float-to-integer conversions.
+# build/simdev-asan, the library's objects, its host backend and cffi header (make sanitize
+# runs the interposer's tests on them too) into build/simdev-asan/product. The kernels need clang++: its
+# -fno-strict-float-cast-overflow gives the GPU's saturating float-to-integer conversions.
 
 SIMDEV ?= build/simdev
 SIMDEV_KCXX ?= clang++
@@ -31,8 +32,8 @@ SIMDEV_KFLAGS := -std=c++17 -O2 -g -fPIC -ffp-contract=off -fno-fast-math \
                  -DQNCCL_WITH_CUDA $(SIMDEV_INCLUDES) -Isrc/include -Isrc
 ifneq ($(strip $(SANITIZE)),)
   # (saturating conversions are defined on the GPU: UBSan must not call them overflow)
-  SIMDEV_KFLAGS += -fsanitize=$(SANITIZE) -fno-sanitize=float-cast-overflow \
-                   -fno-sanitize-recover=all -fno-omit-frame-pointer
+  SIMDEV_KFLAGS := $(patsubst -g,-g1,$(SIMDEV_KFLAGS)) -fsanitize=$(SANITIZE) \
+                   -fno-sanitize=float-cast-overflow -fno-sanitize-recover=all -fno-omit-frame-pointer
 endif
 SIMDEV_CUDART_REAL = $(CUDA_ROOT)/cuda_runtime/lib/libcudart.so.12
 
@@ -40,16 +41,25 @@ SIMDEV_LIBS := $(SIMDEV)/libcuda.so.1 $(SIMDEV)/libcudart.so.12 $(SIMDEV)/lib/li
 SIMDEV_BINS := $(SIMDEV)/bin/codec_gpu_test $(SIMDEV)/bin/allreduce_gpu_test \
                $(SIMDEV)/bin/kernel_rules
 
-.PHONY: simdev simdev-asan simdev-targets
+# Each in two steps: the kernel modules' sources first (seconds), then the rest with the
+# modules' compiles in front, the codec's being the longest of all (3 minutes with ASan):
+# the other objects fill the other cores meanwhile.
+SIMDEV_MODULE_SOURCES := $(KERNEL_MODULES:%=$(SIMDEV)/modules/%_module.cc)
+SIMDEV_MODULE_OBJS := $(KERNEL_MODULES:%=$(SIMDEV)/obj/modules/%_module.o)
+SIMDEV_ASAN_MAKE = $(MAKE) --no-print-directory -j$(JOBS) BUILD=build/simdev-asan/product \
+                   SIMDEV=build/simdev-asan SANITIZE=address,undefined SIMDEV_SANITIZED=1
+
+.PHONY: simdev simdev-asan simdev-sources simdev-targets
 simdev:
 	@test -n "$(CUDA_ROOT)" || \
 	  { echo "make simdev: the CUDA 12 wheels are missing: run make setup" >&2; exit 1; }
-	@$(MAKE) --no-print-directory -j$(JOBS) $(filter-out $(CU_OBJS),$(LIB_OBJS)) $(HOST_LIB) $(CDEF)
+	@$(MAKE) --no-print-directory -j$(JOBS) simdev-sources
 	@$(MAKE) --no-print-directory -j$(JOBS) simdev-targets $(SIMDEV)/bin/all_reduce_perf
 simdev-asan:
-	@$(MAKE) --no-print-directory -j$(JOBS) BUILD=build/simdev-asan/product SIMDEV=build/simdev-asan \
-	  SANITIZE=address,undefined SIMDEV_SANITIZED=1 simdev-targets
-simdev-targets: $(SIMDEV_LIBS) $(SIMDEV_BINS)
+	@$(SIMDEV_ASAN_MAKE) simdev-sources
+	@$(SIMDEV_ASAN_MAKE) simdev-targets
+simdev-sources: $(SIMDEV_MODULE_SOURCES)
+simdev-targets: $(SIMDEV_MODULE_OBJS) $(SIMDEV_LIBS) $(SIMDEV_BINS) $(HOST_LIB) $(CDEF)
 
 $(SIMDEV)/obj/simdev/%.o: $(SIMDEV_DIR)/%.cc $(SIMDEV_HEADERS) $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
@@ -99,8 +109,7 @@ $(SIMDEV)/obj/modules/%_images.o: $(SIMDEV)/modules/%_images.cc $(HEADERS) $(SIM
 
 # libqnccl.so's own objects (those of the build this is part of), its kernels as simulator
 # modules in place of the NVRTC images, and the simulated runtime in place of the static one.
-SIMDEV_LIB_OBJS = $(filter-out $(CU_OBJS),$(LIB_OBJS)) \
-                  $(KERNEL_MODULES:%=$(SIMDEV)/obj/modules/%_module.o) \
+SIMDEV_LIB_OBJS = $(filter-out $(CU_OBJS),$(LIB_OBJS)) $(SIMDEV_MODULE_OBJS) \
                   $(KERNEL_MODULES:%=$(SIMDEV)/obj/modules/%_images.o)
 $(SIMDEV)/lib/libqnccl.so: $(SIMDEV_LIB_OBJS) $(SIMDEV)/libcudart.so.12 src/exports.map
 	@mkdir -p $(dir $@)
@@ -113,12 +122,11 @@ $(SIMDEV)/bin/%_gpu_test: tests/gpu/%_gpu_test.cc $(SIMDEV)/lib/libqnccl.so $(HE
 	$(CXX) $(filter-out -fvisibility=hidden,$(CXXFLAGS)) $(SAN_LDFLAGS) $< -o $@ \
 	  -L$(SIMDEV)/lib -lqnccl $(SIMDEV_CUDART_REAL) -Wl,-rpath,'$$ORIGIN/../lib'
 
-$(SIMDEV)/bin/all_reduce_perf: perf/all_reduce_perf.cc perf/nccl_backend.cc perf/nccl_backend.h \
-                               $(PERF_DRIVER) $(HOST_LIB) $(HEADERS) $(NCCL_INCLUDE)/nccl.h \
-                               $(FLAGS_STAMP)
+$(SIMDEV)/bin/all_reduce_perf: perf/all_reduce_perf.cc $(call perf_objs,cuda,nccl) $(HOST_LIB) \
+                               $(PERF_HEADERS)
 	@mkdir -p $(dir $@)
-	$(MPICXX) $(PERF_CXXFLAGS) -DQNCCL_PERF_CUDA $(CUDA_CFLAGS) $< perf/nccl_backend.cc \
-	  $(PERF_DRIVER_SRCS) -o $@ -L$(BUILD)/host -lnccl $(SIMDEV_CUDART_REAL) -ldl
+	$(MPICXX) $(PERF_CXXFLAGS) $(PERF_FLAGS_cuda) $< $(call perf_objs,cuda,nccl) -o $@ \
+	  -L$(BUILD)/host -lnccl $(SIMDEV_CUDART_REAL) -ldl
 
 $(SIMDEV)/bin/kernel_rules: $(SIMDEV_DIR)/checks/kernel_rules.cc \
                             $(SIMDEV)/obj/modules/checks_module.o $(SIMDEV)/libcuda.so.1 \
