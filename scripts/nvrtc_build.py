@@ -121,6 +121,12 @@ def main():
     targets = [(int(a), False) for a in args.sass.split()] + [(int(args.ptx), True)]
     with concurrent.futures.ProcessPoolExecutor(max(1, args.jobs)) as pool:
         images = list(pool.map(build_one, [(args, arch, ptx) for arch, ptx in targets]))
+    # images of architectures an earlier build had and this one has not: not the library's
+    made = {path for _, _, path in images}
+    for stale in [*args.out.glob(f"{args.module}.sm_*.cubin"),
+                  *args.out.glob(f"{args.module}.compute_*.ptx")]:
+        if stale not in made:
+            stale.unlink()
     embed(args.module, images, args.out / f"{args.module}_images.cc")
 
 
