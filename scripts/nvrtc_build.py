@@ -27,11 +27,13 @@ OPTIONS = ["-std=c++17", "--fmad=false", "--prec-div=true", "--ftz=false", "-DQN
            "-default-device"]
 
 
-def compile_one(nvrtc, source, name, arch, ptx, includes, defines):
+def compile_one(nvrtc, source, name, arch, cubin, includes, defines):
+    """The PTX of compute_ARCH, and with `cubin` the machine code of sm_ARCH: one compile
+    gives both (an sm_XX compile's PTX is compute_XX's)."""
     prog = ctypes.c_void_p()
     check(nvrtc, nvrtc.nvrtcCreateProgram(ctypes.byref(prog), source, name.encode(), 0, None,
                                           None), "nvrtcCreateProgram")
-    target = f"compute_{arch}" if ptx else f"sm_{arch}"
+    target = f"sm_{arch}" if cubin else f"compute_{arch}"
     options = [*OPTIONS, f"--gpu-architecture={target}", *(f"-I{i}" for i in includes),
                *(f"-D{d}" for d in defines)]
     array = (ctypes.c_char_p * len(options))(*(o.encode() for o in options))
@@ -42,13 +44,17 @@ def compile_one(nvrtc, source, name, arch, ptx, includes, defines):
     nvrtc.nvrtcGetProgramLog(prog, log)
     if result != 0:
         sys.exit(f"nvrtc_build: {name} for {target} failed:\n{log.value.decode(errors='replace')}")
-    get_size, get = ((nvrtc.nvrtcGetPTXSize, nvrtc.nvrtcGetPTX) if ptx else
-                     (nvrtc.nvrtcGetCUBINSize, nvrtc.nvrtcGetCUBIN))
-    check(nvrtc, get_size(prog, ctypes.byref(size)), "image size")
-    image = ctypes.create_string_buffer(size.value)
-    check(nvrtc, get(prog, image), "image")
+
+    def get(get_size, get_image, what):
+        check(nvrtc, get_size(prog, ctypes.byref(size)), f"{what} size")
+        image = ctypes.create_string_buffer(size.value)
+        check(nvrtc, get_image(prog, image), what)
+        return image.raw
+
+    ptx = get(nvrtc.nvrtcGetPTXSize, nvrtc.nvrtcGetPTX, "PTX")
+    machine = get(nvrtc.nvrtcGetCUBINSize, nvrtc.nvrtcGetCUBIN, "cubin") if cubin else None
     nvrtc.nvrtcDestroyProgram(ctypes.byref(prog))
-    return image.raw
+    return ptx, machine
 
 
 def check(nvrtc, result, what):
@@ -118,27 +124,36 @@ def main():
     parser.add_argument("--jobs", type=int, default=1, help="architectures compiled at once")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    targets = [(int(a), False) for a in args.sass.split()] + [(int(args.ptx), True)]
+    sass, ptx = [int(a) for a in args.sass.split()], int(args.ptx)
+    # (arch, cubin, ptx) per compile: the PTX comes with sm_PTX's machine code when it is built
+    jobs = [(a, True, a == ptx) for a in sass] + ([] if ptx in sass else [(ptx, False, True)])
     with concurrent.futures.ProcessPoolExecutor(max(1, args.jobs)) as pool:
-        images = list(pool.map(build_one, [(args, arch, ptx) for arch, ptx in targets]))
+        made = [i for images in pool.map(build_one, [(args, *job) for job in jobs]) for i in images]
+    images = [i for i in made if not i[1]] + [i for i in made if i[1]]  # machine code, then PTX
     # images of architectures an earlier build had and this one has not: not the library's
-    made = {path for _, _, path in images}
+    paths = {path for _, _, path in images}
     for stale in [*args.out.glob(f"{args.module}.sm_*.cubin"),
                   *args.out.glob(f"{args.module}.compute_*.ptx")]:
-        if stale not in made:
+        if stale not in paths:
             stale.unlink()
     embed(args.module, images, args.out / f"{args.module}_images.cc")
 
 
 def build_one(job):
-    """One architecture's image, written next to the others: (arch, ptx, path)."""
-    args, arch, ptx = job
-    path = args.out / f"{args.module}.{'compute' if ptx else 'sm'}_{arch}.{'ptx' if ptx else 'cubin'}"
-    image = compile_one(ctypes.CDLL(args.nvrtc), args.source.read_bytes(), args.source.name, arch,
-                        ptx, args.includes, args.defines)
-    path.write_bytes(image)
-    print(f"nvrtc_build: {path} ({len(image)} bytes)", flush=True)
-    return arch, ptx, path
+    """One compile's images, written next to the others: [(arch, ptx, path)]."""
+    args, arch, cubin, ptx = job
+    images = compile_one(ctypes.CDLL(args.nvrtc), args.source.read_bytes(), args.source.name, arch,
+                         cubin, args.includes, args.defines)
+    out = []
+    for is_ptx, image in zip((True, False), images):
+        if image is None or (is_ptx and not ptx):
+            continue
+        path = args.out / (f"{args.module}.compute_{arch}.ptx" if is_ptx else
+                           f"{args.module}.sm_{arch}.cubin")
+        path.write_bytes(image)
+        print(f"nvrtc_build: {path} ({len(image)} bytes)", flush=True)
+        out.append((arch, is_ptx, path))
+    return out
 
 
 if __name__ == "__main__":
