@@ -21,17 +21,17 @@ PYTHON  ?= $(VENV)/bin/python
 # A library built with it serves every driver from R525 on. No nvcc is used.
 CUDA ?= 1
 CUDA_ROOT ?= $(patsubst %/cuda_nvrtc,%,$(firstword $(wildcard $(VENV)/lib/python3*/site-packages/nvidia/cuda_nvrtc)))
-# GPU architectures: machine code for each of CUDA_ARCHS (V100, T4, A100,
+# GPU architectures: machine code for each of CUDA_ARCHS (V100, A100,
 # H100/H200, B200, RTX 50), PTX for CUDA_PTX, the oldest (compute_70: the
 # kernels need nothing newer), which any later GPU compiles at load time (with
 # a driver of CUDA 12.9 or later, the PTX's ISA). Machine code runs on every
-# GPU of its major version and a minor one at least its own, so sm_80's serves
-# A10/3090 (8.6) and L4/4090 (8.9) too (the loader picks it,
-# src/codec/cuda_module.cc): NCCL's own build leaves 8.6 and 8.9 out the same
-# way. Each architecture costs about 1.5 minutes of NVRTC on one core.
+# GPU of its major version and a minor one at least its own, so sm_70's serves
+# T4 (7.5) and sm_80's A10/3090 (8.6) and L4/4090 (8.9) too (the loader picks
+# it, src/codec/cuda_module.cc): NCCL's own build leaves 7.5, 8.6 and 8.9 out
+# the same way. Each architecture costs about 1.5 minutes of NVRTC on one core.
 # `qnccl info` lists what a library carries; for a quicker development build
 # pick one, e.g. CUDA_ARCHS=80.
-CUDA_ARCHS ?= 70 75 80 90 100 120
+CUDA_ARCHS ?= 70 80 90 100 120
 CUDA_PTX ?= $(firstword $(CUDA_ARCHS))
 
 # -ffp-contract=off and no -ffast-math: the codec must round exactly as the
@@ -96,7 +96,9 @@ ISA_FLAGS_avx512 := $(ISA_FLAGS_avx2) -mavx512f -mavx512bw -mavx512vl -mavx512dq
 CODEC_FLAGS := -fno-thread-jumps
 HOST_CODEC_OBJS := $(HOST_ISAS:%=$(BUILD)/obj/src/codec/codec_host_%.o)
 
-LIB_OBJS := $(LIB_SRCS:%.cc=$(BUILD)/obj/%.o) $(HOST_CODEC_OBJS) $(CU_OBJS)
+# The kernel images first: NVRTC is the longest step (an architecture per core), and the
+# objects fill the cores around it rather than after it.
+LIB_OBJS := $(CU_OBJS) $(LIB_SRCS:%.cc=$(BUILD)/obj/%.o) $(HOST_CODEC_OBJS)
 LIB      := $(BUILD)/lib/libqnccl.so
 CDEF     := $(BUILD)/include/qnccl_cdef.h
 # nccl-tests style perf binaries (docs/perf.md): one rank per process under mpirun.

@@ -17,7 +17,7 @@ from qnccl import _lib, cli
 
 LIBQNCCL = BUILD / "lib" / "libqnccl.so"
 # What the Makefile builds by default (CUDA_ARCHS, CUDA_PTX).
-DEFAULT_SASS = ["70", "75", "80", "90", "100", "120"]
+DEFAULT_SASS = ["70", "80", "90", "100", "120"]
 DEFAULT_PTX = ["70"]
 
 
@@ -108,7 +108,7 @@ def test_library_carries_the_architectures_it_reports():
 
 def test_default_build_targets_every_supported_gpu():
     """`make` without CUDA_ARCHS builds sm_70 to sm_120 machine code (each major version's
-    first minor one and sm_75: an sm_86 or sm_89 GPU runs sm_80's) and PTX of the
+    first minor one: a T4 (7.5) runs sm_70's, an sm_86 or sm_89 GPU sm_80's) and PTX of the
     oldest (compute_70), so one library loads on every GPU from V100 on, where PyTorch
     runs (the library test above then checks that a library carries what it says)."""
     makefile = (cli.REPO / "Makefile").read_text()

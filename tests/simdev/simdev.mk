@@ -25,15 +25,17 @@ SIMDEV_CORE_SRCS := $(wildcard $(SIMDEV_DIR)/core/*.cc) $(SIMDEV_DIR)/driver.cc
 SIMDEV_HEADERS := $(wildcard $(SIMDEV_DIR)/core/*.h $(SIMDEV_DIR)/include/simdev/*.h)
 SIMDEV_INCLUDES := -I$(SIMDEV_DIR) -I$(SIMDEV_DIR)/include
 SIMDEV_CXXFLAGS = $(filter-out -fvisibility=hidden,$(CXXFLAGS)) $(SIMDEV_INCLUDES)
-# Kernels as the GPU computes: no contraction, IEEE division, saturating conversions.
-SIMDEV_KFLAGS := -std=c++17 -O2 -g -fPIC -ffp-contract=off -fno-fast-math \
+# Kernels as the GPU computes: no contraction, IEEE division, saturating conversions. Line
+# tables only (-g1): the simulator names a kernel's sites itself (SIMDEV_SITE), and the
+# codec's module, 150 kernels, compiles a sixth faster.
+SIMDEV_KFLAGS := -std=c++17 -O2 -g1 -fPIC -ffp-contract=off -fno-fast-math \
                  -fno-strict-float-cast-overflow -fvisibility=hidden -Wall -Wextra -Werror \
                  -Wno-pass-failed \
                  -DQNCCL_WITH_CUDA $(SIMDEV_INCLUDES) -Isrc/include -Isrc
 ifneq ($(strip $(SANITIZE)),)
   # (saturating conversions are defined on the GPU: UBSan must not call them overflow)
-  SIMDEV_KFLAGS := $(patsubst -g,-g1,$(SIMDEV_KFLAGS)) -fsanitize=$(SANITIZE) \
-                   -fno-sanitize=float-cast-overflow -fno-sanitize-recover=all -fno-omit-frame-pointer
+  SIMDEV_KFLAGS += -fsanitize=$(SANITIZE) -fno-sanitize=float-cast-overflow \
+                   -fno-sanitize-recover=all -fno-omit-frame-pointer
 endif
 SIMDEV_CUDART_REAL = $(CUDA_ROOT)/cuda_runtime/lib/libcudart.so.12
 
