@@ -14,9 +14,10 @@
 #                               libcudart.so.12 and the host backend (make simdev only)
 #
 # `make simdev-asan` builds the same with AddressSanitizer and UBSan (kernels included) into
-# build/simdev-asan, the library's objects, its host backend and cffi header (make sanitize
-# runs the interposer's tests on them too) into build/simdev-asan/product. The kernels need clang++: its
-# -fno-strict-float-cast-overflow gives the GPU's saturating float-to-integer conversions.
+# build/simdev-asan, the library's objects, its host backend and cffi header into
+# build/simdev-asan/product (make sanitize runs the interposer's tests on them too). The
+# kernels need clang++: its -fno-strict-float-cast-overflow gives the GPU's saturating
+# float-to-integer conversions.
 
 SIMDEV ?= build/simdev
 SIMDEV_KCXX ?= clang++
@@ -44,8 +45,8 @@ SIMDEV_BINS := $(SIMDEV)/bin/codec_gpu_test $(SIMDEV)/bin/allreduce_gpu_test \
                $(SIMDEV)/bin/kernel_rules
 
 # Each in two steps: the kernel modules' sources first (seconds), then the rest with the
-# modules' compiles in front, the codec's being the longest of all (3 minutes with ASan):
-# the other objects fill the other cores meanwhile.
+# modules' compiles in front, the codec's being the longest of all (minutes with ASan): the
+# other objects fill the other cores meanwhile.
 SIMDEV_MODULE_SOURCES := $(KERNEL_MODULES:%=$(SIMDEV)/modules/%_module.cc)
 SIMDEV_MODULE_OBJS := $(KERNEL_MODULES:%=$(SIMDEV)/obj/modules/%_module.o)
 SIMDEV_ASAN_MAKE = $(MAKE) --no-print-directory -j$(JOBS) BUILD=build/simdev-asan/product \
