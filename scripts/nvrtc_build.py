@@ -27,9 +27,9 @@ OPTIONS = ["-std=c++17", "--fmad=false", "--prec-div=true", "--ftz=false", "-DQN
            "-default-device"]
 
 
-def compile_one(nvrtc, source, name, arch, cubin, includes, defines):
-    """The PTX of compute_ARCH, and with `cubin` the machine code of sm_ARCH: one compile
-    gives both (an sm_XX compile's PTX is compute_XX's)."""
+def compile_one(nvrtc, source, name, arch, cubin, ptx, includes, defines):
+    """(the PTX of compute_ARCH if `ptx`, the machine code of sm_ARCH if `cubin`): one
+    compile gives both (an sm_XX compile's PTX is compute_XX's)."""
     prog = ctypes.c_void_p()
     check(nvrtc, nvrtc.nvrtcCreateProgram(ctypes.byref(prog), source, name.encode(), 0, None,
                                           None), "nvrtcCreateProgram")
@@ -51,10 +51,10 @@ def compile_one(nvrtc, source, name, arch, cubin, includes, defines):
         check(nvrtc, get_image(prog, image), what)
         return image.raw
 
-    ptx = get(nvrtc.nvrtcGetPTXSize, nvrtc.nvrtcGetPTX, "PTX")
+    text = get(nvrtc.nvrtcGetPTXSize, nvrtc.nvrtcGetPTX, "PTX") if ptx else None
     machine = get(nvrtc.nvrtcGetCUBINSize, nvrtc.nvrtcGetCUBIN, "cubin") if cubin else None
     nvrtc.nvrtcDestroyProgram(ctypes.byref(prog))
-    return ptx, machine
+    return text, machine
 
 
 def check(nvrtc, result, what):
@@ -143,10 +143,10 @@ def build_one(job):
     """One compile's images, written next to the others: [(arch, ptx, path)]."""
     args, arch, cubin, ptx = job
     images = compile_one(ctypes.CDLL(args.nvrtc), args.source.read_bytes(), args.source.name, arch,
-                         cubin, args.includes, args.defines)
+                         cubin, ptx, args.includes, args.defines)
     out = []
     for is_ptx, image in zip((True, False), images):
-        if image is None or (is_ptx and not ptx):
+        if image is None:
             continue
         path = args.out / (f"{args.module}.compute_{arch}.ptx" if is_ptx else
                            f"{args.module}.sm_{arch}.cubin")
