@@ -93,6 +93,57 @@ def test_random_configurations_match_emulator(count, bits, bucket, dtype, roundi
     check_against_emulator(x, dtype, bits, bucket, rounding, seed, stream, rng)
 
 
+def cubic_thresholds(p, bits):
+    """Per bucket (a row each), the L values t_0 < .. < t_{L-1} of a cubic grid whose count
+    below x is x's nearest code (codec_math.h, cubic_threshold), in numpy float32: the least
+    float a with a * inv > (j^3 + (j+1)^3) / 2 for each side's level j, negated below zero,
+    the float under it above."""
+    top = (1 << bits) - 1
+    i = np.arange(top, dtype=np.float32)[None, :]
+    zero = p["zero"][:, None]
+    below = i < zero
+    j = np.where(below, zero - np.float32(1) - i, i - zero)
+    h = j * j * j + ((j * j + j) * np.float32(3) + np.float32(1)) * np.float32(0.5)
+    c = np.where(below, p["inv_unit_neg"][:, None], p["inv_unit_pos"][:, None])
+    a = h / c
+    for _ in range(2):
+        a = np.where(a * c > h, a, np.nextafter(a, np.float32(np.inf)))
+    return np.where(below, -a, np.nextafter(a, np.float32(0)))
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4, 5])
+def test_values_at_cubic_thresholds_match_emulator(rng, bits):
+    """Nearest rounding on a cubic grid, at the values where it changes code: each threshold
+    of a bucket and the floats either side of it. The host's vector encoder finds codes by
+    searching these thresholds, the emulator by the cube-root definition; buckets spanning
+    2^-100..2^100, lopsided and with no code above zero."""
+    nb, bucket = 300, 128
+    lo = -np.float32(2) ** rng.uniform(-100, 100, nb).astype(np.float32)
+    hi = np.float32(2) ** rng.uniform(-100, 100, nb).astype(np.float32)
+    hi[:20] = 0  # every code at or below zero
+    hi[20:40] = -lo[20:40] * np.float32(1e-3)
+    p = emu.bucket_params(lo, hi, bits)
+    assert p["cubic"].all()
+    t = cubic_thresholds(p, bits)
+    above = np.nextafter(t, np.float32(np.inf))
+    # The thresholds are the definition's: code i at t_i, i + 1 just above it.
+    rows = {k: (v[:, None] if np.ndim(v) else v) for k, v in p.items()}
+    inside = (t >= lo[:, None]) & (above <= hi[:, None])
+    index = np.broadcast_to(np.arange(t.shape[1], dtype=np.float32), t.shape)
+    assert np.array_equal(emu.encode_values(t, rows, bits=bits)[inside], index[inside])
+    assert np.array_equal(emu.encode_values(above, rows, bits=bits)[inside], index[inside] + 1)
+    assert inside.mean() > 0.9
+
+    x = rng.uniform(lo[:, None], hi[:, None], (nb, bucket)).astype(np.float32)
+    near = np.concatenate([t, above, np.nextafter(t, np.float32(-np.inf))], axis=1)
+    x[:, 2:2 + near.shape[1]] = np.clip(near, lo[:, None], hi[:, None])
+    x[:, 0], x[:, 1] = lo, hi
+    x = x.reshape(-1)
+    q = codec.quantize(x, bits, bucket, "nearest")
+    assert_same_bytes(q.data, emu.quantize(x, bits, bucket, "nearest"),
+                      f"quantize nearest at cubic thresholds, bits={bits}")
+
+
 # ---- error bounds -------------------------------------------------------------
 
 def rounding_slack(meta):
@@ -719,7 +770,8 @@ def test_cubic_cells_match_their_definition_for_every_float(tmp_path):
     """The encoder finds a value's cubic-grid cell from a cube-root estimate and one comparison
     of exact cubes, not by the binary search docs/wire-format.md defines: programs/
     cube_root_check.cc compares both for every float w in [0, 2^24), the whole range a bucket's
-    values scale to. Compiled as the library is (IEEE operations, no contraction)."""
+    values scale to (and, below 2^13, the estimate without its Newton step that three and four
+    bits use). Compiled as the library is (IEEE operations, no contraction)."""
     exe = tmp_path / "cube_root_check"
     repo = TESTS_DIR.parent
     subprocess.run([os.environ.get("CXX", "g++"), "-std=c++17", "-O3", "-ffp-contract=off",
@@ -728,7 +780,8 @@ def test_cubic_cells_match_their_definition_for_every_float(tmp_path):
                    check=True, timeout=120)
     run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout
-    assert "1266679808 values checked: cube_floor wrong 0, nearest wrong 0" in run.stdout
+    assert ("1266679808 values checked: cube_floor wrong 0, cube_floor_small wrong 0, "
+            "nearest wrong 0") in run.stdout
 
 
 # ---- device arrays ---------------------------------------------------------------

@@ -12,6 +12,10 @@
  * time. All give the same bytes: only IEEE operations, no contraction. */
 #include <string.h>
 
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
 #include <utility>
 #include <vector>
@@ -51,7 +55,7 @@ typedef uint64_t VecW __attribute__((vector_size(kVectorBytes)));
 
 template <class D>
 VecF load_vector(const typename D::T* x) {
-  VecF v;
+  VecF v = {};
   for (size_t j = 0; j < kLanes; j++) v[j] = D::load(x[j]);
   return v;
 }
@@ -121,13 +125,71 @@ BucketMeta bucket_meta(const typename D::T* x, size_t n) {
   return stats_meta(total);
 }
 
+/* Nearest rounding on a cubic grid by search (codec_math.h, cubic_threshold):
+ * a bucket's L = 2^BITS - 1 thresholds in the order of a binary search's
+ * levels (the middle one, then the middles of both halves, ..: level l holds
+ * 2^l of them, from position 2^l - 1), each level one vector. A vector of
+ * values finds its codes in BITS steps of a table lookup (one variable
+ * permute), a compare and a doubling of the index: no cube root, no division.
+ * It takes a permute instruction and the widest level in one vector: AVX2 up
+ * to 4 bits, AVX-512 up to 5; elsewhere the closed form runs. */
+template <int BITS>
+constexpr bool kCubicSearch = kVectorBytes >= 32 && BITS >= 2 && (1u << (BITS - 1)) <= kLanes;
+constexpr size_t kSearchRow = 2 * kLanes;  // room for the last level's whole vector
+
+/* The sorted index of the threshold at search position q. */
+template <int BITS>
+constexpr int sorted_index(int q) {
+  int level = 0;
+  while ((2 << level) <= q + 1) level++;
+  return ((2 * (q + 1 - (1 << level)) + 1) << (BITS - 1 - level)) - 1;
+}
+
+/* Lane j of the result: table[index[j]] (0 <= index < kLanes). */
+inline VecF lookup(VecF table, VecI index) {
+#if defined(__AVX512F__)
+  // the masked form: the plain one's undefined pass-through trips -Wmaybe-uninitialized
+  return (VecF)_mm512_mask_permutexvar_ps((__m512)table, (__mmask16)-1, (__m512i)index,
+                                          (__m512)table);
+#elif defined(__AVX2__)
+  return (VecF)_mm256_permutevar8x32_ps((__m256)table, (__m256i)index);
+#else
+  (void)index;
+  return table;  // never called: kCubicSearch is false without a permute
+#endif
+}
+
+template <class D, int BITS>
+void encode_nearest_search(const typename D::T* __restrict x, size_t n, const BucketParams& p,
+                           const float* row, uint8_t* __restrict codes) {
+  VecF level[BITS];
+  for (int l = 0; l < BITS; l++) memcpy(&level[l], row + (1 << l) - 1, sizeof(VecF));
+  constexpr size_t kChunk = 4 * kLanes;  // codes narrowed to bytes a chunk at a time
+  size_t j = 0;
+  for (; j + kChunk <= n; j += kChunk) {
+    alignas(kVectorBytes) int32_t chunk[kChunk];
+    for (size_t v = 0; v < kChunk; v += kLanes) {
+      const VecF xv = load_vector<D>(x + j + v);
+      VecI c = VecI{};
+      for (int l = 0; l < BITS; l++) c = c + c - (VecI)(xv > lookup(level[l], c));
+      memcpy(chunk + v, &c, sizeof c);
+    }
+    for (size_t v = 0; v < kChunk; v++) codes[j + v] = (uint8_t)chunk[v];
+  }
+  for (; j < n; j++) codes[j] = (uint8_t)encode_nearest_cubic<BITS>(p, D::load(x[j]));
+}
+
 /* The encode loops take the bucket's params by value: a local copy that the
  * uint8_t stores cannot alias, so the cubic grid's per-side selects stay in
  * registers and the loops vectorize. */
 template <class D, int BITS>
 inline __attribute__((always_inline)) void encode_nearest_run(const typename D::T* __restrict x,
                                                                size_t n, const BucketParams p,
+                                                               const float* row,
                                                                uint8_t* __restrict codes) {
+  if constexpr (kCubicSearch<BITS>) {
+    if (p.cubic) return encode_nearest_search<D, BITS>(x, n, p, row, codes);
+  }
   if (p.cubic)
     for (size_t j = 0; j < n; j++) codes[j] = (uint8_t)encode_nearest_cubic<BITS>(p, D::load(x[j]));
   else
@@ -223,6 +285,7 @@ struct Ahead {
         unit_neg[kAhead], unit_pos[kAhead], inv_unit_neg[kAhead], inv_unit_pos[kAhead];
     bool nonfinite[kAhead], cubic[kAhead];
   } f;
+  float search[kAhead][kSearchRow] = {};  // per bucket: its cubic thresholds in search order
   BucketParams current{};
   size_t size = 0, next = 0;
 
@@ -231,9 +294,10 @@ struct Ahead {
   static size_t batch(size_t at, size_t tile_end, size_t bucket, size_t left) {
     return std::min(std::min(kAhead, left), (tile_end - at + bucket - 1) / bucket);
   }
-  /* The params of the n buckets whose metadata is at `metas`. */
+  /* The params of the n buckets whose metadata is at `metas`; with
+   * `thresholds`, also what nearest rounding searches on a cubic grid. */
   template <int BITS>
-  void refill(const uint8_t* metas, size_t n) {
+  void refill(const uint8_t* metas, size_t n, bool thresholds = false) {
     size = n;
     next = 0;
     float mins[kAhead], maxs[kAhead];
@@ -250,8 +314,21 @@ struct Ahead {
       f.inv_unit_neg[k] = p.inv_unit_neg, f.inv_unit_pos[k] = p.inv_unit_pos;
       f.nonfinite[k] = p.nonfinite, f.cubic[k] = p.cubic;
     }
+    if constexpr (kCubicSearch<BITS>) {
+      if (!thresholds) return;
+      for (int q = 0; q < (1 << BITS) - 1; q++) {
+        const float i = (float)sorted_index<BITS>(q);
+        for (size_t k = 0; k < size; k++) {  // any value where the grid is uniform: unused
+          BucketParams p{};
+          p.zero = f.zero[k];
+          p.inv_unit_neg = f.inv_unit_neg[k], p.inv_unit_pos = f.inv_unit_pos[k];
+          search[k][q] = cubic_threshold<BITS>(p, i);
+        }
+      }
+    }
   }
   bool empty() const { return next == size; }
+  const float* row() const { return search[next - 1]; }  // of the bucket pop() returned last
   const BucketParams& pop() {
     const size_t k = next++;
     BucketParams& p = current;
@@ -288,7 +365,7 @@ void encode_buffer(const typename D::T* src, size_t count, const CodecParams& p,
             const BucketMeta m = bucket_meta<D>(src + b0, std::min(count, b0 + p.bucket) - b0);
             memcpy(metas + k * kMetaBytes, &m, kMetaBytes);
           }
-          ahead.refill<BITS>(metas, n);
+          ahead.refill<BITS>(metas, n, p.rounding != qncclRoundStochastic);
         }
         bucket_end = std::min(count, i + p.bucket);
         bucket++;
@@ -305,7 +382,7 @@ void encode_buffer(const typename D::T* src, size_t count, const CodecParams& p,
       else if (p.rounding == qncclRoundStochastic)
         encode_stochastic_run<D, BITS>(src + i, end - i, bp, key, p.first + i, out);
       else
-        encode_nearest_run<D, BITS>(src + i, end - i, bp, out);
+        encode_nearest_run<D, BITS>(src + i, end - i, bp, ahead.row(), out);
       i = end;
     }
     memset(stage + (t1 - t0), 0, kGroup);  // zero codes pad the last group

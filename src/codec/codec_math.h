@@ -202,11 +202,14 @@ QNCCL_HD float clamp_code(float q, float top) { return q > top ? top : q; }
  * pattern, offset so that the exponent's bias stays right, is cbrt within
  * about 3%; one Newton step squares that error. Plain IEEE operations, the
  * same on every target. */
+QNCCL_HD float cube_root_first(float w) {  // the bit pattern's third alone: within 3.3%
+  const uint32_t bits = (uint32_t)(int32_t)((float)(int32_t)float_bits(w) * (1.0f / 3.0f));
+  return bits_float(bits + 709958130u);
+}
+
 QNCCL_HD float cube_root_estimate(float w) {
-  const float third = 1.0f / 3.0f;
-  const uint32_t bits = (uint32_t)(int32_t)((float)(int32_t)float_bits(w) * third);
-  const float a = bits_float(bits + 709958130u);
-  return (a + a + div_rn(w, a * a)) * third;
+  const float a = cube_root_first(w);
+  return (a + a + div_rn(w, a * a)) * (1.0f / 3.0f);
 }
 
 /* The largest integer f with f^3 <= w, 0 <= w < 2^24: the estimate, lowered
@@ -218,8 +221,21 @@ QNCCL_HD float cube_floor(float w) {
   return g * g * g <= w ? g : k;
 }
 
+/* The largest integer f with f^3 <= w, or any integer of at least 18 when w
+ * >= 2^13: without the Newton step (and its division) the estimate is within
+ * 0.65 of cbrt(w) for every float w in [0, 2^13) (checked by
+ * tests/programs/cube_root_check.cc), so it truncates to f - 1, f or f + 1,
+ * and two comparisons of exact cubes decide. Beyond, it is monotone and at
+ * least 19.3. */
+QNCCL_HD float cube_floor_small(float w) {
+  const float k = (float)(int32_t)cube_root_first(w);
+  const float g = k + 1.0f;
+  return k - (k * k * k > w ? 1.0f : 0.0f) + (g * g * g <= w ? 1.0f : 0.0f);
+}
+
 /* The largest integer f <= d with f^3 <= w (w >= 0): at two bits (d <= 3)
- * a binary search of two probes is cheaper than the estimate. */
+ * a binary search of two probes is cheaper than the estimate; at three and
+ * four (d <= 15) the estimate needs no Newton step. */
 template <int BITS>
 QNCCL_HD float cube_floor_within(float w, float d) {
   if constexpr (BITS <= 2) {
@@ -230,6 +246,9 @@ QNCCL_HD float cube_floor_within(float w, float d) {
       f = ((g <= d) & (g * g * g <= w)) ? g : f;
     }
     return f;
+  } else if constexpr (BITS <= 4) {
+    const float f = cube_floor_small(w);
+    return f > d ? d : f;
   } else {
     const float f = cube_floor(w);
     return f > d ? d : f;
@@ -268,6 +287,41 @@ QNCCL_HD uint32_t encode_cubic(const BucketParams& p, float x, float u) {
   }
   m = m > d ? d : m;
   return (uint32_t)(int32_t)(neg ? p.zero - m : p.zero + m);
+}
+
+/* Nearest rounding on a cubic grid as a count: the code of x is the number of
+ * the bucket's L thresholds t_0 < .. < t_{L-1} that lie below x (x > t_i), the
+ * same code as encode_nearest_cubic. On a side with inverse unit c, x goes
+ * past the side's level j (away from zero) when w = |x| * c exceeds the
+ * midpoint h_j = (j^3 + (j+1)^3) / 2, j = 0..d-1; as w rounds monotonically in
+ * |x|, that holds exactly from the least float a_j with a_j * c > h_j on. So
+ * t_i = -a_j of the side below zero for i < z (j = z - 1 - i: x > -a_j keeps
+ * x above that level) and, above zero, the float just below a_j (j = i - z).
+ * The host's vector encoder searches these (codec_host.cc); BITS <= 5, where
+ * every h_j (at most 30.5^3) is exact in float32. */
+QNCCL_HD float float_above(float a) { return bits_float(float_bits(a) + 1u); }  // a >= 0
+QNCCL_HD float float_below(float a) { return bits_float(float_bits(a) - 1u); }  // a > 0
+
+/* The least float a >= 0 with a * c > h (h >= 1/2 exact, 0 < c <= 2^126, as on
+ * a cubic grid): a0 = h / c rounded is it or at most two floats below it.
+ * Every float below a0 is below h / c, so its product is below h and rounds
+ * to at most h; a0 + 2 floats is at least 1.5 of its float spacing (at least
+ * 2^-24 of it) above h / c, so its product exceeds h by more than half of h's
+ * float spacing and rounds above h. */
+QNCCL_HD float least_above(float h, float c) {
+  float a = div_rn(h, c);
+  a = a * c > h ? a : float_above(a);
+  return a * c > h ? a : float_above(a);
+}
+
+template <int BITS>
+QNCCL_HD float cubic_threshold(const BucketParams& p, float i) {
+  static_assert(BITS >= 2 && BITS <= 5, "midpoints are exact in float32 up to 5 bits");
+  const bool below = i < p.zero;
+  const float j = below ? p.zero - 1.0f - i : i - p.zero;
+  const float h = j * j * j + ((j * j + j) * 3.0f + 1.0f) * 0.5f;  // exact
+  const float a = least_above(h, below ? p.inv_unit_neg : p.inv_unit_pos);
+  return below ? -a : float_below(a);
 }
 
 /* Each grid's rounding on its own (the host's encode loops run one per

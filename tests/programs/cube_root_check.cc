@@ -1,8 +1,10 @@
 // Every float w in [0, 2^24) through the cubic grid's encoder (codec_math.h)
 // against the definition it replaces (docs/wire-format.md): f = the largest
 // integer in [0, d] with f^3 <= w, found by a binary search over exact cubes,
-// then the nearest level f or f + 1. Prints the number of values where the
-// fast path differs; exits 1 if any.
+// then the nearest level f or f + 1; below 2^13 (four bits' range: w <= 15^3
+// and a hair) also the estimate without its Newton step that three and four
+// bits use (cube_floor_small). Prints the number of values where a fast path
+// differs; exits 1 if any.
 //
 //   cube_root_check [FIRST_BITS LAST_BITS]   (hex float bit patterns, default all)
 #include <cstdio>
@@ -47,19 +49,23 @@ int main(int argc, char** argv) {
     const float f = qnccl::cube_floor(w);
     return (f > 255.0f ? 255.0f : f) != floor_by_search(w, 255.0f);
   };
+  auto small_differs = [&](float w) {
+    return w < 0x1p13f && qnccl::cube_floor_small(w) != floor_by_search(w, 255.0f);
+  };
   auto nearest_differs = [&](float w) {
     return (float)qnccl::encode_nearest_cubic<8>(p, w) != nearest_by_search(w, 255.0f);
   };
   // Chunks counted by a loop that vectorizes; a chunk with a difference is
   // scanned again to name its values.
-  unsigned long long floor_wrong = 0, nearest_wrong = 0;
+  unsigned long long floor_wrong = 0, small_wrong = 0, nearest_wrong = 0;
   const uint64_t chunk = 1u << 16;
   for (uint64_t c = first; c <= last; c += chunk) {
     const uint32_t n = (uint32_t)(last - c + 1 < chunk ? last - c + 1 : chunk);
     uint32_t wrong = 0;
     for (uint32_t j = 0; j < n; j++) {
       const float w = qnccl::bits_float((uint32_t)(c + j));
-      wrong += (uint32_t)floor_differs(w) + (uint32_t)nearest_differs(w);
+      wrong += (uint32_t)floor_differs(w) + (uint32_t)small_differs(w) +
+               (uint32_t)nearest_differs(w);
     }
     if (wrong == 0) continue;
     for (uint32_t j = 0; j < n; j++) {
@@ -67,6 +73,9 @@ int main(int argc, char** argv) {
       if (floor_differs(w) && floor_wrong++ < 5)
         std::printf("cube_floor(%.9g) = %g, the search finds %g\n", w, qnccl::cube_floor(w),
                     floor_by_search(w, 255.0f));
+      if (small_differs(w) && small_wrong++ < 5)
+        std::printf("cube_floor_small(%.9g) = %g, the search finds %g\n", w,
+                    qnccl::cube_floor_small(w), floor_by_search(w, 255.0f));
       if (nearest_differs(w) && nearest_wrong++ < 5)
         std::printf("nearest level of %.9g: %u, the search finds %g\n", w,
                     qnccl::encode_nearest_cubic<8>(p, w), nearest_by_search(w, 255.0f));
@@ -78,7 +87,8 @@ int main(int argc, char** argv) {
     std::printf("-0.0 does not encode as zero\n");
     nearest_wrong++;
   }
-  std::printf("%llu values checked: cube_floor wrong %llu, nearest wrong %llu\n",
-              (unsigned long long)(last - first) + 1, floor_wrong, nearest_wrong);
-  return floor_wrong || nearest_wrong ? 1 : 0;
+  std::printf("%llu values checked: cube_floor wrong %llu, cube_floor_small wrong %llu, "
+              "nearest wrong %llu\n",
+              (unsigned long long)(last - first) + 1, floor_wrong, small_wrong, nearest_wrong);
+  return floor_wrong || small_wrong || nearest_wrong ? 1 : 0;
 }
