@@ -285,7 +285,7 @@ struct Ahead {
         unit_neg[kAhead], unit_pos[kAhead], inv_unit_neg[kAhead], inv_unit_pos[kAhead];
     bool nonfinite[kAhead], cubic[kAhead];
   } f;
-  float search[kAhead][kSearchRow] = {};  // per bucket: its cubic thresholds in search order
+  float search[kAhead][kSearchRow];  // per bucket: its cubic thresholds in search order, then 0
   BucketParams current{};
   size_t size = 0, next = 0;
 
@@ -325,6 +325,8 @@ struct Ahead {
           search[k][q] = cubic_threshold<BITS>(p, i);
         }
       }
+      for (size_t k = 0; k < size; k++)  // the last level's vector reads these, never uses them
+        for (size_t q = (1u << BITS) - 1; q < kSearchRow; q++) search[k][q] = 0.0f;
     }
   }
   bool empty() const { return next == size; }
