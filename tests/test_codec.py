@@ -772,16 +772,32 @@ def test_cubic_cells_match_their_definition_for_every_float(tmp_path):
     cube_root_check.cc compares both for every float w in [0, 2^24), the whole range a bucket's
     values scale to (and, below 2^13, the estimate without its Newton step that three and four
     bits use). Compiled as the library is (IEEE operations, no contraction)."""
-    exe = tmp_path / "cube_root_check"
-    repo = TESTS_DIR.parent
-    subprocess.run([os.environ.get("CXX", "g++"), "-std=c++17", "-O3", "-ffp-contract=off",
-                    f"-I{repo / 'src'}", f"-I{repo / 'src' / 'include'}",
-                    str(TESTS_DIR / "programs" / "cube_root_check.cc"), "-o", str(exe)],
-                   check=True, timeout=120)
-    run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)
+    run = run_math_program(tmp_path, "cube_root_check", timeout=300)
     assert run.returncode == 0, run.stdout
     assert ("1266679808 values checked: cube_floor wrong 0, cube_floor_small wrong 0, "
             "nearest wrong 0") in run.stdout
+
+
+def test_gpu_bucket_params_match_the_host_codecs(tmp_path):
+    """The kernels derive a bucket's parameters for its grid alone (bucket_params_of_grid: no
+    divisions for the other grid, the decoder none for inverses), the host codec for both
+    grids without branches: every field the applying grid's encoder or decoder reads must hold
+    the same bits (programs/bucket_params_check.cc: 3 million metadata pairs and widths)."""
+    run = run_math_program(tmp_path, "bucket_params_check", timeout=60)
+    assert run.returncode == 0, run.stdout
+    assert "3069504 cases checked: 0 fields differ" in run.stdout
+
+
+def run_math_program(tmp_path, name, timeout):
+    """tests/programs/NAME.cc, a check of codec_math.h compiled as the library is (IEEE
+    operations, no contraction), run: its completed process."""
+    exe = tmp_path / name
+    repo = TESTS_DIR.parent
+    subprocess.run([os.environ.get("CXX", "g++"), "-std=c++17", "-O3", "-ffp-contract=off",
+                    f"-I{repo / 'src'}", f"-I{repo / 'src' / 'include'}",
+                    str(TESTS_DIR / "programs" / f"{name}.cc"), "-o", str(exe)],
+                   check=True, timeout=120)
+    return subprocess.run([str(exe)], capture_output=True, text=True, timeout=timeout)
 
 
 # ---- device arrays ---------------------------------------------------------------

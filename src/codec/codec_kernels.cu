@@ -239,7 +239,7 @@ QNCCL_HD uint64_t encode_group(const EncodeArgs<Type>& a, RngKey key, size_t g,
   if constexpr (!ONE_PASS) {
     k = div_index(first, a.bucket);
     next = k * a.bucket + a.bucket;
-    bp = bucket_params(load_meta(a.meta, k, a.wire_aligned), BITS);
+    bp = bucket_params_of_grid<true>(load_meta(a.meta, k, a.wire_aligned), BITS);
   }
   uint64_t codes = 0;  // code j in byte j, as pack8 takes them
 #pragma unroll
@@ -248,7 +248,7 @@ QNCCL_HD uint64_t encode_group(const EncodeArgs<Type>& a, RngKey key, size_t g,
     if (!ONE_PASS && first + j == next) {  // buckets not a multiple of 8 end inside groups
       ++k;
       next += a.bucket;
-      bp = bucket_params(load_meta(a.meta, k, a.wire_aligned), BITS);
+      bp = bucket_params_of_grid<true>(load_meta(a.meta, k, a.wire_aligned), BITS);
     }
     codes |= (uint64_t)encode_value<BITS, STOCHASTIC>(bp, x[j], key, a.first + first + j) << (8 * j);
   }
@@ -347,7 +347,7 @@ __device__ __forceinline__ void encode_span(const EncodeArgs<Type>& a, RngKey ke
   // or a whole span), so it holds values when the bucket does.
   if (lane % a.stats_lanes == 0 && has_group)
     store_meta(a.meta, div_index(first, a.bucket), meta, a.wire_aligned);
-  const BucketParams bp = bucket_params(meta, BITS);
+  const BucketParams bp = bucket_params_of_grid<true>(meta, BITS);
   encode_tile<Type, BITS, STOCHASTIC, true>(a, key, t0, has_group, x, bp, tile_words, lane);
   for (size_t t = t0 + 1; t < t0 + a.span_tiles && t < tiles; ++t) {
     has_group = load_lane_group(a, t, lane, x);  // the L1 cache's copy
@@ -386,14 +386,14 @@ QNCCL_HD void decode_values(const uint8_t* meta, const uint8_t* codes, size_t co
   const uint64_t packed = unpack8<BITS>(load_code_group<BITS>(codes, code_bytes, g, aligned));
   size_t k = div_index(first, bucket);  // as in encode_group
   size_t next = k * bucket + bucket;
-  BucketParams bp = bucket_params(load_meta(meta, k, aligned), BITS);
+  BucketParams bp = bucket_params_of_grid<false>(load_meta(meta, k, aligned), BITS);
 #pragma unroll
   for (int j = 0; j < (int)kGroup; ++j) {
     if (j >= len) break;
     if (first + j == next) {
       ++k;
       next += bucket;
-      bp = bucket_params(load_meta(meta, k, aligned), BITS);
+      bp = bucket_params_of_grid<false>(load_meta(meta, k, aligned), BITS);
     }
     y[j] = bp.nonfinite ? bits_float(kCanonicalNanF32)
                         : decode(bp, (uint32_t)(packed >> (8 * j)) & 0xffu);

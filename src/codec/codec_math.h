@@ -146,20 +146,11 @@ QNCCL_HD float zero_code(float big, float small, float top) {
   return big == 0.0f ? top : (w1 < w0 ? i1 : i0);
 }
 
-/* Both grids' values are derived every time and the grid that applies
- * picks its own: no branches, so that the host's loop over a batch of
- * buckets vectorizes. Where the cubic grid does not apply, its inputs are
- * replaced by 1 so that its unused values stay finite (zero_code converts
- * a float to an integer, undefined for NaN). */
-QNCCL_HD BucketParams bucket_params(BucketMeta m, int bits) {
-  BucketParams p = {};
-  p.nonfinite = !(m.min == m.min);
-  p.lo = m.min;
-  p.hi = m.max;
-  p.top = levels(bits);
-  // cubic grid
-  const bool straddles = bits >= 2 && m.min < 0.0f && m.max >= 0.0f;  // false for NaN
-  const float big = straddles ? m.max : 1.0f, small = straddles ? -m.min : 1.0f;
+/* The cubic grid's values for a bucket of max A = big and min -B = -small
+ * (both finite, A >= 0, B > 0); the inverse units only where they are asked
+ * for (the encoder's; the decoder multiplies by the units). */
+template <bool INVERSES>
+QNCCL_HD void cubic_grid(BucketParams& p, float big, float small) {
   p.zero = zero_code(big, small, p.top);
   p.span_neg = p.zero;
   p.span_pos = p.top - p.zero;
@@ -167,12 +158,21 @@ QNCCL_HD BucketParams bucket_params(BucketMeta m, int bits) {
   // with A == 0 the side above zero holds only zero itself: any unit will do
   const float unit_pos = div_rn(big, p.span_pos * p.span_pos * p.span_pos);
   p.unit_pos = big == 0.0f ? p.unit_neg : unit_pos;
-  // A subnormal unit would make the cubes coarser than the uniform grid's 2^-126
-  // floor: such tiny buckets (below about 2^-102) keep the uniform grid.
-  p.cubic = straddles & (p.unit_neg >= 0x1p-126f) & (p.unit_pos >= 0x1p-126f);
-  p.inv_unit_neg = div_rn(1.0f, p.unit_neg);
-  p.inv_unit_pos = div_rn(1.0f, p.unit_pos);
-  // uniform grid
+  if constexpr (INVERSES) {
+    p.inv_unit_neg = div_rn(1.0f, p.unit_neg);
+    p.inv_unit_pos = div_rn(1.0f, p.unit_pos);
+  }
+}
+
+/* A subnormal unit would make the cubes coarser than the uniform grid's 2^-126
+ * floor: such tiny buckets (below about 2^-102) keep the uniform grid. */
+QNCCL_HD bool cubic_applies(const BucketParams& p, bool straddles) {
+  return straddles & (p.unit_neg >= 0x1p-126f) & (p.unit_pos >= 0x1p-126f);
+}
+
+/* The uniform grid's values for a bucket of metadata m. */
+template <bool INVERSES>
+QNCCL_HD void uniform_grid(BucketParams& p, BucketMeta m) {
   const float amin = m.min < 0.0f ? -m.min : m.min;
   const float amax = m.max < 0.0f ? -m.max : m.max;
   const bool huge = (amin > amax ? amin : amax) >= 0x1p126f;
@@ -182,8 +182,52 @@ QNCCL_HD BucketParams bucket_params(BucketMeta m, int bits) {
   const float d = p.sigma * m.max - p.a;
   const float s = div_rn(d, p.top);
   p.step = (d > 0.0f && s < 0x1p-126f) ? 0x1p-126f : s;  // also when d / top underflowed to 0
-  const float inv_step = div_rn(1.0f, p.step);
-  p.inv_step = p.step > 0.0f ? inv_step : 0.0f;
+  if constexpr (INVERSES) {
+    const float inv_step = div_rn(1.0f, p.step);
+    p.inv_step = p.step > 0.0f ? inv_step : 0.0f;
+  }
+}
+
+QNCCL_HD BucketParams bucket_common(BucketMeta m, int bits) {
+  BucketParams p = {};
+  p.nonfinite = !(m.min == m.min);
+  p.lo = m.min;
+  p.hi = m.max;
+  p.top = levels(bits);
+  return p;
+}
+
+QNCCL_HD bool straddles_zero(BucketMeta m, int bits) {
+  return bits >= 2 && m.min < 0.0f && m.max >= 0.0f;  // false for NaN
+}
+
+/* Both grids' values are derived every time and the grid that applies
+ * picks its own: no branches, so that the host's loop over a batch of
+ * buckets vectorizes. Where the cubic grid does not apply, its inputs are
+ * replaced by 1 so that its unused values stay finite (zero_code converts
+ * a float to an integer, undefined for NaN). */
+QNCCL_HD BucketParams bucket_params(BucketMeta m, int bits) {
+  BucketParams p = bucket_common(m, bits);
+  const bool straddles = straddles_zero(m, bits);
+  cubic_grid<true>(p, straddles ? m.max : 1.0f, straddles ? -m.min : 1.0f);
+  p.cubic = cubic_applies(p, straddles);
+  uniform_grid<true>(p, m);
+  return p;
+}
+
+/* The same values of the grid that applies, and of it alone (the inverses
+ * only with INVERSES): for a GPU thread, which derives one bucket's
+ * parameters at a time, where the branch-free form's other grid and unused
+ * inverses cost divisions for every group of values decoded. */
+template <bool INVERSES>
+QNCCL_HD BucketParams bucket_params_of_grid(BucketMeta m, int bits) {
+  BucketParams p = bucket_common(m, bits);
+  const bool straddles = straddles_zero(m, bits);
+  if (straddles) {
+    cubic_grid<INVERSES>(p, m.max, -m.min);
+    p.cubic = cubic_applies(p, straddles);
+  }
+  if (!p.cubic) uniform_grid<INVERSES>(p, m);
   return p;
 }
 
@@ -260,7 +304,8 @@ QNCCL_HD float cube_floor_within(float w, float d) {
  * the cell it lies decide between the levels f and f + 1: nearest goes up
  * when 2 (w - f^3) > (f+1)^3 - f^3, stochastic when u ((f+1)^3 - f^3) <
  * w - f^3 (probability (w - f^3) / ((f+1)^3 - f^3): unbiased), with no
- * division; w - f^3 and the widths are exact. Nearest from three bits needs
+ * division; w - f^3 and the widths are exact (up to four bits f comes
+ * without a division, cube_floor_within). Nearest from five bits needs
  * no exact f: with k the estimate truncated (f - 1, f or f + 1; w - k^3 is
  * exact: for k <= f an integer at most w < 2^24 apart, for k = f + 1 the two
  * within a factor of two), the nearest level is k,
@@ -274,7 +319,7 @@ QNCCL_HD uint32_t encode_cubic(const BucketParams& p, float x, float u) {
   // |x| by its sign bit: -0.0 becomes +0.0, whose bit pattern the estimate needs
   const float w = bits_float(float_bits(x) & 0x7fffffffu) * (neg ? p.inv_unit_neg : p.inv_unit_pos);
   float m;
-  if (STOCHASTIC || BITS <= 2) {
+  if (STOCHASTIC || BITS <= 4) {
     const float f = cube_floor_within<BITS>(w, d);
     const float g = f + 1.0f, f3 = f * f * f;
     const float into = w - f3, width = g * g * g - f3;

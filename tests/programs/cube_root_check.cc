@@ -1,9 +1,10 @@
 // Every float w in [0, 2^24) through the cubic grid's encoder (codec_math.h)
 // against the definition it replaces (docs/wire-format.md): f = the largest
 // integer in [0, d] with f^3 <= w, found by a binary search over exact cubes,
-// then the nearest level f or f + 1; below 2^13 (four bits' range: w <= 15^3
-// and a hair) also the estimate without its Newton step that three and four
-// bits use (cube_floor_small). Prints the number of values where a fast path
+// then the nearest level f or f + 1 (with 255 codes, and with 15: four bits,
+// whose floor, as three bits', comes from the estimate without its Newton
+// step); below 2^13 (four bits' range: w <= 15^3 and a hair) also that floor
+// itself (cube_floor_small). Prints the number of values where a fast path
 // differs; exits 1 if any.
 //
 //   cube_root_check [FIRST_BITS LAST_BITS]   (hex float bit patterns, default all)
@@ -52,8 +53,14 @@ int main(int argc, char** argv) {
   auto small_differs = [&](float w) {
     return w < 0x1p13f && qnccl::cube_floor_small(w) != floor_by_search(w, 255.0f);
   };
+  // four bits: 15 codes above zero, the floor without a division (as at three)
+  qnccl::BucketParams p4 = p;
+  p4.span_pos = 15.0f;
+  // (the definition's level with 15 codes is its level with 255, at most 15)
   auto nearest_differs = [&](float w) {
-    return (float)qnccl::encode_nearest_cubic<8>(p, w) != nearest_by_search(w, 255.0f);
+    const float want = nearest_by_search(w, 255.0f);
+    return ((float)qnccl::encode_nearest_cubic<8>(p, w) != want) |
+           ((float)qnccl::encode_nearest_cubic<4>(p4, w) != (want > 15.0f ? 15.0f : want));
   };
   // Chunks counted by a loop that vectorizes; a chunk with a difference is
   // scanned again to name its values.
@@ -77,8 +84,9 @@ int main(int argc, char** argv) {
         std::printf("cube_floor_small(%.9g) = %g, the search finds %g\n", w,
                     qnccl::cube_floor_small(w), floor_by_search(w, 255.0f));
       if (nearest_differs(w) && nearest_wrong++ < 5)
-        std::printf("nearest level of %.9g: %u, the search finds %g\n", w,
-                    qnccl::encode_nearest_cubic<8>(p, w), nearest_by_search(w, 255.0f));
+        std::printf("nearest level of %.9g (of 255, of 15): %u %u, the search finds %g %g\n", w,
+                    qnccl::encode_nearest_cubic<8>(p, w), qnccl::encode_nearest_cubic<4>(p4, w),
+                    nearest_by_search(w, 255.0f), nearest_by_search(w, 15.0f));
     }
   }
   volatile float negative_zero = -0.0f;  // not folded at compile time
