@@ -75,7 +75,11 @@ fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_pml=ob1
 export QNCCL_LIB=$BUILD/lib/libqnccl.so QNCCL_CDEF=$BUILD/include/qnccl_cdef.h
 export QNCCL_TEST_BUILD=$BUILD PYTHONUNBUFFERED=1
-NCCL_LIB=$(python3 -c 'import nvidia.nccl, pathlib; print(next(p for d in nvidia.nccl.__path__ for p in pathlib.Path(d).rglob("libnccl.so.2")))' 2>/dev/null)
+# NVIDIA's NCCL of the nvidia-nccl wheel PyTorch loads: looked up along sys.path, not imported
+# (a CUDA12 folder with an nvidia/__init__.py would hide the wheels' namespace package)
+NCCL_LIB=$(python3 -c 'import sys, pathlib
+print(next(str(p) for e in sys.path if e and pathlib.Path(e).is_dir()
+           for p in pathlib.Path(e).glob("nvidia/nccl/lib/libnccl.so.2")))' 2>/dev/null)
 export QNCCL_NCCL_LIB=$NCCL_LIB
 NCCL_DIR=$(dirname "${NCCL_LIB:-/nonexistent/x}")
 PERF="mpirun -np 1 -x LD_LIBRARY_PATH=$NCCL_DIR:${LD_LIBRARY_PATH:-}"
@@ -127,6 +131,11 @@ roofline() {
 
 perf() {
   local args="-b 1M -e 256M -f 4 -n 10 -w 3 --memory device" loading algo
+  if [ -z "$NCCL_LIB" ]; then  # the perf binaries would find the host backend instead
+    step nvidia-nccl 5 bash -c 'echo "no nvidia/nccl/lib/libnccl.so.2 on python3'"'"'s sys.path:" \
+      "the perf runs would measure the host backend, not NVIDIA'"'"'s NCCL" >&2; exit 1'
+    return
+  fi
   for loading in LAZY EAGER; do
     step "nccl-$loading" 60 env CUDA_MODULE_LOADING=$loading $PERF "$BUILD/bin/all_reduce_perf" \
       $args -J "$FILES/nccl-$loading.json"
