@@ -226,7 +226,7 @@ TEST_WORKERS = $(shell echo $$(( $(JOBS) > 2 ? $(JOBS) : 2 )))
 test: setup
 	@$(MAKE) --no-print-directory -j$(JOBS) all
 	@$(MAKE) --no-print-directory simdev
-	$(PYTHON) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not serial" tests
+	$(PYTHON) -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=25 -m "not serial" tests
 	$(PYTHON) -m pytest -m serial tests
 	@$(MAKE) --no-print-directory sanitize
 
