@@ -25,12 +25,15 @@ float floor_by_search(float w, float d) {
   return f;
 }
 
-float nearest_by_search(float w, float d) {
-  const float f = floor_by_search(w, d), g = f + 1.0f, f3 = f * f * f;
+// The nearest level, f or f + 1, given the floor f.
+float nearest_of_floor(float w, float f, float d) {
+  const float g = f + 1.0f, f3 = f * f * f;
   const float into = w - f3, width = g * g * g - f3;
   const float m = f + (into + into > width ? 1.0f : 0.0f);
   return m > d ? d : m;
 }
+
+float nearest_by_search(float w, float d) { return nearest_of_floor(w, floor_by_search(w, d), d); }
 
 }  // namespace
 
@@ -46,19 +49,20 @@ int main(int argc, char** argv) {
   p.zero = 0.0f;
   p.span_pos = 255.0f;
   p.unit_pos = p.inv_unit_pos = 1.0f;
-  auto floor_differs = [&](float w) {
-    const float f = qnccl::cube_floor(w);
-    return (f > 255.0f ? 255.0f : f) != floor_by_search(w, 255.0f);
+  // Each takes w and the search's floor f (searched once per value).
+  auto floor_differs = [&](float w, float f) {
+    const float got = qnccl::cube_floor(w);
+    return (got > 255.0f ? 255.0f : got) != f;
   };
-  auto small_differs = [&](float w) {
-    return w < 0x1p13f && qnccl::cube_floor_small(w) != floor_by_search(w, 255.0f);
+  auto small_differs = [&](float w, float f) {
+    return w < 0x1p13f && qnccl::cube_floor_small(w) != f;
   };
   // four bits: 15 codes above zero, the floor without a division (as at three)
   qnccl::BucketParams p4 = p;
   p4.span_pos = 15.0f;
   // (the definition's level with 15 codes is its level with 255, at most 15)
-  auto nearest_differs = [&](float w) {
-    const float want = nearest_by_search(w, 255.0f);
+  auto nearest_differs = [&](float w, float f) {
+    const float want = nearest_of_floor(w, f, 255.0f);
     return ((float)qnccl::encode_nearest_cubic<8>(p, w) != want) |
            ((float)qnccl::encode_nearest_cubic<4>(p4, w) != (want > 15.0f ? 15.0f : want));
   };
@@ -71,19 +75,20 @@ int main(int argc, char** argv) {
     uint32_t wrong = 0;
     for (uint32_t j = 0; j < n; j++) {
       const float w = qnccl::bits_float((uint32_t)(c + j));
-      wrong += (uint32_t)floor_differs(w) + (uint32_t)small_differs(w) +
-               (uint32_t)nearest_differs(w);
+      const float f = floor_by_search(w, 255.0f);
+      wrong += (uint32_t)floor_differs(w, f) + (uint32_t)small_differs(w, f) +
+               (uint32_t)nearest_differs(w, f);
     }
     if (wrong == 0) continue;
     for (uint32_t j = 0; j < n; j++) {
       const float w = qnccl::bits_float((uint32_t)(c + j));
-      if (floor_differs(w) && floor_wrong++ < 5)
-        std::printf("cube_floor(%.9g) = %g, the search finds %g\n", w, qnccl::cube_floor(w),
-                    floor_by_search(w, 255.0f));
-      if (small_differs(w) && small_wrong++ < 5)
+      const float f = floor_by_search(w, 255.0f);
+      if (floor_differs(w, f) && floor_wrong++ < 5)
+        std::printf("cube_floor(%.9g) = %g, the search finds %g\n", w, qnccl::cube_floor(w), f);
+      if (small_differs(w, f) && small_wrong++ < 5)
         std::printf("cube_floor_small(%.9g) = %g, the search finds %g\n", w,
-                    qnccl::cube_floor_small(w), floor_by_search(w, 255.0f));
-      if (nearest_differs(w) && nearest_wrong++ < 5)
+                    qnccl::cube_floor_small(w), f);
+      if (nearest_differs(w, f) && nearest_wrong++ < 5)
         std::printf("nearest level of %.9g (of 255, of 15): %u %u, the search finds %g %g\n", w,
                     qnccl::encode_nearest_cubic<8>(p, w), qnccl::encode_nearest_cubic<4>(p4, w),
                     nearest_by_search(w, 255.0f), nearest_by_search(w, 15.0f));
