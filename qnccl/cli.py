@@ -10,7 +10,6 @@
 import argparse
 import ctypes
 import importlib.metadata
-import importlib.util
 import os
 import re
 import shutil
@@ -269,13 +268,13 @@ def nccl_library():
 
 
 def nccl_wheel():
-    """libnccl.so.2 of NVIDIA's nvidia-nccl-cu* wheel (what PyTorch loads) when installed."""
-    try:
-        spec = importlib.util.find_spec("nvidia.nccl")
-    except (ImportError, ValueError):
-        return None
-    for location in (spec.submodule_search_locations or []) if spec else []:
-        library = Path(location) / "lib" / NCCL_SONAME
+    """libnccl.so.2 of NVIDIA's nvidia-nccl-cu* wheel (what PyTorch loads) when installed.
+    Looked up along sys.path, not imported: a folder on the path with an nvidia/__init__.py
+    (a copied CUDA wheel's, say) hides the wheels' namespace package from an import."""
+    for entry in sys.path:
+        if not entry or not Path(entry).is_dir():
+            continue
+        library = Path(entry) / "nvidia" / "nccl" / "lib" / NCCL_SONAME
         if library.is_file():
             versions = []
             for dist in ("nvidia-nccl-cu13", "nvidia-nccl-cu12"):

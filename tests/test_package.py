@@ -113,3 +113,21 @@ def test_missing_parts_say_what_to_do(monkeypatch, tmp_path):
     assert "run `make` in" in _native.missing(gone, "QNCCL_LIB")  # a source tree
     monkeypatch.setattr(_native, "PACKAGED", tmp_path)  # an installed package
     assert "reinstall it" in _native.missing(gone, "QNCCL_LIB")
+
+
+def test_info_finds_the_nccl_wheel_behind_an_nvidia_package(tmp_path):
+    """`qnccl info`'s NCCL wheel: found along sys.path even where another folder on the path
+    holds an nvidia/__init__.py, which hides the wheels' namespace package from an import (a
+    copied CUDA runtime folder did so on a GPU machine, docs/gpu.md)."""
+    lib = tmp_path / "site" / "nvidia" / "nccl" / "lib"
+    lib.mkdir(parents=True)
+    (lib / "libnccl.so.2").write_bytes(b"")
+    shadow = tmp_path / "cuda12" / "nvidia"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("")
+    path = os.pathsep.join(str(p) for p in (REPO, tmp_path / "cuda12", tmp_path / "site"))
+    run = subprocess.run([sys.executable, "-c", "import qnccl.cli; print(qnccl.cli.nccl_wheel())"],
+                         env=dict(os.environ, PYTHONPATH=path), capture_output=True, text=True,
+                         timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == str(lib / "libnccl.so.2")

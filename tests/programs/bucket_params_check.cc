@@ -101,7 +101,8 @@ int main() {
   unsigned long long cases = 0;
   for (float x : values)
     for (float y : values) {
-      // metadata as the encoder writes it: min <= max, or NaN for a non-finite bucket
+      // min <= max, or NaN for a non-finite bucket, as the encoder writes them; also
+      // -0.0 and infinities, which it never writes: both forms must still agree there
       const BucketMeta m = x == x && y == y ? BucketMeta{x < y ? x : y, x < y ? y : x}
                                             : BucketMeta{__builtin_nanf(""), __builtin_nanf("")};
       for (int bits = 1; bits <= 8; ++bits) {
