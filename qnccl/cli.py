@@ -267,23 +267,30 @@ def nccl_library():
                   f"{_native.path('host/libnccl.so.2').parent} for the host backend")
 
 
-def nccl_wheel():
-    """libnccl.so.2 of NVIDIA's nvidia-nccl-cu* wheel (what PyTorch loads) when installed.
+def nccl_wheel_library():
+    """The libnccl.so.2 of NVIDIA's nvidia-nccl-cu* wheel (what PyTorch loads), or None.
     Looked up along sys.path, not imported: a folder on the path with an nvidia/__init__.py
     (a copied CUDA wheel's, say) hides the wheels' namespace package from an import."""
     for entry in sys.path:
-        if not entry or not Path(entry).is_dir():
-            continue
-        library = Path(entry) / "nvidia" / "nccl" / "lib" / NCCL_SONAME
-        if library.is_file():
-            versions = []
-            for dist in ("nvidia-nccl-cu13", "nvidia-nccl-cu12"):
-                try:
-                    versions.append(f"{dist} {importlib.metadata.version(dist)}")
-                except importlib.metadata.PackageNotFoundError:
-                    pass
-            return f"{library}" + (f" ({', '.join(versions)})" if versions else "")
+        if entry and Path(entry).is_dir():
+            library = Path(entry) / "nvidia" / "nccl" / "lib" / NCCL_SONAME
+            if library.is_file():
+                return library
     return None
+
+
+def nccl_wheel():
+    """nccl_wheel_library() with the wheel's version, for `qnccl info`; None without it."""
+    library = nccl_wheel_library()
+    if library is None:
+        return None
+    versions = []
+    for dist in ("nvidia-nccl-cu13", "nvidia-nccl-cu12"):
+        try:
+            versions.append(f"{dist} {importlib.metadata.version(dist)}")
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return f"{library}" + (f" ({', '.join(versions)})" if versions else "")
 
 
 _ROUNDING_NAMES = {0: "nearest", 1: "stochastic"}

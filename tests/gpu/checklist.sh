@@ -75,11 +75,8 @@ fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_pml=ob1
 export QNCCL_LIB=$BUILD/lib/libqnccl.so QNCCL_CDEF=$BUILD/include/qnccl_cdef.h
 export QNCCL_TEST_BUILD=$BUILD PYTHONUNBUFFERED=1
-# NVIDIA's NCCL of the nvidia-nccl wheel PyTorch loads: looked up along sys.path, not imported
-# (a CUDA12 folder with an nvidia/__init__.py would hide the wheels' namespace package)
-NCCL_LIB=$(python3 -c 'import sys, pathlib
-print(next(str(p) for e in sys.path if e and pathlib.Path(e).is_dir()
-           for p in pathlib.Path(e).glob("nvidia/nccl/lib/libnccl.so.2")))' 2>/dev/null)
+# NVIDIA's NCCL of the nvidia-nccl wheel PyTorch loads (qnccl.cli: looked up along sys.path)
+NCCL_LIB=$(python3 -c 'from qnccl.cli import nccl_wheel_library as f; print(f() or "")' 2>/dev/null)
 export QNCCL_NCCL_LIB=$NCCL_LIB
 NCCL_DIR=$(dirname "${NCCL_LIB:-/nonexistent/x}")
 PERF="mpirun -np 1 -x LD_LIBRARY_PATH=$NCCL_DIR:${LD_LIBRARY_PATH:-}"
