@@ -113,7 +113,7 @@ def build_parser():
     p.add_argument("--quick", action="store_true",
                    help=f"DLRM {QUICK['dlrm']['steps']} steps and {QUICK['dlrm']['test']} test "
                         f"samples, LM {QUICK['lm']['steps']} steps and {QUICK['lm']['test']} "
-                        f"validation sequences, {QUICK['seeds']} seed (what the test runs)")
+                        f"validation sequences, {QUICK['seeds']} seed")
     p.add_argument("--model", type=choice_list("model", MODELS), default=MODELS,
                    help="dlrm (the DLRM-style model), lm (the transformer language model) or "
                         "dlrm,lm (default)")
