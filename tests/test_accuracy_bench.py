@@ -25,6 +25,7 @@ import accuracy_model as am  # noqa: E402
 
 SCRIPT = REPO / "perf" / "accuracy_bench.py"
 QUICK_TIMEOUT = 600  # s; the quick runs take about 80 s (DLRM) and 40 s (LM) on 2 idle cores
+LM_ALGOS = ("sra",)  # the LM quick run's allreduce algorithms (the DLRM's: all of bench.ALGOS)
 
 
 def small_batch(n=64, seed=3):
@@ -220,11 +221,11 @@ def quick_lm(tmp_path_factory):
     on any model's gradients, exercised by the DLRM run), and the 4-bit ones' per-layer
     adaptive twins."""
     out = tmp_path_factory.mktemp("accuracy_lm")
-    return (out, *run_quick(out, "--model", "lm", "--ranks", "8", "--algos", "sra",
+    return (out, *run_quick(out, "--model", "lm", "--ranks", "8", "--algos", ",".join(LM_ALGOS),
                             "--adaptive"))
 
 
-def names(algos=("ring", "tree", "sra")):
+def names(algos=bench.ALGOS):
     return [f"uint{bits} {algo}{ef}" for bits in (8, 4, 2) for algo in algos
             for ef in ("", " EF")]
 
@@ -261,7 +262,7 @@ def rows(report):
     return {(r["name"], r["nranks"]): r for r in report["summary"]}
 
 
-def assert_deltas_order_by_bits(report, ranks, algos=("ring", "tree", "sra")):
+def assert_deltas_order_by_bits(report, ranks, algos=bench.ALGOS):
     """8 bits barely moves any metric; the gradient error grows as the bits shrink; exact
     averaging differs from the full-batch gradient by float rounding only."""
     table = rows(report)
@@ -314,10 +315,10 @@ def test_quick_lm_has_every_configuration(quick_lm):
     out, report, log = quick_lm
     assert report["settings"]["models"] == ["lm"] and report["ddp"] is None
     runs = {(r["model"], r["name"], r["nranks"]) for r in report["runs"]}
-    adaptive = ["uint4 sra adaptive", "uint4 sra EF adaptive"]
-    assert runs == ({("lm", name, 8) for name in ["fp32", *names(["sra"]), *adaptive]}
+    adaptive = [f"uint4 {algo}{ef} adaptive" for algo in LM_ALGOS for ef in ("", " EF")]
+    assert runs == ({("lm", name, 8) for name in ["fp32", *names(LM_ALGOS), *adaptive]}
                     | {("lm", "fp32", 1)})
-    for name in names(["sra"]) + adaptive:
+    for name in names(LM_ALGOS) + adaptive:
         assert f"| {name} |" in log
     assert "| allreduce | δ val. loss N=8 | δ perplexity N=8 |" in log
     png = (out / "lm_loss.png").read_bytes()
@@ -339,7 +340,7 @@ def test_quick_lm_baseline_learned(quick_lm):
 
 
 def test_quick_lm_deltas_order_by_bits(quick_lm):
-    assert_deltas_order_by_bits(quick_lm[1], (8,), algos=["sra"])
+    assert_deltas_order_by_bits(quick_lm[1], (8,), algos=LM_ALGOS)
 
 
 def test_quick_lm_4bit_sra_within_one_percent(quick_lm):
@@ -355,11 +356,12 @@ def test_quick_lm_adaptive_bits_cut_the_error_at_no_more_bytes(quick_lm):
     differ between layers, and the table says where they went."""
     _, report, log = quick_lm
     table = rows(report)
-    for ef in ("", " EF"):
-        uniform = table[(f"uint4 sra{ef}", 8)]
-        adaptive = table[(f"uint4 sra{ef} adaptive", 8)]
-        assert adaptive["wire_ratio"] <= 1.0, adaptive
-        assert adaptive["grad_rel_error"] < uniform["grad_rel_error"], ef
+    for algo in LM_ALGOS:
+        for ef in ("", " EF"):
+            uniform = table[(f"uint4 {algo}{ef}", 8)]
+            adaptive = table[(f"uint4 {algo}{ef} adaptive", 8)]
+            assert adaptive["wire_ratio"] <= 1.0, adaptive
+            assert adaptive["grad_rel_error"] < uniform["grad_rel_error"], (algo, ef)
     run = next(r for r in report["runs"] if "adaptive" in r)
     assert run["adaptive"]["decisions"] == bench.ADAPTIVE_DECISIONS
     assert len(set(run["adaptive"]["assignment"].values())) > 1
