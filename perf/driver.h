@@ -37,6 +37,7 @@ struct Options {
   double step_factor = 1;
   int iters = 20, warmup_iters = 5, check = 1, blocking = 0, average = 1;
   int settle = -1;  // untimed calls per size (-1: the backend's settling_calls())
+  int interleave = 0;  // rounds of plain and own calls, alternating (0: own calls only)
   std::vector<const DataType*> types;
   std::vector<const ReduceOp*> ops;
   std::string type_arg = "float", op_arg = "sum";
@@ -91,6 +92,9 @@ struct Result {
   bool in_place = false;
   double time_us = 0, algbw = 0, busbw = 0;  // time: mean over the iterations, as nccl-tests
   double time_median_us = NAN;               // median of the iterations' times (-z 1 only)
+  // --interleave: the plain library's calls timed beside these (time_us as above), and the
+  // median over the rounds of plain time / own time (> 1: the own calls are faster)
+  double plain_time_us = NAN, plain_time_median_us = NAN, vs_plain = NAN;
   bool checked = false, agree = true, send_intact = true, ok = true;
   double error = 0, bound = 0;  // relative to max |exact|
   bool compressed = false;
@@ -103,8 +107,9 @@ class Calls {
  public:
   Calls(Backend& backend, Collective c, const Options& opt, int rank, int nranks,
         const DataType& type, size_t max_count);
-  // The call of `row` (in place or not), its buffers as the collective places them.
-  bool call(const Result& row);
+  // The call of `row` (in place or not), its buffers as the collective places them;
+  // `plain`: the plain library's (Backend::start_plain).
+  bool call(const Result& row, bool plain = false);
   bool wait();
   // Rank `rank_`'s inputs of `row` (tag: which), into its send buffer.
   void fill_inputs(const Result& row, uint64_t tag);
@@ -144,6 +149,8 @@ void print_header(const Backend& backend, const Options& opt, int rank, int nran
 void print_table_header();
 // A row of the table: its out-of-place and in-place results (either null).
 void print_row(const Result* out_of_place, const Result* in_place, bool same_output);
+// With --interleave, after the row: the plain library's times and the ratios.
+void print_plain(const Result* out_of_place, const Result* in_place);
 // Prints the summary; returns whether every checked row is ok.
 bool print_summary(const Backend& backend, const Options& opt, const std::vector<Result>& rows,
                    double avg_busbw, bool same_output);

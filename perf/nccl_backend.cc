@@ -59,6 +59,49 @@ struct Qnccl {
   }
 };
 
+// The NCCL calls a row issues, bound either to this binary's own symbols (which a
+// preloaded QNCCL interposes) or to the plain library's (found in its own scope, so
+// nothing preloaded in front of it answers).
+struct NcclCalls {
+  decltype(&ncclAllReduce) all_reduce = nullptr;
+  decltype(&ncclReduceScatter) reduce_scatter = nullptr;
+  decltype(&ncclAllGather) all_gather = nullptr;
+  decltype(&ncclAlltoAll) alltoall = nullptr;
+  decltype(&ncclSend) send = nullptr;
+  decltype(&ncclRecv) recv = nullptr;
+  decltype(&ncclGroupStart) group_start = nullptr;
+  decltype(&ncclGroupEnd) group_end = nullptr;
+
+  static NcclCalls linked() {
+    return {&ncclAllReduce, &ncclReduceScatter, &ncclAllGather, &ncclAlltoAll,
+            &ncclSend,      &ncclRecv,          &ncclGroupStart, &ncclGroupEnd};
+  }
+  // The plain libnccl.so.2's own calls; all null when it is not loaded or lacks one.
+  static NcclCalls plain(std::string* path) {
+    NcclCalls c;
+    void* handle = dlopen("libnccl.so.2", RTLD_NOW | RTLD_NOLOAD);
+    if (!handle) return c;
+    bool all = bind(handle, &c.all_reduce, "ncclAllReduce") &&
+               bind(handle, &c.reduce_scatter, "ncclReduceScatter") &&
+               bind(handle, &c.all_gather, "ncclAllGather") &&
+               bind(handle, &c.send, "ncclSend") && bind(handle, &c.recv, "ncclRecv") &&
+               bind(handle, &c.group_start, "ncclGroupStart") &&
+               bind(handle, &c.group_end, "ncclGroupEnd");
+    bind(handle, &c.alltoall, "ncclAlltoAll");  // NCCL 2.28 on
+    link_map* map = nullptr;
+    if (all && dlinfo(handle, RTLD_DI_LINKMAP, &map) == 0 && map) *path = map->l_name;
+    dlclose(handle);  // still loaded: the binary links it
+    return all ? c : NcclCalls{};
+  }
+
+ private:
+  template <class F>
+  static bool bind(void* handle, F* fn, const char* name) {
+    *fn = reinterpret_cast<F>(dlsym(handle, name));
+    return *fn != nullptr;
+  }
+};
+
 const char* algo_name(qncclAlgo_t algo) {
   switch (algo) {
     case qncclAlgoRing: return "ring";
@@ -94,9 +137,13 @@ qncclCollective_t flag_of(Collective c) {
 
 class NcclBackend : public Backend {
  public:
-  NcclBackend(const char* tool, Collective collective) : tool_(tool), collective_(collective) {}
+  NcclBackend(const char* tool, Collective collective)
+      : tool_(tool), collective_(collective), plain_(NcclCalls::plain(&plain_path_)) {}
   const char* tool() const override { return tool_; }
   const char* library() const override { return "nccl"; }
+  std::string plain_library() const override {
+    return collective_ == Collective::AlltoAll && !plain_.alltoall ? "" : plain_path_;
+  }
 
   std::string unsupported(Collective, const DataType&, const ReduceOp&, Memory) const override {
     return "";
@@ -183,26 +230,12 @@ class NcclBackend : public Backend {
 
   bool start(Collective c, const void* send, void* recv, size_t count, const DataType& type,
              const ReduceOp& op) override {
-    switch (c) {
-      case Collective::ReduceScatter:
-        return check(ncclReduceScatter(send, recv, count, type.nccl, op.nccl, comm_, stream_),
-                     "ncclReduceScatter");
-      case Collective::AllGather:
-        return check(ncclAllGather(send, recv, count, type.nccl, comm_, stream_), "ncclAllGather");
-      case Collective::AlltoAll:
-        return check(ncclAlltoAll(send, recv, count, type.nccl, comm_, stream_), "ncclAlltoAll");
-      case Collective::SendRecv: {
-        const int right = (rank_ + 1) % nranks_, left = (rank_ + nranks_ - 1) % nranks_;
-        if (!check(ncclGroupStart(), "ncclGroupStart")) return false;
-        const bool sent = check(ncclSend(send, count, type.nccl, right, comm_, stream_), "ncclSend");
-        const bool received =
-            sent && check(ncclRecv(recv, count, type.nccl, left, comm_, stream_), "ncclRecv");
-        return check(ncclGroupEnd(), "ncclGroupEnd") && received;
-      }
-      default:
-        return check(ncclAllReduce(send, recv, count, type.nccl, op.nccl, comm_, stream_),
-                     "ncclAllReduce");
-    }
+    return issue(linked_, c, send, recv, count, type, op);
+  }
+
+  bool start_plain(Collective c, const void* send, void* recv, size_t count,
+                   const DataType& type, const ReduceOp& op) override {
+    return !plain_library().empty() && issue(plain_, c, send, recv, count, type, op);
   }
 
   bool wait() override {
@@ -265,6 +298,31 @@ class NcclBackend : public Backend {
   }
 
  private:
+  bool issue(const NcclCalls& nccl, Collective c, const void* send, void* recv, size_t count,
+             const DataType& type, const ReduceOp& op) {
+    switch (c) {
+      case Collective::ReduceScatter:
+        return check(nccl.reduce_scatter(send, recv, count, type.nccl, op.nccl, comm_, stream_),
+                     "ncclReduceScatter");
+      case Collective::AllGather:
+        return check(nccl.all_gather(send, recv, count, type.nccl, comm_, stream_),
+                     "ncclAllGather");
+      case Collective::AlltoAll:
+        return check(nccl.alltoall(send, recv, count, type.nccl, comm_, stream_), "ncclAlltoAll");
+      case Collective::SendRecv: {
+        const int right = (rank_ + 1) % nranks_, left = (rank_ + nranks_ - 1) % nranks_;
+        if (!check(nccl.group_start(), "ncclGroupStart")) return false;
+        const bool sent =
+            check(nccl.send(send, count, type.nccl, right, comm_, stream_), "ncclSend");
+        const bool received =
+            sent && check(nccl.recv(recv, count, type.nccl, left, comm_, stream_), "ncclRecv");
+        return check(nccl.group_end(), "ncclGroupEnd") && received;
+      }
+      default:
+        return check(nccl.all_reduce(send, recv, count, type.nccl, op.nccl, comm_, stream_),
+                     "ncclAllReduce");
+    }
+  }
   bool check(ncclResult_t r, const char* call) const { return r == ncclSuccess || report(call, r); }
   bool report(const char* call, ncclResult_t r) const {
     fprintf(stderr, "rank %d: %s failed: %s (%d): %s\n", rank_, call, ncclGetErrorString(r),
@@ -294,6 +352,9 @@ class NcclBackend : public Backend {
 
   const char* tool_;
   Collective collective_;
+  const NcclCalls linked_ = NcclCalls::linked();
+  std::string plain_path_;  // where plain_'s calls go ("": nowhere)
+  const NcclCalls plain_;
   Qnccl qnccl_;
   qncclEnvConfig_t config_{};
   int bits_ = 0;                       // of this collective: 0 exact (qncclCommGetQuantization)

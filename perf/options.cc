@@ -128,7 +128,7 @@ void usage(const char* tool, FILE* out) {
           "  -n, --iters N            timed iterations per size (default 20)\n"
           "  -w, --warmup_iters N     warm-up iterations at the largest and smallest size (default 5)\n"
           "      --settle N           untimed calls before each size's timed ones (default: what\n"
-          "                           the library needs: 16 under QNCCL's measured auto, for its\n"
+          "                           the library needs: 26 under QNCCL's measured auto, for its\n"
           "                           trials; else 0)\n"
           "  -d, --datatype TYPE      %s, or all (default float)\n"
           "  -o, --op OP              %s, or all (default sum; reductions only)\n"
@@ -141,6 +141,10 @@ void usage(const char* tool, FILE* out) {
           "      --memory auto|host|device  buffers in host or GPU memory (default auto: device\n"
           "                           when built with CUDA and a GPU is visible)\n"
           "      --placement both|out-of-place|in-place  which to measure (default both)\n"
+          "      --interleave R       time each row in R rounds, each -n calls of the plain NCCL\n"
+          "                           this binary links (bypassing a preloaded QNCCL) and -n of\n"
+          "                           its own, in alternating order; reports both and their\n"
+          "                           ratio (default 0: own calls only)\n"
           "  -g, --ngpus 1, -t, --nthreads 1  accepted for compatibility (one GPU per rank)\n"
           "  -h, --help\n"
           "Exit status: 0 ok, 1 a check failed or a call returned an error, 2 bad options.\n",
@@ -159,7 +163,7 @@ bool parse_options(int argc, char** argv, const char* tool, Collective collectiv
       {"average", required_argument, nullptr, 'a'},   {"json", required_argument, nullptr, 'J'},
       {"ngpus", required_argument, nullptr, 'g'},     {"nthreads", required_argument, nullptr, 't'},
       {"memory", required_argument, nullptr, 'M'},    {"placement", required_argument, nullptr, 'P'},
-      {"settle", required_argument, nullptr, 'S'},
+      {"settle", required_argument, nullptr, 'S'},    {"interleave", required_argument, nullptr, 'I'},
       {"help", no_argument, nullptr, 'h'},
       {nullptr, 0, nullptr, 0}};
   opterr = 0;
@@ -194,6 +198,7 @@ bool parse_options(int argc, char** argv, const char* tool, Collective collectiv
       case 't': parse_int("-t/--nthreads (one thread per rank: start more ranks)", optarg, 1, 1); break;
       case 'M': opt->memory_arg = optarg; break;
       case 'S': opt->settle = (int)parse_int("--settle", optarg, 0, 1 << 20); break;
+      case 'I': opt->interleave = (int)parse_int("--interleave", optarg, 0, 1000); break;
       case 'P':
         opt->placement_arg = optarg;
         if (opt->placement_arg == "both") {

@@ -64,6 +64,17 @@ void print_row(const Result* oop, const Result* ip, bool same_output) {
   fflush(stdout);
 }
 
+void print_plain(const Result* oop, const Result* ip) {
+  printf("#  plain:");
+  for (const Result* r : {oop, ip}) {
+    if (!r) continue;
+    printf("  %s %s us, own %.3fx of plain's speed", r->in_place ? "in-place" : "out-of-place",
+           time_str(r->plain_time_us).c_str(), r->vs_plain);
+  }
+  printf("\n");
+  fflush(stdout);
+}
+
 namespace {
 
 std::string describe_row(const Result& r) {
@@ -98,12 +109,12 @@ bool write_json(FILE* f, const Backend& backend, Collective c, const Options& op
           " \"options\": {\"minbytes\": %zu, \"maxbytes\": %zu, \"stepfactor\": %s, "
           "\"stepbytes\": %zu, \"iters\": %d, \"warmup_iters\": %d, \"check\": %d, "
           "\"blocking\": %d, \"average\": %d, \"datatype\": %s, \"op\": %s, \"memory\": %s, "
-          "\"placement\": %s},\n",
+          "\"placement\": %s, \"interleave\": %d},\n",
           opt.min_bytes, opt.max_bytes, json_number(opt.step_factor).c_str(), opt.step_bytes,
           opt.iters, opt.warmup_iters, opt.check, opt.blocking, opt.average,
           json_string(opt.type_arg).c_str(), json_string(opt.op_arg).c_str(),
           opt.memory == Memory::Device ? "\"device\"" : "\"host\"",
-          json_string(opt.placement_arg).c_str());
+          json_string(opt.placement_arg).c_str(), opt.interleave);
   fprintf(f, " \"rows\": [");
   for (size_t i = 0; i < rows.size(); i++) {
     const Result& r = rows[i];
@@ -112,7 +123,8 @@ bool write_json(FILE* f, const Backend& backend, Collective c, const Options& op
             "%s\n  {\"size\": %zu, \"count\": %zu, \"type\": %s, \"redop\": %s, \"root\": -1, "
             "\"placement\": \"%s\", \"time_us\": %s, \"time_us_median\": %s, \"algbw_gbps\": %s, \"busbw_gbps\": %s, "
             "\"error\": %s, \"bound\": %s, \"agree\": %s, \"ok\": %s, \"compressed\": %s, "
-            "\"algo\": %s, \"wire_bytes_per_input_byte\": %s}",
+            "\"algo\": %s, \"wire_bytes_per_input_byte\": %s, \"plain_time_us\": %s, "
+            "\"plain_time_us_median\": %s, \"vs_plain\": %s}",
             i ? "," : "", r.size, r.count, json_string(r.type->name).c_str(),
             json_string(r.op->name).c_str(), r.in_place ? "in-place" : "out-of-place",
             json_number(r.time_us).c_str(), json_number(r.time_median_us).c_str(),
@@ -121,7 +133,8 @@ bool write_json(FILE* f, const Backend& backend, Collective c, const Options& op
             checked(json_number(r.bound)).c_str(), checked(r.agree ? "true" : "false").c_str(),
             checked(r.ok ? "true" : "false").c_str(), r.compressed ? "true" : "false",
             r.algo.empty() ? "null" : json_string(r.algo).c_str(),
-            json_number(r.wire_per_byte).c_str());
+            json_number(r.wire_per_byte).c_str(), json_number(r.plain_time_us).c_str(),
+            json_number(r.plain_time_median_us).c_str(), json_number(r.vs_plain).c_str());
   }
   fprintf(f, "\n ],\n \"avg_busbw_gbps\": %s, \"check\": \"%s\"}\n",
           json_number(avg_busbw).c_str(), check);
@@ -185,6 +198,10 @@ void print_header(const Backend& backend, const Options& opt, int rank, int nran
          opt.memory == Memory::Device ? "device" : "host");
   const int settle = settle_calls(backend, opt);
   if (settle > 0) printf("# settle: %d untimed calls before each size's timed ones\n#\n", settle);
+  if (opt.interleave > 0)
+    printf("# interleave: %d rounds of %d calls each of the plain NCCL (%s) and of this "
+           "binary's own, in alternating order; the row's time is its own calls'\n#\n",
+           opt.interleave, opt.iters, backend.plain_library().c_str());
   printf("# Using devices\n");
   for (int r = 0; r < nranks; r++) {
     std::string device = opt.memory == Memory::Device ? "cuda:" + std::to_string(lines[r].local_rank) : "host";

@@ -64,6 +64,7 @@ bool run_sweep(Backend& backend, Collective collective, const Options& opt, int 
         for (size_t i = results->size() - measured; i < results->size(); i++)
           placed[(*results)[i].in_place] = &(*results)[i];
         if (rank == 0 && measured > 0) print_row(placed[0], placed[1], shape.same_output);
+        if (rank == 0 && measured > 0 && opt.interleave > 0) print_plain(placed[0], placed[1]);
       }
     }
   }
@@ -96,6 +97,15 @@ int run(int argc, char** argv, Backend& backend, Collective collective) {
       if (rank == 0) fprintf(stderr, "%s: %s\n", backend.tool(), why.c_str());
       status = 2;
     }
+  }
+  if (status == 0 && opt.interleave > 0 && backend.plain_library().empty()) {
+    if (rank == 0)
+      fprintf(stderr,
+              "%s: --interleave: no plain library to time beside this binary's calls (the NCCL "
+              "perf binaries time the libnccl.so.2 they link, NCCL 2.28 or later for "
+              "alltoall_perf); leave --interleave out\n",
+              backend.tool());
+    status = 2;
   }
   FILE* json = nullptr;
   if (status == 0 && rank == 0 && !opt.json_path.empty()) {

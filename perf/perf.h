@@ -71,6 +71,14 @@ class Backend {
   // Issues one call of `c`; `count` is the NCCL call's own count argument.
   virtual bool start(Collective c, const void* send, void* recv, size_t count,
                      const DataType& type, const ReduceOp& op) = 0;
+  // The same call of the plain library this binary links, bypassing any library preloaded
+  // in front of it (QNCCL): the other side of --interleave. False when there is none.
+  virtual bool start_plain(Collective /*c*/, const void* /*send*/, void* /*recv*/,
+                           size_t /*count*/, const DataType& /*type*/, const ReduceOp& /*op*/) {
+    return false;
+  }
+  // Where start_plain's calls go; empty when this backend has no plain library.
+  virtual std::string plain_library() const { return ""; }
   // Until every call made so far has completed.
   virtual bool wait() = 0;
   // QNCCL's counters; false when QNCCL is not in the process.

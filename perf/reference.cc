@@ -264,10 +264,12 @@ Calls::Place Calls::recv_place(const Result& row) {
   return {&send_, 0};
 }
 
-bool Calls::call(const Result& row) {
+bool Calls::call(const Result& row, bool plain) {
   const Shape s = shape_of(collective, row.count, nranks);
-  if (!backend.start(collective, send_place(row).data(), recv_place(row).data(), s.param,
-                     *row.type, *row.op))
+  void* send = send_place(row).data();
+  void* recv = recv_place(row).data();
+  if (!(plain ? backend.start_plain(collective, send, recv, s.param, *row.type, *row.op)
+              : backend.start(collective, send, recv, s.param, *row.type, *row.op)))
     failed_ = true;
   return !failed_;
 }

@@ -60,6 +60,7 @@ class Config:
     rate: str = "1gbit"  # perf/netlab --rate: of the loopback, or between the nodes
     collective: str = "allreduce"  # the perf binary's (COLLECTIVE_TOOLS), in QNCCL_COLLECTIVES
     dtype: str = "float32"  # of the values reduced (DTYPES)
+    interleave: int = 0  # > 0: rounds of the plain NCCL's calls beside QNCCL's in one job
 
     @property
     def slug(self):
@@ -72,6 +73,8 @@ class Config:
                      "--settle", str(SETTLE),
                      "-z", "1", "-c", "1",
                      "-d", DTYPES[self.dtype], "-o", "sum", "--placement", "out-of-place"]
+        if self.interleave:
+            perf_args += ["--interleave", str(self.interleave)]
         if self.kind == "mpi":
             return [str(BUILD / "bin" / "mpi_all_reduce_perf"), *perf_args]
         if self.kind == "torch-gloo":
@@ -133,6 +136,11 @@ SHM_MIN_ITERS = 21
 # and one job's 64 KiB allreduce took 60 us, the next one's 98 us (bound: 57-60 us).
 SHM_BINDING = ("--bind-to", "core:overload-allowed")
 
+# Measured auto over shared memory is also timed against the plain NCCL in its own job, in
+# this many rounds of alternating order (all_reduce_perf --interleave): separate jobs of the
+# same exact call differ by up to a half on this VM, rounds of one job by a few percent.
+SHM_ROUNDS = 4
+
 
 def timed_calls(args, shared_memory):
     """The perf binary's -n: --iters, raised to SHM_MIN_ITERS over shared memory."""
@@ -142,15 +150,17 @@ def timed_calls(args, shared_memory):
 def shm_configurations(args):
     """The shared-memory section: --ranks ranks on one emulated node, MPI over shared memory
     with no rate limit, the fastest link the uncompressed allreduce gets here; per type of
-    --dtypes, its uncompressed run, then QNCCL at 4 bits / bucket 128 with auto and with each
-    algorithm of --algos."""
+    --dtypes, its uncompressed run, then QNCCL at 4 bits / bucket 128 with auto (also timed
+    against the plain NCCL inside its own job: SHM_ROUNDS) and with each algorithm of
+    --algos."""
     configs = []
     for dtype in args.dtypes:
         where = dict(shared_memory=True, rate="none", dtype=dtype)
         tag = DTYPE_TAGS[dtype]
         configs.append(Config(f"shm uncompressed (NCCL API){tag}", "nccl", **where))
         configs += [Config(f"shm qnccl {SHM_BITS}b B{SHM_BUCKET} {algo}{tag}", "qnccl", SHM_BITS,
-                           SHM_BUCKET, algo, **where)
+                           SHM_BUCKET, algo, interleave=SHM_ROUNDS if algo == "auto" else 0,
+                           **where)
                     for algo in dict.fromkeys(("auto", *args.algos))]
     return configs
 
@@ -326,6 +336,9 @@ def summarize(records):
                 if row["placement"] == "out-of-place"]
         record["busbw_gbps"] = {str(s): v for s, v in busbw.items()}
         record["speedup"] = {str(s): v / base[s] for s, v in busbw.items() if base.get(s)}
+        # --interleave: the speed against the plain NCCL timed in rounds of the same job
+        record["vs_plain"] = {str(row["size"]): row["vs_plain"] for row in rows
+                              if row.get("vs_plain") is not None}
         wire = [row["wire_bytes_per_input_byte"] for row in rows]
         errors = [row["error"] for row in rows if row.get("error") is not None]
         record["wire_bytes_per_input_byte"] = max(wire) if wire else None
@@ -366,6 +379,12 @@ def format_table(records, sizes, header):
         if r["status"] != "ok":
             line += f"  <- {r['status']}: {r['message']}"
         lines.append(line)
+        if r.get("vs_plain"):
+            line = f"{'  same job, vs plain NCCL':<{width}}  {'':>5}  {'':>6}  {'':>7}"
+            for s in sizes:
+                ratio = r["vs_plain"].get(str(s))
+                line += f"  {'':>7} {f'{ratio:.2f}x' if ratio else '-':>7}"
+            lines.append(line)
     return "\n".join(lines)
 
 
@@ -553,7 +572,8 @@ def main(args):
             f"over shared memory (perf/netlab --nodes 1: MPI btl vader, no rate limit), "
             f"{args.rounding} rounding; busbw from the median of {args.iters} calls (speedup "
             f"over uncompressed all_reduce_perf of the same type at the same size; below 1x "
-            f"QNCCL is slower: docs/perf.md)",
+            f"QNCCL is slower: docs/perf.md; 'same job': auto against the plain NCCL's calls "
+            f"in {SHM_ROUNDS} alternating rounds of its own job, the median round)",
             f"allreduce busbw, {args.ranks} ranks, shared memory")
         shm_section = {"link": {"rate": "none", "tool": "perf/netlab --nodes 1",
                                 "transport": "shared memory"},

@@ -13,6 +13,7 @@ import pytest
 
 from conftest import sent_bytes
 from mpi import REPO
+from qnccl import bench
 
 QNCCL = [sys.executable, "-m", "qnccl"]
 
@@ -229,7 +230,8 @@ def test_shared_memory_section(tmp_path):
     checked within its bound on 4 ranks of one node; each fixed algorithm runs as named, auto
     runs what it measured fastest (docs/tuning.md): the exact call with NCCL's bytes, or an
     algorithm with that algorithm's bytes on the wire; speedups are over the section's own
-    uncompressed run."""
+    uncompressed run, and auto's also over the plain NCCL's calls timed in its own job
+    (--interleave), a line of the table of its own."""
     args = ["--sizes", "256K:512K", "--bits", "4", "--buckets", "128", "--algos", "ring,sra",
             "--baselines", "mpi", "--iters", "2", "--rates", "10gbit", "--nodes-section", "off",
             "--collectives-section", "off", "--shm-section", "on", "--dtypes", "float32"]
@@ -250,6 +252,16 @@ def test_shared_memory_section(tmp_path):
         assert config["perf"]["options"]["iters"] == 21  # bench.SHM_MIN_ITERS over --iters 2
         for size, busbw in config["busbw_gbps"].items():
             assert config["speedup"][size] == pytest.approx(busbw / base["busbw_gbps"][size])
+        interleaved = config["name"] == "shm qnccl 4b B128 auto"
+        assert config["perf"]["options"]["interleave"] == (bench.SHM_ROUNDS if interleaved else 0)
+        assert bool(config["vs_plain"]) == interleaved, config["vs_plain"]
+        if interleaved:
+            assert config["vs_plain"] == {str(r["size"]): r["vs_plain"]
+                                          for r in config["perf"]["rows"]}
+            assert all(0 < v < float("inf") for v in config["vs_plain"].values())
+    same_job = [line for line in section["table"].splitlines()
+                if line.startswith("  same job, vs plain NCCL")]
+    assert len(same_job) == 1 and same_job[0].count("x") == 2, section["table"]
     for algo in ("ring", "sra"):
         rows = configs[f"shm qnccl 4b B128 {algo}"]["perf"]["rows"]
         assert {r["algo"] for r in rows} == {algo} and all(r["compressed"] for r in rows)

@@ -199,6 +199,34 @@ def test_settle_is_what_was_asked(settle, tmp_path):
     assert counts and set(counts) == {str(2 * (settle + 2 + 1))}, result.stdout
 
 
+@pytest.mark.parametrize("through", ["qnccl", "plain"])
+def test_interleave_times_the_plain_library_beside(through, tmp_path):
+    """--interleave R: each row in R rounds of -n calls of the plain libnccl.so.2 and -n of
+    the binary's own, which a preloaded QNCCL interposes: the plain calls never reach QNCCL
+    (its statistics count only the own calls), and every row reports both sides' times and
+    their ratio. Without QNCCL both sides are the same library's calls."""
+    rounds, iters = 3, 2
+    qnccl = ["--bits", "4", "--algo", "ring", "--debug", "info"] if through == "qnccl" else None
+    result, data = run_perf(2, ["-b", "64K", "-e", "128K", "-f", "2", "-n", str(iters), "-w", "0",
+                                "--settle", "0", "-z", "1", "--interleave", str(rounds)],
+                            tmp_path, qnccl=qnccl)
+    check_table(result.stdout, data, 2)
+    assert data["options"]["interleave"] == rounds
+    assert f"# interleave: {rounds} rounds of {iters} calls each of the plain NCCL " \
+           f"({HOST_NCCL.parent}" in result.stdout.replace("/bin/../host", "/host"), result.stdout
+    plain = re.findall(r"^#  plain:  out-of-place .* us, own .*x of plain's speed  in-place .*x",
+                       result.stdout, re.M)
+    assert len(plain) == len(data["rows"]) // 2, result.stdout
+    for r in data["rows"]:
+        assert r["ok"] and r["plain_time_us"] > 0 and r["plain_time_us_median"] > 0, r
+        assert 0 < r["vs_plain"] < float("inf") and r["compressed"] == (through == "qnccl"), r
+    if through == "qnccl":
+        # At destroy, per size and placement: the own timed calls of every round and the
+        # checked one.
+        counts = re.findall(r"rank \d: compressed=(\d+)", result.stdout)
+        assert counts and set(counts) == {str(2 * 2 * (rounds * iters + 1))}, result.stdout
+
+
 def test_all_types_and_ops(tmp_path):
     """-d all -o all through QNCCL: float sum/avg quantized within the bound,
     everything else passes through and is exact (integers, min, max) or
@@ -313,6 +341,7 @@ def test_mpi_baseline(tmp_path):
     (["-n", "0"], "-n/--iters: expected an integer in 1.."),
     (["-w", "x"], "-w/--warmup_iters: expected an integer"),
     (["--settle", "-1"], "--settle: expected an integer in 0.."),
+    (["--interleave", "-1"], "--interleave: expected an integer in 0..1000"),
     (["-d", "quad"], "-d/--datatype: unknown type 'quad' (allowed: int8, uint8"),
     (["-o", "xor"], "-o/--op: unknown op 'xor' (allowed: sum, prod, max, min, avg, all)"),
     (["-c", "2"], "-c/--check: expected an integer in 0..1"),
@@ -345,10 +374,16 @@ def test_mpi_baseline_rejects_what_mpi_lacks(args, message):
     assert result.returncode == 2 and message in result.stdout, result.stdout
 
 
+def test_mpi_baseline_has_no_plain_library_to_interleave():
+    result = mpi.run(2, [str(MPI_ALL_REDUCE_PERF), "--interleave", "2"], timeout=60, check=False)
+    assert result.returncode == 2, result.stdout
+    assert "--interleave: no plain library to time beside this binary's calls" in result.stdout
+
+
 def test_help():
     result = mpi.run(1, [str(ALL_REDUCE_PERF), "-h"], timeout=60,
                      env={"LD_LIBRARY_PATH": str(HOST_NCCL.parent)})
     for flag in ("-b, --minbytes", "-e, --maxbytes", "-i, --stepbytes", "-f, --stepfactor",
                  "-n, --iters", "-w, --warmup_iters", "-d, --datatype", "-o, --op", "-c, --check",
-                 "-z, --blocking", "-a, --average", "-J, --json", "--settle N", "-h, --help"):
+                 "-z, --blocking", "-a, --average", "-J, --json", "--settle N", "--interleave R", "-h, --help"):
         assert flag in result.stdout

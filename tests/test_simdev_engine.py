@@ -136,16 +136,20 @@ def test_perf_binary_on_device_memory(nprocs):
     before its calls, which run on a non-blocking stream. A cudaMemcpy from pageable memory
     may return before its bytes land (CUDA's API synchronization behaviour), and the
     simulated GPU lets them land late: on an H200 the first in-place call read stale bytes.
-    One rank passes every call through (nothing crosses a link): exact, and checked alike."""
+    One rank passes every call through (nothing crosses a link): exact, and checked alike.
+    The plain NCCL's calls interleaved with QNCCL's (--interleave, as the GPU checklist times
+    them) run on the same stream and buffers."""
     perf = simulated.SIMDEV / "bin" / "all_reduce_perf"
     if not perf.is_file():
         pytest.fail(f"{perf} is missing: build the simulated GPU with `make simdev`")
     argv = [sys.executable, "-m", "qnccl", "run", "--algo", "ring", "--bits", "4", "--debug",
             "INFO", "--", perf, "-b", "64K", "-e", "256K", "-f", "4", "-n", "2", "-w", "1",
-            "--memory", "device"]
+            "--memory", "device", "--interleave", "2"]
     result = mpi.run(nprocs, argv, timeout=300, env=simulated.env())
     ran = r"compressed=[1-9]" if nprocs > 1 else r"compressed=0 passed_through=[1-9]"
     assert "# Check: OK" in result.stdout and re.search(ran, result.stdout), \
+        result.stdout[-4000:]
+    assert len(re.findall(r"^#  plain:  out-of-place .*  in-place ", result.stdout, re.M)) == 2, \
         result.stdout[-4000:]
 
 

@@ -12,7 +12,8 @@
 #   roofline   the codec's GB/s beside a device-to-device copy (tests/gpu/codec_roofline.py)
 #   streams    qnccl.codec on non-default CuPy and torch streams (tests/gpu/codec_streams.py)
 #   perf       all_reduce_perf on device memory, NVIDIA's NCCL alone and under `qnccl run`
-#              (auto and ring), with lazy and with eager module loading
+#              (auto and ring; each of those also times NVIDIA's NCCL in its own job,
+#              --interleave), with lazy and with eager module loading
 #   torch      tests/gpu/torch_check.py under `qnccl run`: DDP, a first collective captured in
 #              a CUDA graph (auto and ring), non-blocking communicators; and without it, the
 #              hook's engine path refusing an aborted process group's communicator
@@ -139,7 +140,7 @@ perf() {
     for algo in auto ring; do
       step "qnccl-$algo-$loading" 90 env CUDA_MODULE_LOADING=$loading QNCCL_ALGO=$algo \
         $PERF python3 -m qnccl run --bits 4 --debug INFO -- "$BUILD/bin/all_reduce_perf" $args \
-        -J "$FILES/qnccl-$algo-$loading.json"
+        --interleave 4 -J "$FILES/qnccl-$algo-$loading.json"
     done
   done
 }
