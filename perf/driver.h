@@ -95,6 +95,7 @@ struct Result {
   // --interleave: the plain library's calls timed beside these (time_us as above), and the
   // median over the rounds of plain time / own time (> 1: the own calls are faster)
   double plain_time_us = NAN, plain_time_median_us = NAN, vs_plain = NAN;
+  bool plain_ok = true;  // --interleave: a plain call's result passed the same check
   bool checked = false, agree = true, send_intact = true, ok = true;
   double error = 0, bound = 0;  // relative to max |exact|
   bool compressed = false;
@@ -115,8 +116,9 @@ class Calls {
   void fill_inputs(const Result& row, uint64_t tag);
   // Runs `row` once more on fresh inputs and checks every output value
   // against the exact result (within its bound), that ranks agree bit for
-  // bit where they must, and that out of place the send buffer is intact.
-  bool check(Result* row, uint64_t tag);
+  // bit where they must, and that out of place the send buffer is intact;
+  // `plain`: the plain library's call (Backend::start_plain).
+  bool check(Result* row, uint64_t tag, bool plain = false);
 
   Backend& backend;
   const Collective collective;

@@ -77,7 +77,9 @@ struct NcclCalls {
             &ncclSend,      &ncclRecv,          &ncclGroupStart, &ncclGroupEnd};
   }
   // The plain libnccl.so.2's own calls; all null when it is not loaded or lacks one.
-  static NcclCalls plain(std::string* path) {
+  // (NVIDIA's NCCL still calls its exported ncclCommGetAsyncError through the PLT, which a
+  // preloaded QNCCL answers; its collective entry points see none of these calls.)
+  static NcclCalls plain() {
     NcclCalls c;
     void* handle = dlopen("libnccl.so.2", RTLD_NOW | RTLD_NOLOAD);
     if (!handle) return c;
@@ -88,8 +90,6 @@ struct NcclCalls {
                bind(handle, &c.group_start, "ncclGroupStart") &&
                bind(handle, &c.group_end, "ncclGroupEnd");
     bind(handle, &c.alltoall, "ncclAlltoAll");  // NCCL 2.28 on
-    link_map* map = nullptr;
-    if (all && dlinfo(handle, RTLD_DI_LINKMAP, &map) == 0 && map) *path = map->l_name;
     dlclose(handle);  // still loaded: the binary links it
     return all ? c : NcclCalls{};
   }
@@ -137,12 +137,11 @@ qncclCollective_t flag_of(Collective c) {
 
 class NcclBackend : public Backend {
  public:
-  NcclBackend(const char* tool, Collective collective)
-      : tool_(tool), collective_(collective), plain_(NcclCalls::plain(&plain_path_)) {}
+  NcclBackend(const char* tool, Collective collective) : tool_(tool), collective_(collective) {}
   const char* tool() const override { return tool_; }
   const char* library() const override { return "nccl"; }
   std::string plain_library() const override {
-    return collective_ == Collective::AlltoAll && !plain_.alltoall ? "" : plain_path_;
+    return have_plain_ ? library_path("libnccl.so.2") : "";
   }
 
   std::string unsupported(Collective, const DataType&, const ReduceOp&, Memory) const override {
@@ -235,7 +234,7 @@ class NcclBackend : public Backend {
 
   bool start_plain(Collective c, const void* send, void* recv, size_t count,
                    const DataType& type, const ReduceOp& op) override {
-    return !plain_library().empty() && issue(plain_, c, send, recv, count, type, op);
+    return have_plain_ && issue(plain_, c, send, recv, count, type, op);
   }
 
   bool wait() override {
@@ -353,8 +352,10 @@ class NcclBackend : public Backend {
   const char* tool_;
   Collective collective_;
   const NcclCalls linked_ = NcclCalls::linked();
-  std::string plain_path_;  // where plain_'s calls go ("": nowhere)
-  const NcclCalls plain_;
+  const NcclCalls plain_ = NcclCalls::plain();
+  // whether plain_ has this binary's calls
+  const bool have_plain_ = plain_.all_reduce != nullptr &&
+                           (collective_ != Collective::AlltoAll || plain_.alltoall != nullptr);
   Qnccl qnccl_;
   qncclEnvConfig_t config_{};
   int bits_ = 0;                       // of this collective: 0 exact (qncclCommGetQuantization)

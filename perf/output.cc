@@ -124,7 +124,7 @@ bool write_json(FILE* f, const Backend& backend, Collective c, const Options& op
             "\"placement\": \"%s\", \"time_us\": %s, \"time_us_median\": %s, \"algbw_gbps\": %s, \"busbw_gbps\": %s, "
             "\"error\": %s, \"bound\": %s, \"agree\": %s, \"ok\": %s, \"compressed\": %s, "
             "\"algo\": %s, \"wire_bytes_per_input_byte\": %s, \"plain_time_us\": %s, "
-            "\"plain_time_us_median\": %s, \"vs_plain\": %s}",
+            "\"plain_time_us_median\": %s, \"vs_plain\": %s, \"plain_ok\": %s}",
             i ? "," : "", r.size, r.count, json_string(r.type->name).c_str(),
             json_string(r.op->name).c_str(), r.in_place ? "in-place" : "out-of-place",
             json_number(r.time_us).c_str(), json_number(r.time_median_us).c_str(),
@@ -134,7 +134,8 @@ bool write_json(FILE* f, const Backend& backend, Collective c, const Options& op
             checked(r.ok ? "true" : "false").c_str(), r.compressed ? "true" : "false",
             r.algo.empty() ? "null" : json_string(r.algo).c_str(),
             json_number(r.wire_per_byte).c_str(), json_number(r.plain_time_us).c_str(),
-            json_number(r.plain_time_median_us).c_str(), json_number(r.vs_plain).c_str());
+            json_number(r.plain_time_median_us).c_str(), json_number(r.vs_plain).c_str(),
+            opt.interleave > 0 ? checked(r.plain_ok ? "true" : "false").c_str() : "null");
   }
   fprintf(f, "\n ],\n \"avg_busbw_gbps\": %s, \"check\": \"%s\"}\n",
           json_number(avg_busbw).c_str(), check);
@@ -155,6 +156,7 @@ bool print_summary(const Backend& backend, const Options& opt, const std::vector
     std::string why;
     if (!r.agree) why += "; ranks disagree (their results differ bit for bit)";
     if (!r.send_intact) why += "; the out-of-place call modified the send buffer";
+    if (!r.plain_ok) why += "; the plain NCCL's call (--interleave) failed the same check";
     if (!(r.error <= r.bound)) {
       why += "; error " + format("%.2e", r.error) + " of max |exact| exceeds the bound " +
              format("%.2e", r.bound) + " of this configuration";

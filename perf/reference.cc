@@ -287,7 +287,7 @@ void Calls::fill_inputs(const Result& row, uint64_t tag) {
   at.buffer->upload(host_in_.data(), n * type.size, at.offset);
 }
 
-bool Calls::check(Result* row, uint64_t tag) {
+bool Calls::check(Result* row, uint64_t tag, bool plain) {
   const DataType& type = *row->type;
   const ReduceOp& op = *row->op;
   const Shape s = shape_of(collective, row->count, nranks);
@@ -298,7 +298,7 @@ bool Calls::check(Result* row, uint64_t tag) {
 
   WireStats before, after;
   const bool have_stats = backend.wire_stats(&before);
-  if (!call(*row) || !wait()) return false;
+  if (!call(*row, plain) || !wait()) return false;
   const bool compressed = have_stats && backend.wire_stats(&after) &&
                           after.calls_compressed > before.calls_compressed;
   const Place out = recv_place(*row);

@@ -32,18 +32,19 @@ double median_of(std::vector<double> v) {
   return n ? (v[(n - 1) / 2] + v[n / 2]) / 2 : NAN;
 }
 
-// One side's timed calls: their times so far (wall seconds per call, this rank's; each
-// call's own with -z 1).
+// One side's timed calls so far, in seconds.
 struct Side {
   std::vector<double> rounds;   // mean seconds per call of each round, combined over ranks
   std::vector<double> typical;  // each round's median call with -z 1, else its mean, combined
-  std::vector<double> calls;    // each call to its completion (-z 1 only)
+  std::vector<double> calls;    // each call to its completion, this rank's (-z 1 only)
 };
 
-// Times opt.iters calls of `row` (the plain library's when `plain`) into `side`.
-bool time_round(Calls& calls, const Result& row, bool plain, Side* side) {
+// Times opt.iters calls of `row` (the plain library's when `plain`) into `side`, on the
+// inputs of `tag` (refilled, untimed: in place, each call sums the last one's output).
+bool time_round(Calls& calls, const Result& row, uint64_t tag, bool plain, Side* side) {
   const Options& opt = calls.opt;
   using Clock = std::chrono::steady_clock;
+  calls.fill_inputs(row, tag);
   std::vector<double> each;
   MPI_Barrier(MPI_COMM_WORLD);
   const auto start = Clock::now();
@@ -74,13 +75,12 @@ double mean_of(const std::vector<double>& v) {
 bool measure(Calls& calls, Result* row, uint64_t tag) {
   const Options& opt = calls.opt;
   const Shape s = shape_of(calls.collective, row->count, calls.nranks);
-  calls.fill_inputs(*row, tag);
 
   WireStats before, after;
   const bool have_stats = calls.backend.wire_stats(&before);
   Side own, plain;
   if (opt.interleave == 0) {
-    if (!time_round(calls, *row, false, &own)) return false;
+    if (!time_round(calls, *row, tag, false, &own)) return false;
   } else {
     // Rounds of both sides in alternating order (plain first, then own first, ...), so
     // that a drift of the machine's speed weighs on both alike, each round's pair compared
@@ -91,7 +91,7 @@ bool measure(Calls& calls, Result* row, uint64_t tag) {
     if (!calls.wait()) return false;
     for (int r = 0; r < opt.interleave; r++) {
       for (bool plain_side : {r % 2 == 0, r % 2 != 0})
-        if (!time_round(calls, *row, plain_side, plain_side ? &plain : &own)) return false;
+        if (!time_round(calls, *row, tag, plain_side, plain_side ? &plain : &own)) return false;
     }
     std::vector<double> ratios;
     for (size_t r = 0; r < own.typical.size(); r++)
@@ -117,7 +117,15 @@ bool measure(Calls& calls, Result* row, uint64_t tag) {
   }
   MPI_Allreduce(MPI_IN_PLACE, &wire, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
   row->wire_per_byte = wire / calls.nranks;
-  return opt.check ? calls.check(row, tag) : true;
+  if (!opt.check) return true;
+  if (opt.interleave > 0) {  // the plain side's calls are checked too, by one of them
+    Result plain_row = *row;
+    if (!calls.check(&plain_row, tag, true)) return false;
+    row->plain_ok = plain_row.ok;
+  }
+  if (!calls.check(row, tag)) return false;
+  row->ok = row->ok && row->plain_ok;
+  return true;
 }
 
 }  // namespace perf

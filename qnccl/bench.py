@@ -570,10 +570,12 @@ def main(args):
             shm_records, shm_sizes,
             f"allreduce of {' and '.join(args.dtypes)} (sum), {args.ranks} ranks on one node "
             f"over shared memory (perf/netlab --nodes 1: MPI btl vader, no rate limit), "
-            f"{args.rounding} rounding; busbw from the median of {args.iters} calls (speedup "
-            f"over uncompressed all_reduce_perf of the same type at the same size; below 1x "
-            f"QNCCL is slower: docs/perf.md; 'same job': auto against the plain NCCL's calls "
-            f"in {SHM_ROUNDS} alternating rounds of its own job, the median round)",
+            f"{args.rounding} rounding; busbw from the median of {timed_calls(args, True)} "
+            f"calls (auto: of {SHM_ROUNDS} rounds of them) (speedup over uncompressed "
+            f"all_reduce_perf of the same type at the same size; below 1x QNCCL is slower: "
+            f"docs/perf.md; 'same job': auto against the plain NCCL's calls in "
+            f"{SHM_ROUNDS} alternating rounds of its own job, the median of the rounds' "
+            f"ratios)",
             f"allreduce busbw, {args.ranks} ranks, shared memory")
         shm_section = {"link": {"rate": "none", "tool": "perf/netlab --nodes 1",
                                 "transport": "shared memory"},

@@ -203,8 +203,10 @@ def test_settle_is_what_was_asked(settle, tmp_path):
 def test_interleave_times_the_plain_library_beside(through, tmp_path):
     """--interleave R: each row in R rounds of -n calls of the plain libnccl.so.2 and -n of
     the binary's own, which a preloaded QNCCL interposes: the plain calls never reach QNCCL
-    (its statistics count only the own calls), and every row reports both sides' times and
-    their ratio. Without QNCCL both sides are the same library's calls."""
+    (its statistics count only the own calls), every row reports both sides' times and
+    their ratio, and one plain call's result passes the plain NCCL's check (a plain side that
+    issued nothing would leave the output unwritten). Without QNCCL both sides are the same
+    library's calls."""
     rounds, iters = 3, 2
     qnccl = ["--bits", "4", "--algo", "ring", "--debug", "info"] if through == "qnccl" else None
     result, data = run_perf(2, ["-b", "64K", "-e", "128K", "-f", "2", "-n", str(iters), "-w", "0",
@@ -218,7 +220,8 @@ def test_interleave_times_the_plain_library_beside(through, tmp_path):
                        result.stdout, re.M)
     assert len(plain) == len(data["rows"]) // 2, result.stdout
     for r in data["rows"]:
-        assert r["ok"] and r["plain_time_us"] > 0 and r["plain_time_us_median"] > 0, r
+        assert r["ok"] and r["plain_ok"] is True, r
+        assert r["plain_time_us"] > 0 and r["plain_time_us_median"] > 0, r
         assert 0 < r["vs_plain"] < float("inf") and r["compressed"] == (through == "qnccl"), r
     if through == "qnccl":
         # At destroy, per size and placement: the own timed calls of every round and the

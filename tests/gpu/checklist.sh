@@ -128,7 +128,7 @@ roofline() {
 }
 
 perf() {
-  local args="-b 1M -e 256M -f 4 -n 10 -w 3 --memory device" loading algo
+  local args="-b 1M -e 256M -f 4 -n 20 -w 3 -z 1 --memory device" loading algo
   if [ -z "$NCCL_LIB" ]; then  # the perf binaries would find the host backend instead
     step nvidia-nccl 5 bash -c 'echo "no nvidia/nccl/lib/libnccl.so.2 on python3'"'"'s sys.path:" \
       "the perf runs would measure the host backend, not NVIDIA'"'"'s NCCL" >&2; exit 1'
