@@ -33,7 +33,15 @@ run() {  # run BUILD LIBRARY PRELOAD PYTEST-ARGS...: BUILD's host backend and he
 # pipelined segments of hierarchical and flat calls (lanes on their own
 # threads, moving together or in turn), groups of every quantized collective
 # on two communicators, a group's quantized sends and receives.
-TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 report_signal_unsafe=0 \
+# Open MPI's races are suppressed by the frames of its libraries (scripts/tsan.supp),
+# among them its copies into a request's buffer, made on whichever thread drives
+# MPI's progress: the owner frees or reads the buffer after MPI_Test said done, a
+# happens-before TSan cannot see in uninstrumented code. The suppression needs the
+# copy's stack, which TSan rebuilds from the copying thread's history; a lane that
+# quantizes a segment after the copy overwrites the default 128K accesses (the
+# report then reads "failed to restore the stack", unsuppressed), so the history
+# is the largest TSan keeps, 4M accesses per thread.
+TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 report_signal_unsafe=0 history_size=7 \
 suppressions=$PWD/scripts/tsan.supp" \
   run build/tsan build/tsan/lib/libqnccl.so "$(runtime libtsan.so)" \
   tests/test_host_backend.py tests/test_interposer.py tests/test_hierarchical.py \
