@@ -65,13 +65,17 @@ UBSAN_OPTIONS="print_stacktrace=1 halt_on_error=1" \
 # The simulated GPU with AddressSanitizer + UBSan, the library's kernels and the simulator
 # included: the codec kernels against the host codec, the plain CUDA program, CUDA's rules
 # and the executor's (but the misaligned load, which UBSan reports itself, ending the
-# program: its case checks the plain build's answer). The simulator's own SIGSEGV handler
-# turns a kernel's fault into CUDA's error, so ASan leaves SIGSEGV to it. Two files, one of
-# them most of the time: the tests, not the files, go to the workers.
+# program: its case checks the plain build's answer). The codec kernels run in one lane
+# order (random): each order runs every kernel and configuration whole, so one finds what
+# ASan and UBSan look for; the three orders look for results that depend on the order,
+# which `make test` checks in the plain simulated build (each order takes 80 s under
+# ASan). The simulator's own SIGSEGV handler turns a kernel's fault into CUDA's error, so
+# ASan leaves SIGSEGV to it. The tests, not the files, go to the workers.
 echo "[sanitize] build/simdev-asan: the simulated GPU"
 ASAN_OPTIONS="detect_leaks=0 verify_asan_link_order=0 abort_on_error=1 handle_segv=0 \
 allow_user_segv_handler=1" \
 UBSAN_OPTIONS="print_stacktrace=1 halt_on_error=1" \
 QNCCL_TEST_SIMDEV=$PWD/build/simdev-asan LD_PRELOAD="$(runtime libasan.so)" \
   "$PYTHON" -m pytest -p no:cacheprovider -q -n 2 --dist load tests/test_simdev_runtime.py \
-  tests/test_simdev_kernels.py -k "not device_path and not misaligned"
+  tests/test_simdev_kernels.py -k "not device_path and not misaligned and \
+not (host_codec and (forward or reverse))"
