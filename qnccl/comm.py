@@ -79,7 +79,9 @@ def tuning(comm):
     (collective, type, size class) met so far: "collective" and "dtype" (names),
     "min_bytes"/"max_bytes" per rank, "calls", "trial_calls", "candidates" (names: "exact",
     "ring", ..., "quantized" for an allgather's or all-to-all's), "seconds" (agreed: the
-    slowest rank's median trial of each, once decided), "choice" (a candidate's name, or
+    slowest rank's median trial of each, once decided), "floor_seconds" and
+    "ceiling_seconds" (agreed: the slowest rank's fastest timed trial, the slowest timed
+    trial of any rank; 0 for a stored decision), "choice" (a candidate's name, or
     None while trying) and "stored" (True: the decision came from QNCCL_TUNE_FILE, no trials
     ran)."""
     ffi, lib = _lib.ffi(), _lib.lib()
@@ -99,6 +101,8 @@ def tuning(comm):
                      "min_bytes": 1 << e.sizeClass, "max_bytes": (2 << e.sizeClass) - 1,
                      "calls": int(e.calls), "trial_calls": int(e.trialCalls),
                      "candidates": names, "seconds": [float(s) for s in e.seconds[0:len(names)]],
+                     "floor_seconds": [float(s) for s in e.floorSeconds[0:len(names)]],
+                     "ceiling_seconds": [float(s) for s in e.ceilingSeconds[0:len(names)]],
                      "choice": names[e.choice] if e.choice >= 0 else None,
                      "stored": bool(e.stored)})
     return rows

@@ -22,8 +22,10 @@ def test_ranks_decide_alike_under_skewed_timings(tmp_path):
     # One INFO line per rank and key, all naming the same choice: SRA for the skewed
     # allreduce, whose delayed candidates took >= 0.2 s in the agreed times.
     decisions = re.findall(r"rank (\d): measured auto: ncclAllReduce float32 of 65536\.\.131071 "
-                           r"bytes per rank runs (\w+) \(the slowest rank's median trial, ms: "
-                           r"exact ([\d.]+), ring ([\d.]+), tree ([\d.]+), sra ([\d.]+); "
+                           r"bytes per rank runs (\w+) \(the slowest rank's median trial "
+                           r"\[its fastest, the slowest of any rank\], ms: "
+                           r"exact ([\d.]+ \[[\d.]+, [\d.]+\]), ring ([\d.]+ \[[\d.]+, [\d.]+\]), "
+                           r"tree ([\d.]+ \[[\d.]+, [\d.]+\]), sra ([\d.]+ \[[\d.]+, [\d.]+\]); "
                            r"20 trial calls\)", result.stdout)
     assert sorted(int(d[0]) for d in decisions) == list(range(NRANKS)), result.stdout[-3000:]
     assert {d[1] for d in decisions} == {"sra"}, decisions

@@ -361,6 +361,10 @@ typedef struct {
                                            one quantized algorithm */
   double seconds[QNCCL_MAX_CANDIDATES]; /* agreed: the slowest rank's median trial, once
                                            decided (0 before) */
+  double floorSeconds[QNCCL_MAX_CANDIDATES];   /* agreed: the slowest rank's fastest timed
+                                                  trial (0 before, and when stored) */
+  double ceilingSeconds[QNCCL_MAX_CANDIDATES]; /* agreed: the slowest timed trial of any
+                                                  rank (0 before, and when stored) */
   int choice;           /* the index of the candidate its calls run; -1 while trying */
   int stored;           /* 1: decided by QNCCL_TUNE_FILE, without trials (seconds: the
                            times the file holds) */

@@ -152,11 +152,15 @@ struct Trial {
 /* The decision's INFO line: the candidates' agreed times. */
 void report_decision(ncclComm_t comm, const ShimComm& st, qncclCollective_t kind,
                      ncclDataType_t type, int size_class, const Tuning& t) {
-  char times[256] = "";
+  char times[384] = "";
   size_t used = 0;
-  for (size_t i = 0; i < t.candidates.size() && used < sizeof times; i++)
+  for (size_t i = 0; i < t.candidates.size() && used < sizeof times; i++) {
     used += snprintf(times + used, sizeof times - used, "%s%s %.3f", i ? ", " : "",
                      candidate_name(t.candidates[i]), t.slowest[i] * 1e3);
+    if (!t.stored && used < sizeof times)
+      used += snprintf(times + used, sizeof times - used, " [%.3f, %.3f]", t.floor[i] * 1e3,
+                       t.ceiling[i] * 1e3);
+  }
   if (t.stored)
     info(comm, st.config.debug,
          ": measured auto: %s %s of %zu..%zu bytes per rank runs %s (QNCCL_TUNE_FILE, no "
@@ -166,7 +170,7 @@ void report_decision(ncclComm_t comm, const ShimComm& st, qncclCollective_t kind
   else
     info(comm, st.config.debug,
          ": measured auto: %s %s of %zu..%zu bytes per rank runs %s (the slowest rank's "
-         "median trial, ms: %s; %zu trial calls)",
+         "median trial [its fastest, the slowest of any rank], ms: %s; %zu trial calls)",
          call_name(kind), short_type_name(type), (size_t)1 << size_class,
          ((size_t)2 << size_class) - 1, candidate_name(t.candidates[t.choice]), times,
          (size_t)trial_calls(t));

@@ -101,6 +101,8 @@ ncclResult_t get_tuning(const char* fn, ncclComm_t comm, qncclTuning_t* table, i
       for (int i = 0; i < e.candidateCount; i++) {
         e.candidates[i] = t.candidates[i];
         e.seconds[i] = i < (int)t.slowest.size() ? t.slowest[i] : 0.0;
+        e.floorSeconds[i] = i < (int)t.floor.size() ? t.floor[i] : 0.0;
+        e.ceilingSeconds[i] = i < (int)t.ceiling.size() ? t.ceiling[i] : 0.0;
       }
       e.choice = t.choice;
     }

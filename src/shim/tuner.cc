@@ -50,11 +50,15 @@ TuneStep next_step(Tuning& t) {
   return {TuneStep::kDecide, -1, false};
 }
 
-int choose(const std::vector<double>& slowest) {
+int choose(const AgreedTimes& times) {
+  const std::vector<double>& median = times.median;
   int best = 0;
-  for (size_t i = 1; i < slowest.size(); i++)
-    if (slowest[i] < slowest[best]) best = (int)i;
-  return slowest[best] < slowest[0] * (1 - kQuantizedGain) ? best : 0;
+  for (size_t i = 1; i < median.size(); i++) {
+    const bool clear = median[i] < median[0] * (1 - kQuantizedGain) &&
+                       times.ceiling[i] < times.floor[0];
+    if (clear && (best == 0 || median[i] < median[best])) best = (int)i;
+  }
+  return best;
 }
 
 const char* candidate_name(int candidate) {
@@ -87,13 +91,27 @@ ncclResult_t decide(Tuning& t, const NcclApi& nccl, ncclComm_t comm, cudaStream_
   }
   t.pending.clear();
   QNCCL_CHECK(res);
-  t.trials.resize(t.candidates.size());  // should no trial have been recorded
-  std::vector<double> times;
-  for (const std::vector<double>& trials : t.trials) times.push_back(median_seconds(trials));
+  const size_t n = t.candidates.size();
+  t.trials.resize(n);  // should no trial have been recorded
+  std::vector<double> values(3 * n, INFINITY);  // medians, fastest, slowest
+  for (size_t i = 0; i < n; i++) {
+    const std::vector<double>& trials = t.trials[i];
+    values[i] = median_seconds(trials);
+    if (trials.empty()) continue;
+    const auto [fastest, slowest] = std::minmax_element(trials.begin(), trials.end());
+    values[n + i] = *fastest;
+    values[2 * n + i] = *slowest;
+  }
   t.trials.clear();
-  QNCCL_CHECK(agree_max(times, nccl, comm, stream, device, state));
-  t.slowest = times;
-  t.choice = choose(times);
+  QNCCL_CHECK(agree_max(values, nccl, comm, stream, device, state));
+  AgreedTimes agreed;
+  agreed.median.assign(values.begin(), values.begin() + n);
+  agreed.floor.assign(values.begin() + n, values.begin() + 2 * n);
+  agreed.ceiling.assign(values.begin() + 2 * n, values.end());
+  t.choice = choose(agreed);
+  t.slowest = agreed.median;
+  t.floor = agreed.floor;
+  t.ceiling = agreed.ceiling;
   return ncclSuccess;
 }
 

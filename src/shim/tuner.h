@@ -46,9 +46,14 @@ constexpr int kTrialsPerCandidate = QNCCL_TRIALS_PER_CANDIDATE;
 constexpr int kUntimedTrials = 2;
 
 /* A quantized candidate is chosen over the exact call only when its agreed
- * time is less than (1 - kQuantizedGain) of exact's: it costs accuracy, and a
- * few trials on a busy machine cannot tell a near-tie apart, so that goes to
- * the exact call (never slower than the real NCCL). */
+ * median is less than (1 - kQuantizedGain) of exact's and its timed trials
+ * stay apart from exact's: its slowest trial on any rank took less than the
+ * slowest rank's fastest trial of exact. It costs accuracy, and three trials
+ * cannot tell a near-tie apart where one call's time swings by a third (64 KiB
+ * over shared memory on a busy 2-core VM: medians alone chose a quantized
+ * algorithm in 4 of 8 jobs, which then ran 0.78-0.95x of the plain NCCL), so
+ * that goes to the exact call (never slower than the real NCCL). Where
+ * compression pays (a slow link) every trial of it beats every trial of exact. */
 constexpr double kQuantizedGain = 0.05;
 
 /* What a decision is kept under, per communicator. */
@@ -75,6 +80,8 @@ struct Tuning {
   uint64_t calls = 0;           // its calls so far (trials, the deciding call, the rest)
   std::vector<std::vector<double>> trials;  // this rank's trials of each candidate, seconds
   std::vector<double> slowest;  // agreed: the slowest rank's median trial of each
+  std::vector<double> floor;    // agreed: the slowest rank's fastest timed trial of each
+  std::vector<double> ceiling;  // agreed: the slowest timed trial of each, of any rank
   int choice = -1;              // decided: an index into candidates
   bool stored = false;          // decided by QNCCL_TUNE_FILE (shim/tune_file.h), no trials
   /* Trials on device buffers: events around each on the call's stream, read
@@ -104,10 +111,17 @@ uint64_t trial_calls(const Tuning& t);
  * A key with one candidate is decided at once, without trials. */
 TuneStep next_step(Tuning& t);
 
-/* The candidate with the least agreed time (a tie goes to the earlier one),
- * unless it is quantized and not kQuantizedGain faster than exact
- * (candidate 0): then exact. */
-int choose(const std::vector<double>& slowest);
+/* The agreed times of a key's candidates (seconds, in candidate order). */
+struct AgreedTimes {
+  std::vector<double> median;   // the slowest rank's median trial
+  std::vector<double> floor;    // the slowest rank's fastest timed trial
+  std::vector<double> ceiling;  // the slowest timed trial of any rank
+};
+
+/* Of the quantized candidates that beat exact (candidate 0) clearly (median
+ * kQuantizedGain below exact's, ceiling below exact's floor), the one with
+ * the least median (a tie goes to the earlier one); exact when none does. */
+int choose(const AgreedTimes& times);
 
 /* "exact", "ring", ..., or "quantized" for an allgather's or all-to-all's. */
 const char* candidate_name(int candidate);
@@ -131,8 +145,9 @@ ncclResult_t agree_max(std::vector<double>& values, const NcclApi& nccl, ncclCom
 ncclResult_t agree_equal(uint64_t value, const NcclApi& nccl, ncclComm_t comm,
                          cudaStream_t stream, int device, CommState& state, bool* equal);
 
-/* The deciding call's agreement: the slowest rank's median trial of every
- * candidate (agree_max), then the choice. */
+/* The deciding call's agreement: this rank's median, fastest and slowest timed
+ * trial of every candidate, their maximum over the ranks in one agree_max,
+ * then the choice. */
 ncclResult_t decide(Tuning& t, const NcclApi& nccl, ncclComm_t comm, cudaStream_t stream,
                     int device, CommState& state);
 

@@ -27,7 +27,10 @@ skew     float32 allreduce of 64 KiB (candidates exact, ring, tree, SRA): ranks 
          the others; ring's median (>= 0.3 s) loses although its first timed trial was the
          fastest of all. Then the untimed trials (2 KiB): rank 1 arrives 0.4 s late at
          exact's first three trials of five; exact's agreed time is a fast trial's (the
-         median of its trials 3-5).
+         median of its trials 3-5). Then overlapping trials (1 KiB): rank 1 arrives 0.2 s
+         late at every trial of exact, rank 2 0.3 s at SRA's last, rank 3 0.25 s at ring's
+         and tree's: SRA's median is the least by far, but its slowest trial took longer than
+         exact's fastest (on the slowest rank), so every rank decides exact.
 others   a reduce-scatter (candidates exact, ring, SRA) and an allgather (exact, quantized)
          tried and decided alike on every rank, with the same checks.
 tunefile (with a folder in TUNE_DIR) QNCCL_TUNE_FILE: a decision made by trials is stored
@@ -274,6 +277,22 @@ def skew_section():
         seconds = dict(zip(row["candidates"], row["seconds"]))
         expect(seconds["exact"] < 0.2, "untimed trials",
                f"agreed times {seconds}: exact's must be a fast trial's (< 0.2 s)")
+    # Trials that overlap (docs/tuning.md: a quantized candidate's every timed trial must
+    # beat exact's fastest): SRA's median is far below exact's, but one of its timed trials
+    # on one rank took longer than the slowest rank's fastest exact trial.
+    overlap = {"exact": (1, 0.2), "sra": (2, 0.3, {4}), "ring": (3, 0.25), "tree": (3, 0.25)}
+    choice, row = try_and_decide(c, "allreduce", 256, overlap)
+    if row is not None:
+        seconds = dict(zip(row["candidates"], row["seconds"]))
+        floor = dict(zip(row["candidates"], row["floor_seconds"]))
+        ceiling = dict(zip(row["candidates"], row["ceiling_seconds"]))
+        expect(seconds["sra"] < 0.95 * seconds["exact"] and floor["exact"] >= 0.2
+               and ceiling["sra"] >= 0.3 and floor["sra"] <= seconds["sra"] <= ceiling["sra"],
+               "overlapping trials", f"agreed medians {seconds}, floors {floor}, ceilings "
+               f"{ceiling}: expected SRA's median the least, its ceiling >= 0.3 s, exact's "
+               "floor >= 0.2 s")
+    expect(choice == "exact", "overlapping trials", f"decided {choice}; expected exact (a "
+           "trial of SRA was slower than exact's fastest)")
     require(lib.ncclCommDestroy(c.comm), "ncclCommDestroy")
 
 
