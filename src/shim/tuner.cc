@@ -44,9 +44,11 @@ TuneStep next_step(Tuning& t) {
   const uint64_t call = t.calls++;
   if (t.choice < 0 && t.candidates.size() == 1) t.choice = 0;
   if (t.choice >= 0) return {TuneStep::kDecided, t.choice, false};
-  if (call < trial_calls(t))
-    return {TuneStep::kTrial, (int)(call / kTrialsPerCandidate),
+  if (call < trial_calls(t)) {  // the quantized candidates in order, then exact
+    const int slot = (int)(call / kTrialsPerCandidate) + 1;
+    return {TuneStep::kTrial, slot % (int)t.candidates.size(),
             call % kTrialsPerCandidate >= (uint64_t)kUntimedTrials};
+  }
   return {TuneStep::kDecide, -1, false};
 }
 
