@@ -156,10 +156,10 @@ void report_decision(ncclComm_t comm, const ShimComm& st, qncclCollective_t kind
   size_t used = 0;
   for (size_t i = 0; i < t.candidates.size() && used < sizeof times; i++) {
     used += snprintf(times + used, sizeof times - used, "%s%s %.3f", i ? ", " : "",
-                     candidate_name(t.candidates[i]), t.slowest[i] * 1e3);
+                     candidate_name(t.candidates[i]), t.agreed.median[i] * 1e3);
     if (!t.stored && used < sizeof times)
-      used += snprintf(times + used, sizeof times - used, " [%.3f, %.3f]", t.floor[i] * 1e3,
-                       t.ceiling[i] * 1e3);
+      used += snprintf(times + used, sizeof times - used, " [%.3f, %.3f]",
+                       t.agreed.floor[i] * 1e3, t.agreed.ceiling[i] * 1e3);
   }
   if (t.stored)
     info(comm, st.config.debug,
@@ -214,7 +214,7 @@ void use_stored_decision(ncclComm_t comm, const ShimComm& shim, const std::strin
     return;
   }
   t.choice = d.choice;
-  t.slowest = d.seconds;
+  t.agreed.median = d.seconds;
   t.stored = true;
 }
 
@@ -289,7 +289,7 @@ ncclResult_t tune(ncclComm_t comm, ShimComm& shim, CommState& st, const NcclApi&
         StoredDecision stored;
         for (int c : t.candidates) stored.candidates.push_back(candidate_name(c));
         stored.choice = t.choice;
-        stored.seconds = t.slowest;
+        stored.seconds = t.agreed.median;
         store_tune_decision(path, file_key(), stored);
       }
     }

@@ -100,9 +100,12 @@ ncclResult_t get_tuning(const char* fn, ncclComm_t comm, qncclTuning_t* table, i
       e.stored = t.stored ? 1 : 0;
       for (int i = 0; i < e.candidateCount; i++) {
         e.candidates[i] = t.candidates[i];
-        e.seconds[i] = i < (int)t.slowest.size() ? t.slowest[i] : 0.0;
-        e.floorSeconds[i] = i < (int)t.floor.size() ? t.floor[i] : 0.0;
-        e.ceilingSeconds[i] = i < (int)t.ceiling.size() ? t.ceiling[i] : 0.0;
+        const auto at = [i](const std::vector<double>& v) {
+          return i < (int)v.size() ? v[i] : 0.0;
+        };
+        e.seconds[i] = at(t.agreed.median);
+        e.floorSeconds[i] = at(t.agreed.floor);
+        e.ceilingSeconds[i] = at(t.agreed.ceiling);
       }
       e.choice = t.choice;
     }

@@ -106,14 +106,10 @@ ncclResult_t decide(Tuning& t, const NcclApi& nccl, ncclComm_t comm, cudaStream_
   }
   t.trials.clear();
   QNCCL_CHECK(agree_max(values, nccl, comm, stream, device, state));
-  AgreedTimes agreed;
-  agreed.median.assign(values.begin(), values.begin() + n);
-  agreed.floor.assign(values.begin() + n, values.begin() + 2 * n);
-  agreed.ceiling.assign(values.begin() + 2 * n, values.end());
-  t.choice = choose(agreed);
-  t.slowest = agreed.median;
-  t.floor = agreed.floor;
-  t.ceiling = agreed.ceiling;
+  t.agreed.median.assign(values.begin(), values.begin() + n);
+  t.agreed.floor.assign(values.begin() + n, values.begin() + 2 * n);
+  t.agreed.ceiling.assign(values.begin() + 2 * n, values.end());
+  t.choice = choose(t.agreed);
   return ncclSuccess;
 }
 

@@ -80,14 +80,19 @@ int size_class(size_t bytes);
  * one). One rank has only exact: nothing crosses a link. */
 std::vector<int> tune_candidates(qncclCollective_t kind, int nranks, const Topology& topology);
 
+/* The agreed times of a key's candidates (seconds, in candidate order). */
+struct AgreedTimes {
+  std::vector<double> median;   // the slowest rank's median trial
+  std::vector<double> floor;    // the slowest rank's fastest timed trial
+  std::vector<double> ceiling;  // the slowest timed trial of any rank
+};
+
 /* One key of one communicator. */
 struct Tuning {
   std::vector<int> candidates;
   uint64_t calls = 0;           // its calls so far (trials, the deciding call, the rest)
   std::vector<std::vector<double>> trials;  // this rank's trials of each candidate, seconds
-  std::vector<double> slowest;  // agreed: the slowest rank's median trial of each
-  std::vector<double> floor;    // agreed: the slowest rank's fastest timed trial of each
-  std::vector<double> ceiling;  // agreed: the slowest timed trial of each, of any rank
+  AgreedTimes agreed;           // once decided (a stored decision: its medians only)
   int choice = -1;              // decided: an index into candidates
   bool stored = false;          // decided by QNCCL_TUNE_FILE (shim/tune_file.h), no trials
   /* Trials on device buffers: events around each on the call's stream, read
@@ -117,13 +122,6 @@ uint64_t trial_calls(const Tuning& t);
  * ones run the choice.
  * A key with one candidate is decided at once, without trials. */
 TuneStep next_step(Tuning& t);
-
-/* The agreed times of a key's candidates (seconds, in candidate order). */
-struct AgreedTimes {
-  std::vector<double> median;   // the slowest rank's median trial
-  std::vector<double> floor;    // the slowest rank's fastest timed trial
-  std::vector<double> ceiling;  // the slowest timed trial of any rank
-};
 
 /* Of the quantized candidates that beat exact (candidate 0) clearly (median
  * kQuantizedGain below exact's, ceiling below exact's floor), the one with
