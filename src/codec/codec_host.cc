@@ -60,28 +60,30 @@ VecF load_vector(const typename D::T* x) {
   return v;
 }
 
-/* Lane j of the result holds lane (j + half) % kLanes of v: a constant
- * permutation, so the compiler emits one shuffle instruction. */
-template <size_t half, class V, size_t... J>
-V rotate_lanes(V v, std::index_sequence<J...>) {
-  return __builtin_shufflevector(v, v, ((J + half) % kLanes)...);
+/* Lanes [first, first + sizeof...(J)) of v as a vector of that many lanes:
+ * a narrower register (or the same one's low part), no memory. */
+template <size_t first, class V, size_t... J>
+inline __attribute__((always_inline)) auto lanes_from(V v, std::index_sequence<J...>) {
+  return __builtin_shufflevector(v, v, (first + J)...);
 }
 
-template <size_t half, class V>
-V rotate_lanes(V v) {
-  return rotate_lanes<half>(v, std::make_index_sequence<kLanes>{});
-}
-
-/* Folds lanes in halves (log2(kLanes) shuffles): every lane ends with the
- * min of lo, the max of hi and the OR of bad over all lanes. */
-template <size_t half>
-void fold_lanes(VecF& lo, VecF& hi, VecI& bad) {
-  if constexpr (half > 0) {
-    const VecF lo2 = rotate_lanes<half>(lo), hi2 = rotate_lanes<half>(hi);
-    lo = lo2 < lo ? lo2 : lo;
-    hi = hi2 > hi ? hi2 : hi;
-    bad |= rotate_lanes<half>(bad);
-    fold_lanes<half / 2>(lo, hi, bad);
+/* One lane holding OP of all of v's lanes (OP: min, max or sum, exact in
+ * any order here): the upper half folded onto the lower one until two
+ * lanes remain, each fold on a vector half as wide. */
+enum class Fold { kMin, kMax, kSum };
+template <Fold OP, class V>
+inline __attribute__((always_inline)) float fold_lanes(V v) {
+  constexpr size_t n = sizeof(V) / sizeof(float);
+  const auto op = [](auto a, auto b) {
+    if constexpr (OP == Fold::kMin) return b < a ? b : a;
+    else if constexpr (OP == Fold::kMax) return b > a ? b : a;
+    else return a + b;
+  };
+  if constexpr (n == 2) {
+    return op(v[0], v[1]);
+  } else {
+    constexpr auto half = std::make_index_sequence<n / 2>{};
+    return fold_lanes<OP>(op(lanes_from<0>(v, half), lanes_from<n / 2>(v, half)));
   }
 }
 
@@ -118,9 +120,10 @@ BucketMeta bucket_meta(const typename D::T* x, size_t n) {
   hi0 = hi1 > hi0 ? hi1 : hi0;
   hi2 = hi3 > hi2 ? hi3 : hi2;
   hi0 = hi2 > hi0 ? hi2 : hi0;
-  VecI bad = (VecI)(nan != nan);
-  fold_lanes<kLanes / 2>(lo0, hi0, bad);
-  BucketStats total = {lo0[0], hi0[0], (uint32_t)(bad[0] != 0)};
+  // nan's lanes are 0 or NaN, so their sum is NaN exactly when one of them is
+  const float nans = fold_lanes<Fold::kSum>(nan);
+  BucketStats total = {fold_lanes<Fold::kMin>(lo0), fold_lanes<Fold::kMax>(hi0),
+                       (uint32_t)(nans != nans)};
   for (; i < n; i++) stats_add(total, D::load(x[i]));
   return stats_meta(total);
 }
@@ -159,22 +162,80 @@ inline VecF lookup(VecF table, VecI index) {
 #endif
 }
 
-template <class D, int BITS>
-void encode_nearest_search(const typename D::T* __restrict x, size_t n, const BucketParams& p,
-                           const float* row, uint8_t* __restrict codes) {
-  VecF level[BITS];
-  for (int l = 0; l < BITS; l++) memcpy(&level[l], row + (1 << l) - 1, sizeof(VecF));
-  constexpr size_t kChunk = 4 * kLanes;  // codes narrowed to bytes a chunk at a time
+/* One step down the search: 2 c + (x > t), written in the form each
+ * instruction set does in the fewest instructions (AVX-512's compares give
+ * masks: a masked add; AVX2's give all-ones lanes: a subtraction). */
+inline VecI descend(VecI c, VecF x, VecF t) {
+#if defined(__AVX512F__)
+  const VecI twice = c + c;
+  return x > t ? twice + 1 : twice;
+#else
+  return c + c - (VecI)(x > t);
+#endif
+}
+
+/* The low bytes of four vectors' lanes, in order, to out[0, 4 kLanes). */
+inline void store_bytes(const VecI c[4], uint8_t* out) {
+#if defined(__AVX512F__)
+  for (int v = 0; v < 4; v++)  // one truncating move each (maskz: no undefined pass-through)
+    _mm_storeu_si128((__m128i*)(out + v * kLanes),
+                     _mm512_maskz_cvtepi32_epi8((__mmask16)-1, (__m512i)c[v]));
+#elif defined(__AVX2__)
+  // saturating packs work within 128-bit halves: a permute puts the halves in order
+  const __m256i w0 = _mm256_packs_epi32((__m256i)c[0], (__m256i)c[1]);
+  const __m256i w1 = _mm256_packs_epi32((__m256i)c[2], (__m256i)c[3]);
+  const __m256i b = _mm256_packus_epi16(w0, w1);
+  _mm256_storeu_si256((__m256i*)out,
+                      _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+#else
+  for (size_t v = 0; v < 4; v++)
+    for (size_t j = 0; j < kLanes; j++) out[v * kLanes + j] = (uint8_t)c[v][j];
+#endif
+}
+
+/* sorted_index of every search position, as floats; 0 past the last. */
+template <int BITS>
+struct SearchOrder {
+  float index[kSearchRow];
+  constexpr SearchOrder() : index() {
+    for (int q = 0; q < (1 << BITS) - 1; q++) index[q] = (float)sorted_index<BITS>(q);
+  }
+};
+
+/* Search level l of a row held in two vectors: its 2^l thresholds from
+ * position 2^l - 1 on, a constant permutation (lanes past the row: any). */
+template <int l, size_t... J>
+VecF search_level(VecF r0, VecF r1, std::index_sequence<J...>) {
+  constexpr size_t at = (1u << l) - 1;
+  return __builtin_shufflevector(r0, r1, (at + J < 2 * kLanes ? at + J : 0)...);
+}
+
+template <class D, int BITS, size_t... L>
+inline __attribute__((always_inline)) void encode_nearest_search(
+    const typename D::T* __restrict x, size_t n, const BucketParams& p, uint8_t* __restrict codes,
+    std::index_sequence<L...>) {
+  // The bucket's thresholds in search order, derived together (one vector
+  // loop), then each level made a vector from them in registers.
+  static constexpr SearchOrder<BITS> kOrder{};
+  constexpr size_t kUsed = ((1u << BITS) - 1 + kLanes - 1) / kLanes * kLanes;
+  alignas(kVectorBytes) float row[kSearchRow] = {};
+  for (size_t q = 0; q < kUsed; q++) row[q] = cubic_threshold<BITS>(p, kOrder.index[q]);
+  VecF r0, r1;
+  memcpy(&r0, row, sizeof r0);
+  memcpy(&r1, row + kLanes, sizeof r1);
+  const VecF level[BITS] = {search_level<L>(r0, r1, std::make_index_sequence<kLanes>{})...};
+  auto encode = [&level](VecF xv) {
+    VecI c = VecI{};
+    for (int l = 0; l < BITS; l++) c = descend(c, xv, lookup(level[l], c));
+    return c;
+  };
+  constexpr size_t kChunk = 4 * kLanes;  // four independent searches in flight
   size_t j = 0;
   for (; j + kChunk <= n; j += kChunk) {
-    alignas(kVectorBytes) int32_t chunk[kChunk];
-    for (size_t v = 0; v < kChunk; v += kLanes) {
-      const VecF xv = load_vector<D>(x + j + v);
-      VecI c = VecI{};
-      for (int l = 0; l < BITS; l++) c = c + c - (VecI)(xv > lookup(level[l], c));
-      memcpy(chunk + v, &c, sizeof c);
-    }
-    for (size_t v = 0; v < kChunk; v++) codes[j + v] = (uint8_t)chunk[v];
+    const VecI c[4] = {encode(load_vector<D>(x + j)), encode(load_vector<D>(x + j + kLanes)),
+                       encode(load_vector<D>(x + j + 2 * kLanes)),
+                       encode(load_vector<D>(x + j + 3 * kLanes))};
+    store_bytes(c, codes + j);
   }
   for (; j < n; j++) codes[j] = (uint8_t)encode_nearest_cubic<BITS>(p, D::load(x[j]));
 }
@@ -185,10 +246,10 @@ void encode_nearest_search(const typename D::T* __restrict x, size_t n, const Bu
 template <class D, int BITS>
 inline __attribute__((always_inline)) void encode_nearest_run(const typename D::T* __restrict x,
                                                                size_t n, const BucketParams p,
-                                                               const float* row,
                                                                uint8_t* __restrict codes) {
   if constexpr (kCubicSearch<BITS>) {
-    if (p.cubic) return encode_nearest_search<D, BITS>(x, n, p, row, codes);
+    if (p.cubic)
+      return encode_nearest_search<D, BITS>(x, n, p, codes, std::make_index_sequence<BITS>{});
   }
   if (p.cubic)
     for (size_t j = 0; j < n; j++) codes[j] = (uint8_t)encode_nearest_cubic<BITS>(p, D::load(x[j]));
@@ -285,7 +346,6 @@ struct Ahead {
         unit_neg[kAhead], unit_pos[kAhead], inv_unit_neg[kAhead], inv_unit_pos[kAhead];
     bool nonfinite[kAhead], cubic[kAhead];
   } f;
-  float search[kAhead][kSearchRow];  // per bucket: its cubic thresholds in search order, then 0
   BucketParams current{};
   size_t size = 0, next = 0;
 
@@ -294,10 +354,9 @@ struct Ahead {
   static size_t batch(size_t at, size_t tile_end, size_t bucket, size_t left) {
     return std::min(std::min(kAhead, left), (tile_end - at + bucket - 1) / bucket);
   }
-  /* The params of the n buckets whose metadata is at `metas`; with
-   * `thresholds`, also what nearest rounding searches on a cubic grid. */
+  /* The params of the n buckets whose metadata is at `metas`. */
   template <int BITS>
-  void refill(const uint8_t* metas, size_t n, bool thresholds = false) {
+  void refill(const uint8_t* metas, size_t n) {
     size = n;
     next = 0;
     float mins[kAhead], maxs[kAhead];
@@ -314,23 +373,8 @@ struct Ahead {
       f.inv_unit_neg[k] = p.inv_unit_neg, f.inv_unit_pos[k] = p.inv_unit_pos;
       f.nonfinite[k] = p.nonfinite, f.cubic[k] = p.cubic;
     }
-    if constexpr (kCubicSearch<BITS>) {
-      if (!thresholds) return;
-      for (int q = 0; q < (1 << BITS) - 1; q++) {
-        const float i = (float)sorted_index<BITS>(q);
-        for (size_t k = 0; k < size; k++) {  // any value where the grid is uniform: unused
-          BucketParams p{};
-          p.zero = f.zero[k];
-          p.inv_unit_neg = f.inv_unit_neg[k], p.inv_unit_pos = f.inv_unit_pos[k];
-          search[k][q] = cubic_threshold<BITS>(p, i);
-        }
-      }
-      for (size_t k = 0; k < size; k++)  // the last level's vector reads these, never uses them
-        for (size_t q = (1u << BITS) - 1; q < kSearchRow; q++) search[k][q] = 0.0f;
-    }
   }
   bool empty() const { return next == size; }
-  const float* row() const { return search[next - 1]; }  // of the bucket pop() returned last
   const BucketParams& pop() {
     const size_t k = next++;
     BucketParams& p = current;
@@ -367,7 +411,7 @@ void encode_buffer(const typename D::T* src, size_t count, const CodecParams& p,
             const BucketMeta m = bucket_meta<D>(src + b0, std::min(count, b0 + p.bucket) - b0);
             memcpy(metas + k * kMetaBytes, &m, kMetaBytes);
           }
-          ahead.refill<BITS>(metas, n, p.rounding != qncclRoundStochastic);
+          ahead.refill<BITS>(metas, n);
         }
         bucket_end = std::min(count, i + p.bucket);
         bucket++;
@@ -384,7 +428,7 @@ void encode_buffer(const typename D::T* src, size_t count, const CodecParams& p,
       else if (p.rounding == qncclRoundStochastic)
         encode_stochastic_run<D, BITS>(src + i, end - i, bp, key, p.first + i, out);
       else
-        encode_nearest_run<D, BITS>(src + i, end - i, bp, ahead.row(), out);
+        encode_nearest_run<D, BITS>(src + i, end - i, bp, out);
       i = end;
     }
     memset(stage + (t1 - t0), 0, kGroup);  // zero codes pad the last group
