@@ -17,6 +17,7 @@
 #endif
 
 #include <algorithm>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -283,6 +284,16 @@ inline __attribute__((always_inline)) void encode_stochastic_run(
   }
 }
 
+/* A packed group of BITS bytes is its word's low BITS bytes: for 1, 2, 4
+ * and 8 bits an integer type, so that a vector of words narrows to the
+ * groups side by side (and widens back) in one move; void otherwise. */
+template <int BITS>
+using LowBytes = std::conditional_t<
+    BITS == 1, uint8_t,
+    std::conditional_t<BITS == 2, uint16_t,
+                       std::conditional_t<BITS == 4, uint32_t,
+                                          std::conditional_t<BITS == 8, uint64_t, void>>>>;
+
 /* Packs `n` staged codes (the stage is zero past n up to the next group)
  * into `out`, which has room for `room` bytes. A group stores a whole 8-byte
  * word, overlapping the next group (which overwrites the excess), while the
@@ -296,7 +307,13 @@ void pack_stage(const uint8_t* stage, size_t n, uint8_t* out, size_t room) {
     VecW w;
     memcpy(&w, stage + g * kGroup, sizeof w);
     w = pack8<BITS>(w);
-    for (size_t j = 0; j < kWords; j++) memcpy(out + (g + j) * BITS, &w[j], 8);
+    if constexpr (std::is_void_v<LowBytes<BITS>>) {
+      for (size_t j = 0; j < kWords; j++) memcpy(out + (g + j) * BITS, &w[j], 8);
+    } else {  // each word narrowed to its group's BITS bytes: one truncating move, one store
+      typedef LowBytes<BITS> VecLow __attribute__((vector_size(kWords * BITS)));
+      const VecLow low = __builtin_convertvector(w, VecLow);
+      memcpy(out + g * BITS, &low, sizeof low);
+    }
   }
   for (; g < groups; g++) {
     uint64_t w;
@@ -316,7 +333,14 @@ void unpack_stage(const uint8_t* in, size_t n, size_t room, uint8_t* stage) {
   size_t g = 0;
   for (; g + kWords <= groups && (g + kWords - 1) * BITS + 8 <= room; g += kWords) {
     VecW w;
-    for (size_t j = 0; j < kWords; j++) memcpy(&w[j], in + (g + j) * BITS, 8);
+    if constexpr (std::is_void_v<LowBytes<BITS>>) {
+      for (size_t j = 0; j < kWords; j++) memcpy(&w[j], in + (g + j) * BITS, 8);
+    } else {  // each group's BITS bytes widened to a word: one load, one extending move
+      typedef LowBytes<BITS> VecLow __attribute__((vector_size(kWords * BITS)));
+      VecLow low;
+      memcpy(&low, in + g * BITS, sizeof low);
+      w = __builtin_convertvector(low, VecW);
+    }
     w = unpack8<BITS>(w);
     memcpy(stage + g * kGroup, &w, sizeof w);
   }
