@@ -297,10 +297,11 @@ using LowBytes = std::conditional_t<
                                           std::conditional_t<BITS == 8, uint64_t, void>>>>;
 
 /* Packs `n` staged codes (the stage is zero past n up to the next group)
- * into `out`, which has room for `room` bytes. A group stores a whole 8-byte
- * word, overlapping the next group (which overwrites the excess), while the
- * word fits in `room`; near the end it stores only the bytes that fit (a
- * partial last group may own fewer than BITS bytes). */
+ * into `out`, which has room for `room` bytes. A vector of groups at 1, 2, 4
+ * or 8 bits stores exactly its groups' bytes (LowBytes); otherwise a group
+ * stores a whole 8-byte word, overlapping the next group (which overwrites
+ * the excess), while the word fits in `room`; near the end it stores only the
+ * bytes that fit (a partial last group may own fewer than BITS bytes). */
 template <int BITS>
 void pack_stage(const uint8_t* stage, size_t n, uint8_t* out, size_t room) {
   const size_t groups = (n + kGroup - 1) / kGroup;
