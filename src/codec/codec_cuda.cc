@@ -280,11 +280,11 @@ ncclResult_t decode_many_as(const uint8_t* const* wires, typename Type::T* const
       a.code_bytes[k] = code_bytes(counts[i], p.bits);
       a.dsts[k] = dsts[i];
       a.counts[k] = counts[i];
-      a.first_tile[k + 1] = a.first_tile[k] + ceil_div(ceil_div(counts[i], kGroup), kWarp);
+      a.first_group[k + 1] = a.first_group[k] + ceil_div(counts[i], kGroup);
       a.dst_vectors = a.dst_vectors && aligned_to(dsts[i], 16);
       a.wire_aligned = a.wire_aligned && aligned_to(wires[i], 8);
     }
-    if (a.n > 0) QNCCL_CHECK(launch(name, a.first_tile[a.n], a, stream));
+    if (a.n > 0) QNCCL_CHECK(launch(name, ceil_div(a.first_group[a.n], kWarp), a, stream));
   }
   return ncclSuccess;
 }

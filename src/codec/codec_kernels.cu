@@ -19,10 +19,8 @@
  * Encoding gives one lane per packing group of 8 values (8 codes -> BITS
  * bytes); a warp stages its tile of 32 groups, 32*BITS contiguous bytes, in
  * shared memory and stores them as whole words.
- * Dequantize is one pass, decode_kernel: one lane per packing group, a warp
- * per tile of 32 groups deriving each of the tile's buckets' parameters
- * once; so is reduce_kernel, which widens the input and adds several
- * decoded buffers.
+ * Dequantize is one pass, decode_kernel: one lane per packing group; so is
+ * reduce_kernel, which widens the input and adds several decoded buffers.
  *
  * Per-lane work lives in QNCCL_HD functions; the kernels are the loops that
  * hand out lanes, plus the warp shuffles and shared-memory staging.
@@ -378,73 +376,24 @@ __device__ __forceinline__ void encode_kernel(const EncodeManyArgs<Type>& a) {
 
 /* ---- Dequantize --------------------------------------------------------- */
 
-/* Decoding hands out tiles: warp tile t is packing groups [32t, 32t + 32),
- * one per lane. Where buckets hold at least kGroup values, a tile's 256
- * values touch at most kWarp buckets, so lane i derives the parameters of
- * the tile's i-th bucket once, into the warp's table in shared memory, and
- * every lane decodes from there: otherwise each lane derives its group's
- * bucket itself (for a cubic bucket 7 correctly rounded divisions per 8
- * values). Smaller buckets are derived where they are used. */
-template <int BITS>
-struct TileParams {
-  const uint8_t* meta;
-  bool aligned;
-  const BucketParams* table;  // null: derived where used
-  size_t first;               // the table's first bucket
-
-  QNCCL_HD BucketParams operator()(size_t k) const {
-    return table != nullptr ? table[k - first]
-                            : bucket_params_of_grid<false>(load_meta(meta, k, aligned), BITS);
-  }
-};
-
-/* The parameters tile t of a buffer of `count` values decodes with (its
- * metadata at `meta`). Every lane of the warp calls it, and __syncwarp()s
- * after its last read of the table, before the next tile rewrites it. */
-template <int BITS>
-__device__ __forceinline__ TileParams<BITS> tile_params(const uint8_t* meta, bool aligned,
-                                                        size_t count, size_t bucket, size_t t,
-                                                        int lane, BucketParams* table) {
-  if (bucket < kGroup) return TileParams<BITS>{meta, aligned, nullptr, 0};
-  const size_t begin = t * kSpanValues;  // below count
-  const size_t first = div_index(begin, bucket);
-  const size_t last = div_index(min_size(begin + kSpanValues, count) - 1, bucket);
-  if (first + lane <= last)
-    table[lane] = bucket_params_of_grid<false>(load_meta(meta, first + lane, aligned), BITS);
-  __syncwarp();
-  return TileParams<BITS>{meta, aligned, table, first};
-}
-
-/* fn(t, lane, table) for every tile t < tiles, by the warps of the grid in
- * turn, each with its table in shared memory; t is the same in all lanes. */
-template <class Fn>
-__device__ __forceinline__ void for_each_tile(size_t tiles, Fn fn) {
-  __shared__ BucketParams tables[kWarpsPerBlock][kWarp];
-  const size_t warp = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) / kWarp;
-  const size_t warps = gridDim.x * (size_t)blockDim.x / kWarp;
-  for (size_t t = warp; t < tiles; t += warps)
-    fn(t, (int)(threadIdx.x % kWarp), tables[threadIdx.x / kWarp]);
-}
-
 /* The decoded values of group g ([8g, 8g + len)) of one compressed buffer
- * (its code area at `codes`, its buckets' parameters from `params`): the
- * canonical NaN in a non-finite bucket. */
+ * (its metadata at `meta`, its code area at `codes`): the canonical NaN in a
+ * non-finite bucket. */
 template <int BITS>
-QNCCL_HD void decode_values(const TileParams<BITS>& params, const uint8_t* codes,
-                            size_t code_bytes, size_t bucket, bool aligned, size_t g, int len,
-                            float (&y)[kGroup]) {
+QNCCL_HD void decode_values(const uint8_t* meta, const uint8_t* codes, size_t code_bytes,
+                            size_t bucket, bool aligned, size_t g, int len, float (&y)[kGroup]) {
   const size_t first = g * kGroup;
   const uint64_t packed = unpack8<BITS>(load_code_group<BITS>(codes, code_bytes, g, aligned));
   size_t k = div_index(first, bucket);  // as in encode_group
   size_t next = k * bucket + bucket;
-  BucketParams bp = params(k);
+  BucketParams bp = bucket_params_of_grid<false>(load_meta(meta, k, aligned), BITS);
 #pragma unroll
   for (int j = 0; j < (int)kGroup; ++j) {
     if (j >= len) break;
     if (first + j == next) {
       ++k;
       next += bucket;
-      bp = params(k);
+      bp = bucket_params_of_grid<false>(load_meta(meta, k, aligned), BITS);
     }
     y[j] = bp.nonfinite ? bits_float(kCanonicalNanF32)
                         : decode(bp, (uint32_t)(packed >> (8 * j)) & 0xffu);
@@ -454,11 +403,11 @@ QNCCL_HD void decode_values(const TileParams<BITS>& params, const uint8_t* codes
 /* Values [8g, 8g + 8) (those below count): dst = y, or dst += y (a NaN y
  * gives the canonical NaN either way). */
 template <class Type, int BITS, bool ACCUMULATE>
-QNCCL_HD void decode_group(const DecodeArgs<Type>& a, const TileParams<BITS>& params, size_t g) {
+QNCCL_HD void decode_group(const DecodeArgs<Type>& a, size_t g) {
   const size_t first = g * kGroup;
   const int len = (int)min_size(kGroup, a.count - first);
   float y[kGroup] = {};
-  decode_values<BITS>(params, a.codes, a.code_bytes, a.bucket, a.wire_aligned, g, len, y);
+  decode_values<BITS>(a.meta, a.codes, a.code_bytes, a.bucket, a.wire_aligned, g, len, y);
   if constexpr (ACCUMULATE) {
     float acc[kGroup] = {};
     load_group<Type>(a.dst, first, len, a.dst_vectors, acc);
@@ -467,88 +416,63 @@ QNCCL_HD void decode_group(const DecodeArgs<Type>& a, const TileParams<BITS>& pa
   store_group<Type>(a.dst, first, len, a.dst_vectors, y);
 }
 
-/* One warp decodes tile t of `a`; every lane of the warp calls it. */
-template <class Type, int BITS, bool ACCUMULATE>
-__device__ __forceinline__ void decode_tile(const DecodeArgs<Type>& a, size_t t, int lane,
-                                            BucketParams* table) {
-  const TileParams<BITS> params =
-      tile_params<BITS>(a.meta, a.wire_aligned, a.count, a.bucket, t, lane, table);
-  const size_t g = t * kWarp + lane;
-  if (g < ceil_div(a.count, kGroup)) decode_group<Type, BITS, ACCUMULATE>(a, params, g);
-  __syncwarp();
-}
-
 template <class Type, int BITS, bool ACCUMULATE>
 __device__ __forceinline__ void decode_kernel(const DecodeArgs<Type>& a) {
-  for_each_tile(ceil_div(ceil_div(a.count, kGroup), kWarp),
-                [&](size_t t, int lane, BucketParams* table) {
-                  decode_tile<Type, BITS, ACCUMULATE>(a, t, lane, table);
-                });
+  const size_t groups = ceil_div(a.count, kGroup);
+  const size_t threads = gridDim.x * (size_t)blockDim.x;
+  for (size_t g = blockIdx.x * (size_t)blockDim.x + threadIdx.x; g < groups; g += threads)
+    decode_group<Type, BITS, ACCUMULATE>(a, g);
 }
 
-/* Tile T of all the items' tiles, in item order: item i's tile
- * T - first_tile[i], decoded as decode_kernel does. */
+/* Group G of all the items' groups, in item order: item i's group
+ * G - first_group[i], decoded as decode_kernel does. */
 template <class Type, int BITS>
 __device__ __forceinline__ void decode_many_kernel(const DecodeManyArgs<Type>& a) {
-  for_each_tile(a.first_tile[a.n], [&](size_t T, int lane, BucketParams* table) {
+  const size_t total = a.first_group[a.n];
+  const size_t threads = gridDim.x * (size_t)blockDim.x;
+  for (size_t G = blockIdx.x * (size_t)blockDim.x + threadIdx.x; G < total; G += threads) {
     int i = 0;
-    while (T >= a.first_tile[i + 1]) ++i;
+    while (G >= a.first_group[i + 1]) ++i;
     const DecodeArgs<Type> d = {a.metas[i], a.codes[i], a.code_bytes[i], a.dsts[i],
                                 a.counts[i], a.bucket, a.dst_vectors, a.wire_aligned};
-    decode_tile<Type, BITS, false>(d, T - a.first_tile[i], lane, table);
-  });
+    decode_group<Type, BITS, false>(d, G - a.first_group[i]);
+  }
 }
 
 /* ---- Reduce -------------------------------------------------------------- */
 
-/* The sum group [first, first + len) starts from: widen(src) (+ residual),
- * or acc when an earlier launch has begun it. */
-template <class Type>
-QNCCL_HD void sum_so_far(const ReduceArgs<Type>& a, size_t first, int len, float (&acc)[kGroup]) {
-  if (a.src == nullptr) {
-    load_group<F32>(a.acc, first, len, a.acc_vectors, acc);
-    return;
-  }
-  load_group<Type>(a.src, first, len, a.src_vectors, acc);
-  if (a.residual != nullptr) {
-    float e[kGroup];
-    load_group<F32>(a.residual, first, len, a.residual_vectors, e);
-    for (int j = 0; j < (int)kGroup; ++j) acc[j] = accumulate(acc[j], e[j]);
-  }
-}
-
-/* One warp reduces tile t: for each lane's group [8g, 8g + 8), the sum so
- * far, then acc = acc + D(wire) for every wire, in order. Every lane of the
- * warp calls it. */
+/* Values [8g, 8g + 8): acc = widen(src) (+ residual) or acc, then
+ * acc = acc + D(wire) for every wire, in order. */
 template <class Type, int BITS>
-__device__ __forceinline__ void reduce_tile(const ReduceArgs<Type>& a, size_t t, int lane,
-                                            BucketParams* table) {
-  const size_t g = t * kWarp + lane;
-  const bool has_group = g < ceil_div(a.count, kGroup);
+QNCCL_HD void reduce_group(const ReduceArgs<Type>& a, size_t g) {
   const size_t first = g * kGroup;
-  const int len = has_group ? (int)min_size(kGroup, a.count - first) : 0;
-  float acc[kGroup] = {};
-  if (has_group) sum_so_far(a, first, len, acc);
-  for (int w = 0; w < a.nwires; ++w) {
-    const TileParams<BITS> params =
-        tile_params<BITS>(a.wires[w], a.wire_aligned, a.count, a.bucket, t, lane, table);
-    if (has_group) {
-      float y[kGroup] = {};
-      decode_values<BITS>(params, a.wires[w] + a.meta_bytes, a.code_bytes, a.bucket,
-                          a.wire_aligned, g, len, y);
-      for (int j = 0; j < (int)kGroup; ++j) acc[j] = accumulate(acc[j], y[j]);
+  const int len = (int)min_size(kGroup, a.count - first);
+  float acc[kGroup];
+  if (a.src != nullptr) {
+    load_group<Type>(a.src, first, len, a.src_vectors, acc);
+    if (a.residual != nullptr) {
+      float e[kGroup];
+      load_group<F32>(a.residual, first, len, a.residual_vectors, e);
+      for (int j = 0; j < (int)kGroup; ++j) acc[j] = accumulate(acc[j], e[j]);
     }
-    __syncwarp();
+  } else {
+    load_group<F32>(a.acc, first, len, a.acc_vectors, acc);
   }
-  if (has_group) store_group<F32>(a.acc, first, len, a.acc_vectors, acc);
+  for (int w = 0; w < a.nwires; ++w) {
+    float y[kGroup] = {};
+    decode_values<BITS>(a.wires[w], a.wires[w] + a.meta_bytes, a.code_bytes, a.bucket,
+                        a.wire_aligned, g, len, y);
+    for (int j = 0; j < (int)kGroup; ++j) acc[j] = accumulate(acc[j], y[j]);
+  }
+  store_group<F32>(a.acc, first, len, a.acc_vectors, acc);
 }
 
 template <class Type, int BITS>
 __device__ __forceinline__ void reduce_kernel(const ReduceArgs<Type>& a) {
-  for_each_tile(ceil_div(ceil_div(a.count, kGroup), kWarp),
-                [&](size_t t, int lane, BucketParams* table) {
-                  reduce_tile<Type, BITS>(a, t, lane, table);
-                });
+  const size_t groups = ceil_div(a.count, kGroup);
+  const size_t threads = gridDim.x * (size_t)blockDim.x;
+  for (size_t g = blockIdx.x * (size_t)blockDim.x + threadIdx.x; g < groups; g += threads)
+    reduce_group<Type, BITS>(a, g);
 }
 
 }  // namespace qnccl

@@ -129,8 +129,8 @@ struct ReduceArgs {
 };
 
 /* Up to kDecodeItems compressed buffers per launch of the decode-many
- * kernel, each decoded into its own output; one warp per tile of 32
- * packing groups of one of them, one lane per group. */
+ * kernel, each decoded into its own output; one lane per packing group of
+ * all of them. */
 constexpr int kDecodeItems = 32;
 
 template <class Type>
@@ -140,7 +140,7 @@ struct DecodeManyArgs {
   size_t code_bytes[kDecodeItems];
   typename Type::T* dsts[kDecodeItems];
   size_t counts[kDecodeItems];
-  size_t first_tile[kDecodeItems + 1];  // item i: tiles [first_tile[i], first_tile[i + 1])
+  size_t first_group[kDecodeItems + 1];  // item i: groups [first_group[i], first_group[i + 1])
   int n;
   size_t bucket;
   bool dst_vectors;   // every dst 16-byte aligned
