@@ -28,6 +28,24 @@ using namespace qnccl;
 
 namespace {
 
+/* Why a call passes through; put in words only when it is reported
+ * (why_text), so that a passed-through call formats nothing. */
+enum class Why : uint8_t {
+  kNone,
+  kDisabled,       // QNCCL_ENABLE=0
+  kExactHere,      // qncclCommSetQuantization made the collective exact
+  kNotListed,      // not in QNCCL_COLLECTIVES
+  kType,           // not a float type
+  kOp,             // not sum or average
+  kSmall,          // below QNCCL_MIN_BYTES
+  kWarmup,         // one of the first QNCCL_WARMUP_CALLS
+  kTrialExact,     // measured auto tries the exact call
+  kExactFastest,   // measured auto chose the exact call
+  kOneRank,        // nothing crosses a link
+  kOneNode,        // hierarchical on one node
+  kSelf,           // a send or receive to or from this rank
+};
+
 struct Decision {
   bool compress = false;
   bool counted = false;   // took an eligible-call number (warm-up counts these)
@@ -35,8 +53,37 @@ struct Decision {
   bool requested = false;  // a quantized op's call: the application asked for it
   qncclAllReduceConfig_t config = {};
   ncclRedOp_t reduction = ncclSum;
-  char why[128] = "";  // pass-through reason
+  Why why = Why::kNone;  // when it passes through
 };
+
+void why_text(const Decision& d, const qncclEnvConfig_t& c, ncclDataType_t type, char* text,
+              size_t size) {
+  switch (d.why) {
+    case Why::kDisabled: snprintf(text, size, "QNCCL_ENABLE=0"); return;
+    case Why::kExactHere:
+      snprintf(text, size, "exact on this communicator (qncclCommSetQuantization)");
+      return;
+    case Why::kNotListed: snprintf(text, size, "not in QNCCL_COLLECTIVES"); return;
+    case Why::kType: snprintf(text, size, "%s is not quantized", short_type_name(type)); return;
+    case Why::kOp: snprintf(text, size, "op %s is not quantized", op_name(d.reduction)); return;
+    case Why::kSmall: snprintf(text, size, "below QNCCL_MIN_BYTES=%zu", c.minBytes); return;
+    case Why::kWarmup:
+      snprintf(text, size, "warm-up: the first %llu eligible calls stay exact",
+               (unsigned long long)c.warmupCalls);
+      return;
+    case Why::kTrialExact: snprintf(text, size, "measured auto: a trial of the exact call"); return;
+    case Why::kExactFastest:
+      snprintf(text, size, "measured auto: the exact call is fastest");
+      return;
+    case Why::kOneRank: snprintf(text, size, "one rank: nothing crosses a link"); return;
+    case Why::kOneNode:
+      snprintf(text, size, "hierarchical on one node: nothing crosses a node link");
+      return;
+    case Why::kSelf: snprintf(text, size, "to or from itself"); return;
+    case Why::kNone: break;
+  }
+  snprintf(text, size, "?");
+}
 
 bool is_float(ncclDataType_t t) { return t == ncclFloat32 || t == ncclFloat16 || t == ncclBfloat16; }
 
@@ -62,23 +109,19 @@ Decision decide(ShimComm& st, qncclCollective_t kind, size_t count, ncclDataType
   if (quantized != st.ops.end())  // elsewhere the exact sum or average it stands for
     op = d.reduction = quantized->second.reduction;
   if (!c.enable) {
-    snprintf(d.why, sizeof d.why, "QNCCL_ENABLE=0");
+    d.why = Why::kDisabled;
   } else if (bits == 0) {
-    snprintf(d.why, sizeof d.why, "%s",
-             st.bits[__builtin_ctz((unsigned)kind)] == 0 ? "exact on this communicator "
-                                                           "(qncclCommSetQuantization)"
-                                                         : "not in QNCCL_COLLECTIVES");
+    d.why = st.bits[__builtin_ctz((unsigned)kind)] == 0 ? Why::kExactHere : Why::kNotListed;
   } else if (!is_float(type)) {
-    snprintf(d.why, sizeof d.why, "%s is not quantized", short_type_name(type));
+    d.why = Why::kType;
   } else if (reduces(kind) && op != ncclSum && op != ncclAvg) {
-    snprintf(d.why, sizeof d.why, "op %s is not quantized", op_name(op));
+    d.why = Why::kOp;
   } else if (count * float_type_size(type) < c.minBytes) {
-    snprintf(d.why, sizeof d.why, "below QNCCL_MIN_BYTES=%zu", c.minBytes);
+    d.why = Why::kSmall;
   } else if (kind != qncclCollSendRecv && st.eligible_calls++ < c.warmupCalls) {
     // (Not sends and receives: the two sides of one count different calls.)
     d.counted = true;
-    snprintf(d.why, sizeof d.why, "warm-up: the first %llu eligible calls stay exact",
-             (unsigned long long)c.warmupCalls);
+    d.why = Why::kWarmup;
   } else {
     d.counted = kind != qncclCollSendRecv;
     d.compress = true;
@@ -130,8 +173,15 @@ void report_kind(ncclComm_t comm, ShimComm& st, const CommState& state, qncclCol
              reduces(call) ? " " : "",
              !reduces(call) ? "" : st.ops.count((int)op) ? "quantized-op" : op_name(op), how);
   } else {
+    // (type, op and reduction are small enumerations or handles: 12 bits each)
+    const uint64_t key = (uint64_t)call << 48 | (uint64_t)(type & 0xfff) << 36 |
+                         (uint64_t)(op & 0xfff) << 24 | (uint64_t)(d.reduction & 0xfff) << 12 |
+                         (uint64_t)d.why;
+    if (st.config.debug < qncclDebugTrace && !st.passes_reported.insert(key).second) return;
+    char why[96];
+    why_text(d, st.config, type, why, sizeof why);
     snprintf(kind, sizeof kind, "%s%s%s: passed through (%s)", short_type_name(type),
-             reduces(call) ? " " : "", reduces(call) ? op_name(op) : "", d.why);
+             reduces(call) ? " " : "", reduces(call) ? op_name(op) : "", why);
   }
   if (st.config.debug >= qncclDebugTrace)
     info(comm, st.config.debug, ": %s %zu values %s", call_name(call), count, kind);
@@ -222,8 +272,7 @@ void use_stored_decision(ncclComm_t comm, const ShimComm& shim, const std::strin
 void run_candidate(int candidate, qncclCollective_t kind, bool trial, Decision& d) {
   if (candidate == kExactCandidate) {
     d.compress = false;
-    snprintf(d.why, sizeof d.why, "measured auto: %s",
-             trial ? "a trial of the exact call" : "the exact call is fastest");
+    d.why = trial ? Why::kTrialExact : Why::kExactFastest;
   } else if (reduces(kind)) {
     d.config.algo = (qncclAlgo_t)candidate;
   }
@@ -410,18 +459,21 @@ ncclResult_t collective(qncclCollective_t kind, const void* send, void* recv, si
   std::shared_ptr<CommState> st;
   if (states_of(comm, &shim, &st) != ncclSuccess) return fail(ncclInvalidArgument);
   Decision d = decide(*shim, kind, count, type, op);
-  int nranks = 1;  // asked once, for the calls QNCCL works on
-  if (d.compress || d.measured) {
+  // On one rank nothing crosses a link: the policy's calls are exact, whatever the
+  // algorithm (a quantized op is the application's own request, and keeps it). The
+  // rank count is asked once the communicator is ready, and kept.
+  int nranks = shim->nranks.load(std::memory_order_relaxed);
+  if ((d.compress || d.measured) && (nranks != 1 || d.requested)) {
     if (const ncclResult_t res = comm_ready(comm, *shim, *st, *nccl); res != ncclSuccess)
       return fail(res);
-    // On one rank nothing crosses a link: the policy's calls are exact, whatever the
-    // algorithm (a quantized op is the application's own request, and keeps it).
-    const bool known = nccl->commCount(comm, &nranks) == ncclSuccess;
-    if (!d.requested && known && nranks == 1) {
-      d.compress = d.measured = false;
-      snprintf(d.why, sizeof d.why, "one rank: nothing crosses a link");
-    }
+    if (nranks == 0 && nccl->commCount(comm, &nranks) == ncclSuccess)
+      shim->nranks.store(nranks, std::memory_order_relaxed);
   }
+  if ((d.compress || d.measured) && !d.requested && nranks == 1) {
+    d.compress = d.measured = false;
+    d.why = Why::kOneRank;
+  }
+  if (nranks == 0) nranks = 1;  // not answered: QNCCL's own work finds out below
   if (d.compress &&
       check_call(kind, send, recv, count, type, d.reduction, d.config, comm) != ncclSuccess)
     return fail(ncclInvalidArgument);
@@ -450,7 +502,7 @@ ncclResult_t collective(qncclCollective_t kind, const void* send, void* recv, si
     // inside a group the engine finds the layout and runs it exact itself.
     if (d.config.algo == qncclAlgoHier && st->topology.known && st->topology.nodes == 1) {
       d.compress = false;
-      snprintf(d.why, sizeof d.why, "hierarchical on one node: nothing crosses a node link");
+      d.why = Why::kOneNode;
     }
   }
   Trial trial;
@@ -511,7 +563,7 @@ ncclResult_t point_to_point(bool send, void* buffer, size_t count, ncclDataType_
   }
   if (d.compress && peer == rank) {
     d.compress = false;
-    snprintf(d.why, sizeof d.why, "to or from itself");
+    d.why = Why::kSelf;
   }
   const char* fn = send ? "ncclSend" : "ncclRecv";
   if (d.compress) {

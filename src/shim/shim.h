@@ -10,6 +10,7 @@
 #include <set>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "qnccl.h"
 #include "shim/tune_file.h"
@@ -43,6 +44,12 @@ struct ShimComm {
    * configuration reported): once it first answered queries (a nonblocking
    * creation answers none while in progress). */
   std::atomic<bool> announced{false};
+  /* Its rank count, once it answered (0 before): a one-rank communicator's
+   * calls then go to the real NCCL before any other bookkeeping. */
+  std::atomic<int> nranks{0};
+  /* The kinds of pass-through reported at QNCCL_DEBUG=INFO (collective,
+   * type, op, reduction, reason), so that a repeated one formats nothing. */
+  std::unordered_set<uint64_t> passes_reported;
 };
 
 /* The interposer's state of `comm`, made on first use with `config`
