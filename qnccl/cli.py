@@ -195,7 +195,8 @@ def _cuda_toolkit():
         return (f"NVRTC {importlib.metadata.version('nvidia-cuda-nvrtc-cu12')}, runtime "
                 f"{importlib.metadata.version('nvidia-cuda-runtime-cu12')} (pip wheels)")
     except importlib.metadata.PackageNotFoundError:
-        return "not installed (CPU-only build): run `make setup`"
+        return ("not installed: `make` here would build the library without CUDA kernels "
+                "(run `make setup` first)")
 
 
 def _loaded_path(name):
