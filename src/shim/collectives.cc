@@ -173,10 +173,8 @@ void report_kind(ncclComm_t comm, ShimComm& st, const CommState& state, qncclCol
              reduces(call) ? " " : "",
              !reduces(call) ? "" : st.ops.count((int)op) ? "quantized-op" : op_name(op), how);
   } else {
-    // (type, op and reduction are small enumerations or handles: 12 bits each)
-    const uint64_t key = (uint64_t)call << 48 | (uint64_t)(type & 0xfff) << 36 |
-                         (uint64_t)(op & 0xfff) << 24 | (uint64_t)(d.reduction & 0xfff) << 12 |
-                         (uint64_t)d.why;
+    const std::array<int, 5> key = {(int)call, (int)type, (int)op, (int)d.reduction,
+                                    (int)d.why};
     if (st.config.debug < qncclDebugTrace && !st.passes_reported.insert(key).second) return;
     char why[96];
     why_text(d, st.config, type, why, sizeof why);
@@ -185,7 +183,7 @@ void report_kind(ncclComm_t comm, ShimComm& st, const CommState& state, qncclCol
   }
   if (st.config.debug >= qncclDebugTrace)
     info(comm, st.config.debug, ": %s %zu values %s", call_name(call), count, kind);
-  else if (st.logged.insert(std::string(call_name(call)) + kind).second)
+  else if (!d.compress || st.logged.insert(std::string(call_name(call)) + kind).second)
     info(comm, st.config.debug, ": %s %s", call_name(call), kind);
 }
 

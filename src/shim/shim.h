@@ -5,12 +5,12 @@
 
 #include <stdint.h>
 
+#include <array>
 #include <atomic>
 #include <memory>
 #include <set>
 #include <string>
 #include <unordered_map>
-#include <unordered_set>
 
 #include "qnccl.h"
 #include "shim/tune_file.h"
@@ -33,6 +33,8 @@ struct ShimComm {
    * bits of its eligible calls, 0 exact, -1 the environment's policy. */
   int bits[QNCCL_NUM_COLLECTIVES] = {-1, -1, -1, -1, -1};
   uint64_t eligible_calls = 0;
+  /* The compressed kinds of call reported at QNCCL_DEBUG=INFO, by their text
+   * (it names the algorithm, which the node layout decides). */
   std::set<std::string> logged;
   std::unordered_map<int, qncclQuantizedOpConfig_t> ops;
   TuneTable tuning;  // measured auto's decisions (shim/tuner.h)
@@ -48,8 +50,9 @@ struct ShimComm {
    * calls then go to the real NCCL before any other bookkeeping. */
   std::atomic<int> nranks{0};
   /* The kinds of pass-through reported at QNCCL_DEBUG=INFO (collective,
-   * type, op, reduction, reason), so that a repeated one formats nothing. */
-  std::unordered_set<uint64_t> passes_reported;
+   * type, op, reduction, reason: what their text says), so that a repeated
+   * one formats nothing. */
+  std::set<std::array<int, 5>> passes_reported;
 };
 
 /* The interposer's state of `comm`, made on first use with `config`
