@@ -59,9 +59,11 @@ FAILED=0
 DEADLINE=${CHECKLIST_SECONDS:-1000000}
 
 # ---- the environment --------------------------------------------------------------------
+# installed once per machine: parts may run as several checklists at the same time, and none
+# may rewrite the files another is importing
 if ls .whl/cffi-*.whl > /dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/qnccl-site .whl/cffi-*.whl .whl/pycparser-*.whl >> "$LOG" 2>&1
+  [ -d /tmp/qnccl-site/cffi ] || python3 -m pip install -q --no-index --no-deps --no-compile \
+    --no-cache-dir --target /tmp/qnccl-site .whl/cffi-*.whl .whl/pycparser-*.whl >> "$LOG" 2>&1
   export PYTHONPATH=/tmp/qnccl-site
 fi
 export PYTHONPATH=$REPO:$REPO/tests${PYTHONPATH:+:$PYTHONPATH}
