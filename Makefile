@@ -16,8 +16,9 @@ VENV    ?= .venv
 PYTHON  ?= $(VENV)/bin/python
 
 # CUDA: one CUDA 12 toolkit from PyPI, which make setup installs into the venv:
-# the runtime (headers, libcudart_static.a), NVRTC (compiles the kernels at
-# build time, scripts/nvrtc_build.py) and CCCL (standard headers for NVRTC).
+# the runtime (headers, libcudart_static.a), NVRTC (compiles the kernels to PTX
+# at build time, scripts/nvrtc_build.py), ptxas (the nvcc wheel's: the PTX's
+# machine code per architecture) and CCCL (standard headers for NVRTC).
 # A library built with it serves every driver from R525 on. No nvcc is used.
 CUDA ?= 1
 CUDA_ROOT ?= $(patsubst %/cuda_nvrtc,%,$(firstword $(wildcard $(VENV)/lib/python3*/site-packages/nvidia/cuda_nvrtc)))
@@ -28,7 +29,8 @@ CUDA_ROOT ?= $(patsubst %/cuda_nvrtc,%,$(firstword $(wildcard $(VENV)/lib/python
 # GPU of its major version and a minor one at least its own, so sm_70's serves
 # T4 (7.5) and sm_80's A10/3090 (8.6) and L4/4090 (8.9) too (the loader picks
 # it, src/codec/cuda_module.cc): NCCL's own build leaves 7.5, 8.6 and 8.9 out
-# the same way. Each architecture costs about 1.5 minutes of NVRTC on one core.
+# the same way. The codec's kernels cost about 45 s of NVRTC once and a minute
+# of ptxas per architecture, on one core.
 # `qnccl info` lists what a library carries; for a quicker development build
 # pick one, e.g. CUDA_ARCHS=80.
 CUDA_ARCHS ?= 70 80 90 100 120
@@ -70,6 +72,7 @@ HEADERS  := $(wildcard src/include/*.h src/*/*.h)
 ifeq ($(CUDA)$(if $(strip $(CUDA_ROOT)),y),1y)
   CUDA_INCLUDE := $(CUDA_ROOT)/cuda_runtime/include
   NVRTC := $(CUDA_ROOT)/cuda_nvrtc/lib/libnvrtc.so.12
+  PTXAS := $(CUDA_ROOT)/cuda_nvcc/bin/ptxas
   # (the runtime headers include crt/, which comes with the nvcc wheel)
   CUDA_CFLAGS := -isystem $(CUDA_INCLUDE) -isystem $(CUDA_ROOT)/cuda_nvcc/include
   CXXFLAGS += -DQNCCL_WITH_CUDA $(CUDA_CFLAGS)
@@ -96,8 +99,8 @@ ISA_FLAGS_avx512 := $(ISA_FLAGS_avx2) -mavx512f -mavx512bw -mavx512vl -mavx512dq
 CODEC_FLAGS := -fno-thread-jumps
 HOST_CODEC_OBJS := $(HOST_ISAS:%=$(BUILD)/obj/src/codec/codec_host_%.o)
 
-# The kernel images first: NVRTC is the longest step (an architecture per core), and the
-# objects fill the cores around it rather than after it.
+# The kernel images first: they are the longest step (an architecture per core), and the
+# objects fill the cores around them rather than after them.
 LIB_OBJS := $(CU_OBJS) $(LIB_SRCS:%.cc=$(BUILD)/obj/%.o) $(HOST_CODEC_OBJS)
 LIB      := $(BUILD)/lib/libqnccl.so
 CDEF     := $(BUILD)/include/qnccl_cdef.h
@@ -141,8 +144,9 @@ define kernel_module
 $(BUILD)/gen/$(1)_images.cc: $(KERNEL_SOURCE_$(1)) $(HEADERS) $(wildcard src/codec/nvrtc_include/*) \
                              scripts/nvrtc_build.py $(FLAGS_STAMP)
 	@mkdir -p $$(dir $$@)
-	$(PYTHON) scripts/nvrtc_build.py --nvrtc $(NVRTC) --module $(1) --source $(KERNEL_SOURCE_$(1)) \
-	  --out $(BUILD)/gen --sass "$(CUDA_ARCHS)" --ptx $(CUDA_PTX) --jobs $(JOBS) $(NVRTC_INCLUDES)
+	$(PYTHON) scripts/nvrtc_build.py --nvrtc $(NVRTC) --ptxas $(PTXAS) --module $(1) \
+	  --source $(KERNEL_SOURCE_$(1)) --out $(BUILD)/gen --sass "$(CUDA_ARCHS)" --ptx $(CUDA_PTX) \
+	  --jobs $(JOBS) $(NVRTC_INCLUDES)
 endef
 $(foreach m,$(KERNEL_MODULES),$(eval $(call kernel_module,$(m))))
 

@@ -1,22 +1,28 @@
 #!/usr/bin/env python3
-"""Compiles a kernel source with NVRTC into machine code for each GPU
-architecture and PTX for one, and writes the C++ source that embeds them in
-libqnccl.so (`make` runs it; the library loads the images with the driver
-API, src/codec/cuda_module.cc).
+"""Compiles a kernel source with NVRTC into PTX, assembles it with ptxas into
+machine code for each GPU architecture, and writes the C++ source that embeds
+them in libqnccl.so (`make` runs it; the library loads the images with the
+driver API, src/codec/cuda_module.cc).
 
-    nvrtc_build.py --nvrtc LIBNVRTC --module NAME --source FILE --out DIR
+    nvrtc_build.py --nvrtc LIBNVRTC --ptxas PTXAS --module NAME --source FILE --out DIR
                    --sass "80 86 ..." --ptx 120 [-I DIR ...] [-D NAME ...]
 
 NVRTC is the CUDA toolkit's runtime compiler (pip: nvidia-cuda-nvrtc-cu12):
 the same front end and code generator as nvcc of that release, so the
 library's kernels and its statically linked runtime come from one CUDA 12
-toolkit, which every driver from R525 on runs. Writes DIR/NAME.sm_XX.cubin,
-DIR/NAME.compute_XX.ptx and DIR/NAME_images.cc."""
+toolkit, which every driver from R525 on runs. The front end runs once, for
+the oldest architecture asked for: its PTX is the same text for every newer
+one (the kernels use nothing newer), and ptxas of the same release
+(nvidia-cuda-nvcc-cu12) turns it into the same machine code an NVRTC compile
+for each architecture gives, at about half the cost per architecture.
+Writes DIR/NAME.sm_XX.cubin, DIR/NAME.compute_XX.ptx and DIR/NAME_images.cc."""
 import argparse
 import concurrent.futures
 import ctypes
 import re
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 # As nvcc is run for the host codec's arithmetic: no fused multiply-add, IEEE
@@ -27,14 +33,12 @@ OPTIONS = ["-std=c++17", "--fmad=false", "--prec-div=true", "--ftz=false", "-DQN
            "-default-device"]
 
 
-def compile_one(nvrtc, source, name, arch, cubin, ptx, includes, defines):
-    """(the PTX of compute_ARCH if `ptx`, the machine code of sm_ARCH if `cubin`): one
-    compile gives both (an sm_XX compile's PTX is compute_XX's)."""
+def ptx_of(nvrtc, source, name, arch, includes, defines):
+    """The PTX of compute_ARCH (without its terminating NUL)."""
     prog = ctypes.c_void_p()
     check(nvrtc, nvrtc.nvrtcCreateProgram(ctypes.byref(prog), source, name.encode(), 0, None,
                                           None), "nvrtcCreateProgram")
-    target = f"sm_{arch}" if cubin else f"compute_{arch}"
-    options = [*OPTIONS, f"--gpu-architecture={target}", *(f"-I{i}" for i in includes),
+    options = [*OPTIONS, f"--gpu-architecture=compute_{arch}", *(f"-I{i}" for i in includes),
                *(f"-D{d}" for d in defines)]
     array = (ctypes.c_char_p * len(options))(*(o.encode() for o in options))
     result = nvrtc.nvrtcCompileProgram(prog, len(options), array)
@@ -43,18 +47,13 @@ def compile_one(nvrtc, source, name, arch, cubin, ptx, includes, defines):
     log = ctypes.create_string_buffer(size.value)
     nvrtc.nvrtcGetProgramLog(prog, log)
     if result != 0:
-        sys.exit(f"nvrtc_build: {name} for {target} failed:\n{log.value.decode(errors='replace')}")
-
-    def get(get_size, get_image, what):
-        check(nvrtc, get_size(prog, ctypes.byref(size)), f"{what} size")
-        image = ctypes.create_string_buffer(size.value)
-        check(nvrtc, get_image(prog, image), what)
-        return image.raw
-
-    text = get(nvrtc.nvrtcGetPTXSize, nvrtc.nvrtcGetPTX, "PTX") if ptx else None
-    machine = get(nvrtc.nvrtcGetCUBINSize, nvrtc.nvrtcGetCUBIN, "cubin") if cubin else None
+        sys.exit(f"nvrtc_build: {name} for compute_{arch} failed:\n"
+                 f"{log.value.decode(errors='replace')}")
+    check(nvrtc, nvrtc.nvrtcGetPTXSize(prog, ctypes.byref(size)), "PTX size")
+    text = ctypes.create_string_buffer(size.value)
+    check(nvrtc, nvrtc.nvrtcGetPTX(prog, text), "PTX")
     nvrtc.nvrtcDestroyProgram(ctypes.byref(prog))
-    return text, machine
+    return text.raw.rstrip(b"\0")
 
 
 def check(nvrtc, result, what):
@@ -112,8 +111,9 @@ extern const CudaModule kCudaModule_{module} = {{"{module}", kImages, kKernels}}
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
     parser.add_argument("--nvrtc", required=True)
+    parser.add_argument("--ptxas", required=True)
     parser.add_argument("--module", required=True)
     parser.add_argument("--source", required=True, type=Path)
     parser.add_argument("--out", required=True, type=Path)
@@ -121,15 +121,24 @@ def main():
     parser.add_argument("--ptx", required=True)
     parser.add_argument("-I", dest="includes", action="append", default=[])
     parser.add_argument("-D", dest="defines", action="append", default=[])
-    parser.add_argument("--jobs", type=int, default=1, help="architectures compiled at once")
+    parser.add_argument("--jobs", type=int, default=1, help="compiles run at once")
     args = parser.parse_args()
+    if not Path(args.ptxas).is_file():
+        sys.exit(f"nvrtc_build: no ptxas at {args.ptxas}: `make setup` installs it (the "
+                 "nvidia-cuda-nvcc-cu12 wheel), or build without kernels: make CUDA=0")
     args.out.mkdir(parents=True, exist_ok=True)
     sass, ptx = [int(a) for a in args.sass.split()], int(args.ptx)
-    # (arch, cubin, ptx) per compile: the PTX comes with sm_PTX's machine code when it is built
-    jobs = [(a, True, a == ptx) for a in sass] + ([] if ptx in sass else [(ptx, False, True)])
-    with concurrent.futures.ProcessPoolExecutor(max(1, args.jobs)) as pool:
-        made = [i for images in pool.map(build_one, [(args, *job) for job in jobs]) for i in images]
-    images = [i for i in made if not i[1]] + [i for i in made if i[1]]  # machine code, then PTX
+    oldest = min(sass + [ptx])  # its PTX assembles for every architecture asked for
+    fronts = sorted({oldest, ptx})  # one NVRTC compile, or two when CUDA_PTX is not the oldest
+    with concurrent.futures.ProcessPoolExecutor(max(1, min(args.jobs, len(fronts)))) as pool:
+        texts = dict(zip(fronts, pool.map(ptx_of_source, [(args, a) for a in fronts])))
+    embedded = write(args.out / f"{args.module}.compute_{ptx}.ptx", texts[ptx])
+    with tempfile.NamedTemporaryFile(suffix=".ptx") as source, \
+            concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
+        source.write(texts[oldest])
+        source.flush()
+        machine = list(pool.map(lambda a: assemble(args, source.name, a), sass))
+    images = [(a, False, path) for a, path in zip(sass, machine)] + [(ptx, True, embedded)]
     # images of architectures an earlier build had and this one has not: not the library's
     paths = {path for _, _, path in images}
     for stale in [*args.out.glob(f"{args.module}.sm_*.cubin"),
@@ -139,21 +148,27 @@ def main():
     embed(args.module, images, args.out / f"{args.module}_images.cc")
 
 
-def build_one(job):
-    """One compile's images, written next to the others: [(arch, ptx, path)]."""
-    args, arch, cubin, ptx = job
-    images = compile_one(ctypes.CDLL(args.nvrtc), args.source.read_bytes(), args.source.name, arch,
-                         cubin, ptx, args.includes, args.defines)
-    out = []
-    for is_ptx, image in zip((True, False), images):
-        if image is None:
-            continue
-        path = args.out / (f"{args.module}.compute_{arch}.ptx" if is_ptx else
-                           f"{args.module}.sm_{arch}.cubin")
-        path.write_bytes(image)
-        print(f"nvrtc_build: {path} ({len(image)} bytes)", flush=True)
-        out.append((arch, is_ptx, path))
-    return out
+def ptx_of_source(job):
+    args, arch = job
+    return ptx_of(ctypes.CDLL(args.nvrtc), args.source.read_bytes(), args.source.name, arch,
+                  args.includes, args.defines)
+
+
+def assemble(args, ptx_path, arch):
+    """sm_ARCH's machine code of the PTX at ptx_path, written to the output folder."""
+    path = args.out / f"{args.module}.sm_{arch}.cubin"
+    done = subprocess.run([args.ptxas, f"-arch=sm_{arch}", ptx_path, "-o", str(path)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"nvrtc_build: ptxas for sm_{arch} failed:\n{done.stderr}")
+    print(f"nvrtc_build: {path} ({path.stat().st_size} bytes)", flush=True)
+    return path
+
+
+def write(path, image):
+    path.write_bytes(image)
+    print(f"nvrtc_build: {path} ({len(image)} bytes)", flush=True)
+    return path
 
 
 if __name__ == "__main__":
