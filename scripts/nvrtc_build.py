@@ -115,7 +115,7 @@ extern const CudaModule kCudaModule_{module} = {{"{module}", kImages, kKernels}}
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nvrtc", required=True)
     parser.add_argument("--ptxas", required=True)
     parser.add_argument("--module", required=True)
@@ -137,11 +137,13 @@ def main():
     with concurrent.futures.ProcessPoolExecutor(max(1, min(args.jobs, len(fronts)))) as pool:
         texts = dict(zip(fronts, pool.map(ptx_of_source, [(args, a) for a in fronts])))
     embedded = write(args.out / f"{args.module}.compute_{ptx}.ptx", texts[ptx])
-    with tempfile.NamedTemporaryFile(suffix=".ptx") as source, \
+    with tempfile.TemporaryDirectory() as scratch, \
             concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
-        source.write(texts[oldest])
-        source.flush()
-        machine = list(pool.map(lambda a: assemble(args, source.name, a), sass))
+        # the embedded PTX is ptxas's input unless CUDA_PTX is not the oldest architecture
+        source = embedded if oldest == ptx else Path(scratch) / f"compute_{oldest}.ptx"
+        if source != embedded:
+            source.write_bytes(texts[oldest])
+        machine = list(pool.map(lambda a: assemble(args, source, a), sass))
     images = [(a, False, path) for a, path in zip(sass, machine)] + [(ptx, True, embedded)]
     # images of architectures an earlier build had and this one has not: not the library's
     paths = {path for _, _, path in images}
@@ -163,7 +165,7 @@ def assemble(args, ptx_path, arch):
     path = args.out / f"{args.module}.sm_{arch}.cubin"
     # -fmad=false as NVRTC passes it to its own ptxas (every float add and mul in the PTX
     # names its rounding, so none could be fused anyway: tests/test_cuda_build.py)
-    done = subprocess.run([args.ptxas, f"-arch=sm_{arch}", "-fmad=false", ptx_path, "-o",
+    done = subprocess.run([args.ptxas, f"-arch=sm_{arch}", "-fmad=false", str(ptx_path), "-o",
                            str(path)], capture_output=True, text=True)
     if done.returncode != 0:
         sys.exit(f"nvrtc_build: ptxas for sm_{arch} failed:\n{done.stderr}")
