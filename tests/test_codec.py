@@ -144,6 +144,75 @@ def test_values_at_cubic_thresholds_match_emulator(rng, bits):
                       f"quantize nearest at cubic thresholds, bits={bits}")
 
 
+def _undo_xorshift(y, shift, width):
+    """x from y = x ^ (x >> shift) on `width` bits."""
+    x = y
+    for _ in range(width // shift + 1):
+        x = y ^ (x >> shift)
+    return x
+
+
+def _undo_mix64(y):
+    """The z with mix64(z) = y (emulate/codec.py: every step of splitmix64's finalizer is a
+    bijection of 64-bit words)."""
+    m = 2**64
+    y = _undo_xorshift(y, 31, 64)
+    y = y * pow(0x94D049BB133111EB, -1, m) % m
+    y = _undo_xorshift(y, 27, 64)
+    y = y * pow(0xBF58476D1CE4E5B9, -1, m) % m
+    return _undo_xorshift(y, 30, 64)
+
+
+def _undo_hash32(h):
+    m = 2**32
+    x = _undo_xorshift(h, 16, 32)
+    x = x * pow(0x846CA68B, -1, m) % m
+    x = _undo_xorshift(x, 15, 32)
+    x = x * pow(0x7FEB352D, -1, m) % m
+    return _undo_xorshift(x, 16, 32)
+
+
+def seed_with_zero_uniform_at_index_0(stream):
+    """A seed whose random number u of element 0 is exactly 0: the key's high word is then
+    element 0's Weyl value, chosen as the preimage of hash 0."""
+    key = _undo_hash32(0) << 32 | 1
+    seed = _undo_mix64(key) ^ int(emu._mix64(np.uint64(stream)))  # key = mix64(seed ^ mix64(stream))
+    assert emu.rng_uniform(seed, stream, 0) == 0
+    return seed
+
+
+@pytest.mark.parametrize("end", ["max", "min"])
+@pytest.mark.parametrize("bits", [3, 4, 5])
+def test_stochastic_rounding_stays_inside_the_cubic_grid_at_its_ends(rng, bits, end):
+    """A bucket's max (or min) can scale to w a float above d^3 on its side, so that with u = 0
+    the stochastic step goes one code past the grid: the encoder must clamp it to L (or 0).
+    Element 0 holds the end, its random number is made exactly 0 by the seed, and the bucket
+    has enough values that the host encoder's vectorized loop, not its scalar tail, codes it.
+    (At two bits a side with values has d = 1 or 2, whose unit scales exactly: w never passes
+    d^3 there.)"""
+    bucket, stream = 128, 5
+    for _ in range(1000):  # a bucket whose end overshoots d^3 (about every other one does)
+        lo = -np.float32(2) ** np.float32(rng.uniform(-20, 20))
+        hi = np.float32(2) ** np.float32(rng.uniform(-20, 20))
+        p = emu.bucket_params(np.array([lo]), np.array([hi]), bits)
+        top = (1 << bits) - 1
+        d = top - p["zero"][0] if end == "max" else p["zero"][0]
+        w = hi * p["inv_unit_pos"][0] if end == "max" else -lo * p["inv_unit_neg"][0]
+        if w > d * d * d:
+            break
+    else:
+        pytest.fail("no bucket whose end scales past d^3")
+    x = rng.uniform(lo, hi, bucket).astype(np.float32)
+    x[0] = hi if end == "max" else lo
+    x[1] = lo if end == "max" else hi
+    seed = seed_with_zero_uniform_at_index_0(stream)
+    q = codec.quantize(x, bits, bucket, "stochastic", seed=seed, stream=stream)
+    assert_same_bytes(q.data, emu.quantize(x, bits, bucket, "stochastic", seed=seed, stream=stream),
+                      f"stochastic at the grid's {end}, bits={bits}")
+    code0 = int(emu.unpack_codes(q.data[8:], bucket, bits)[0])
+    assert code0 == (top if end == "max" else 0), f"element 0 ({end}) coded {code0}"
+
+
 # ---- error bounds -------------------------------------------------------------
 
 def rounding_slack(meta):
