@@ -45,6 +45,18 @@ def joined(out, err):
     return out + ("\n" if out and err and not out.endswith("\n") else "") + err
 
 
+def excerpt(out, tail=4000):
+    """What a job said that a failure report needs: its FAIL and SUMMARY lines (the checks
+    that failed, wherever they are in a long output), then the output's last `tail`
+    characters."""
+    key = [line for line in out.splitlines() if line.startswith(("FAIL", "SUMMARY"))]
+    if not key:
+        return out[-tail:]
+    more = f"\n... and {len(key) - 40} more" if len(key) > 40 else ""
+    return "\n".join(key[:40]) + more + f"\n--- the output's last {tail} characters ---\n" + \
+        out[-tail:]
+
+
 def run(nprocs, argv, timeout, env=None, check=True):
     """Runs `argv` as an MPI job of `nprocs` ranks; returns the CompletedProcess.
 
@@ -66,12 +78,12 @@ def run(nprocs, argv, timeout, env=None, check=True):
         os.killpg(proc.pid, signal.SIGKILL)
         out = joined(*proc.communicate())
         pytest.fail(f"MPI job hung: {nprocs} ranks of {' '.join(map(str, argv))} ran past "
-                    f"{timeout} s and were killed. Output:\n{out[-4000:]}")
+                    f"{timeout} s and were killed. Output:\n{excerpt(out)}")
     out = joined(out, err)
     result = subprocess.CompletedProcess(cmd, proc.returncode, out, "")
     if check and proc.returncode != 0:
         pytest.fail(f"MPI job failed (exit {proc.returncode}): {nprocs} ranks of "
-                    f"{' '.join(map(str, argv))}. Output:\n{out[-6000:]}")
+                    f"{' '.join(map(str, argv))}. Output:\n{excerpt(out)}")
     return result
 
 
@@ -85,5 +97,5 @@ def run_checks(nprocs, script, *args, timeout=120, env=None):
     `SUMMARY ... N failures`) and asserts it ended with 0 failures; its stdout."""
     result = run_python(nprocs, script, *args, timeout=timeout, env=env)
     summary = [line for line in result.stdout.splitlines() if line.startswith("SUMMARY")]
-    assert summary and summary[-1].endswith(" 0 failures"), result.stdout[-6000:]
+    assert summary and summary[-1].endswith(" 0 failures"), excerpt(result.stdout)
     return result.stdout
