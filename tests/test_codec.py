@@ -152,24 +152,23 @@ def _undo_xorshift(y, shift, width):
     return x
 
 
+def _undo_finalizer(y, width, shifts, multipliers):
+    """The x with f(x) = y on `width`-bit words, f the xorshift-multiply finalizer
+    x ^= x >> s0; x *= m0; x ^= x >> s1; x *= m1; x ^= x >> s2 (splitmix64's and the 32-bit
+    hash of emulate/codec.py): each step is a bijection, undone in reverse order."""
+    m = 2**width
+    x = _undo_xorshift(y, shifts[2], width)
+    for shift, multiplier in ((shifts[1], multipliers[1]), (shifts[0], multipliers[0])):
+        x = _undo_xorshift(x * pow(multiplier, -1, m) % m, shift, width)
+    return x
+
+
 def _undo_mix64(y):
-    """The z with mix64(z) = y (emulate/codec.py: every step of splitmix64's finalizer is a
-    bijection of 64-bit words)."""
-    m = 2**64
-    y = _undo_xorshift(y, 31, 64)
-    y = y * pow(0x94D049BB133111EB, -1, m) % m
-    y = _undo_xorshift(y, 27, 64)
-    y = y * pow(0xBF58476D1CE4E5B9, -1, m) % m
-    return _undo_xorshift(y, 30, 64)
+    return _undo_finalizer(y, 64, (30, 27, 31), (0xBF58476D1CE4E5B9, 0x94D049BB133111EB))
 
 
 def _undo_hash32(h):
-    m = 2**32
-    x = _undo_xorshift(h, 16, 32)
-    x = x * pow(0x846CA68B, -1, m) % m
-    x = _undo_xorshift(x, 15, 32)
-    x = x * pow(0x7FEB352D, -1, m) % m
-    return _undo_xorshift(x, 16, 32)
+    return _undo_finalizer(h, 32, (16, 15, 16), (0x7FEB352D, 0x846CA68B))
 
 
 def seed_with_zero_uniform_at_index_0(stream):
