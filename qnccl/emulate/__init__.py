@@ -12,6 +12,8 @@ qnccl.emulate.training.EmulatedAllReduce is a communicator of N virtual ranks in
 training loop: call counter, warm-up calls and error feedback's residuals per buffer.
 qnccl.emulate.adaptive.AdaptiveBits picks per-layer widths under the byte budget of
 uniform ones (L-GreCo's knapsack); EmulatedAllReduce and the DDP hook both take one.
+qnccl.emulate.rotation is docs/rotation.md: the randomized Hadamard rotation that every
+emulated collective applies with rotation="hadamard".
 """
 from .allreduce import allreduce, auto_algo, stream_id
 from .collectives import P2P_CALL, allgather, alltoall, reduce_scatter, sendrecv

@@ -58,7 +58,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from . import codec, hierarchical
+from . import codec, hierarchical, rotation as rot
 from .codec import _mix64 as mix64  # the splitmix64 finalizer of wire-format.md
 
 F32 = np.float32
@@ -171,6 +171,16 @@ class _Config:
     # quantizes as communicator rank stream_ranks[r], its step s as step_base + s.
     stream_ranks: Optional[tuple] = None
     step_base: int = 0
+    # Hadamard rotation of the inputs in blocks of this many values (0: none, or done by
+    # the caller); a rotated call's buckets are all on the uniform grid (docs/rotation.md).
+    rotation_block: int = 0
+    cubic: bool = True
+
+
+def rotated(rotation, block):
+    """_Config's rotation fields for a call's rotation setting."""
+    on = rotation == "hadamard"
+    return {"rotation_block": block if on else 0, "cubic": not on}
 
 
 def _stream_ranks(cfg, ranks):
@@ -257,7 +267,8 @@ def allreduce(inputs: Sequence[np.ndarray], algo: str = "auto", bits: int = 4,
               bucket_size: int = 128, rounding: str = "stochastic", seed: int = 0,
               op: str = "sum", call: int = 0, segment_values: int = 0, dtype=None,
               return_bounds: bool = False, residuals=None, nodes=None,
-              inter_algo: str = "auto", intra_bits: int = 0):
+              inter_algo: str = "auto", intra_bits: int = 0, rotation: str = "none",
+              rotation_block: int = rot.DEFAULT_BLOCK):
     """What qncclAllReduce returns on every rank of an N-rank communicator.
 
     inputs          one array per rank (a list, or an N x ... array), all of one
@@ -281,6 +292,11 @@ def allreduce(inputs: Sequence[np.ndarray], algo: str = "auto", bits: int = 4,
     inter_algo      hier: the flat algorithm between nodes ("auto": auto_algo for one
                     rank's shard of the buffer over the nodes)
     intra_bits      hier: 0 (exact reduce-scatter inside a node) or 1..8
+    rotation, rotation_block
+                    "none", or "hadamard": every rank rotates its widened input in
+                    blocks of rotation_block values (qnccl.emulate.rotation), the call
+                    runs on the rotated values (residuals too), and the result is
+                    rotated back before its store into the output type
 
     Returns the list of the N ranks' outputs (each of the inputs' shape and
     dtype; identical, as every rank decodes the same bytes), and with
@@ -288,6 +304,7 @@ def allreduce(inputs: Sequence[np.ndarray], algo: str = "auto", bits: int = 4,
     sum (or average)| described in the module docstring.
     """
     codec.check_config(bits, bucket_size, rounding)
+    rot.check(rotation, rotation_block)
     if op not in OPS:
         raise ValueError(f"op must be 'sum' or 'avg', got {op!r}")
     x, name, out_dtype, shape = _inputs(inputs, dtype)
@@ -296,7 +313,8 @@ def allreduce(inputs: Sequence[np.ndarray], algo: str = "auto", bits: int = 4,
     if algo == "exact":
         return _exact(inputs, x, name, out_dtype, shape, op, return_bounds)
     cfg = _Config(nranks, bits, bucket_size, rounding, operator.index(seed),
-                  operator.index(call), op == "avg", return_bounds)
+                  operator.index(call), op == "avg", return_bounds,
+                  **rotated(rotation, rotation_block))
     flat = e = None
     if residuals is not None:
         if return_bounds:
@@ -414,7 +432,7 @@ def _qd_block(x, keys, index, cfg):
     """D(Q(x)) of rows x (buckets from column 0); keys: rng_uniform's key of each value."""
     nr, m = x.shape
     lo, hi, x = _bucket_meta(x, cfg.bucket_size)
-    p = codec.bucket_params(lo, hi, cfg.bits)  # (nr, nb, 1): broadcast over each bucket
+    p = codec.bucket_params(lo, hi, cfg.bits, cfg.cubic)  # (nr, nb, 1): one per bucket
     u = None
     if keys is not None:
         u = codec.uniform_from_key(keys, index[None, :])  # index < 2^32
@@ -431,7 +449,7 @@ def _qbound(v, cfg):
     (and its decode) can move it (module docstring); NaN in a non-finite bucket."""
     nr, m = v.shape
     lo, hi, _ = _bucket_meta(v, cfg.bucket_size)
-    p = codec.bucket_params(lo, hi, cfg.bits)
+    p = codec.bucket_params(lo, hi, cfg.bits, cfg.cubic)
     step = codec.grid_step(p)
     magnitude = np.maximum(np.abs(lo), np.abs(hi)).astype(np.float64)
     per_bucket = (step * (0.5 if cfg.rounding == "nearest" else 1.0)
@@ -596,25 +614,34 @@ def run(x, algo, cfg, segment_values, residuals=None, hier=None):
     """The float32 result (n values) of the call on the widened inputs x (N x n) for every
     rank, and with cfg.bounds its bound (float64, before the store into the output type);
     with residuals (N x n float32, updated in place) the call runs with error feedback
-    (docs/allreduce.md, Error feedback)."""
+    (docs/allreduce.md, Error feedback). A rotated call (cfg.rotation_block) rotates each
+    segment of the inputs, runs on the rotated values (residuals in that domain), and
+    rotates the segment's result back (docs/rotation.md)."""
     nranks, count = x.shape
     out = np.empty(count, F32)
     bound = np.zeros(count) if cfg.bounds else None
-    if hier is None and residuals is not None:
-        with np.errstate(invalid="ignore", over="ignore"):
-            x = x + residuals  # z_r = widen(x_r) + e_r; a hierarchical call's stages add them
+    block = cfg.rotation_block
     for g, (start, stop) in enumerate(segments(count, segment_values, cfg.bucket_size)):
-        z = np.ascontiguousarray(x[:, start:stop])
-        if hier is not None:
+        x_g = np.ascontiguousarray(x[:, start:stop])
+        z = rot.rotate(x_g, block, cfg.seed) if block else x_g
+        if hier is not None:  # its stages add the residuals
             e = None if residuals is None else residuals[:, start:stop]
             y, b = hierarchical.segment(z, hier.dtype, cfg, g, hier.layout, hier.inter,
                                         hier.intra_bits, _ALGORITHMS, _qd, _qbound, _dropped, e)
         else:
-            e = None if residuals is None else np.empty((nranks, stop - start), F32)
+            e = None
+            if residuals is not None:
+                with np.errstate(invalid="ignore", over="ignore"):
+                    z = z + residuals[:, start:stop]  # z_r = widen(x_r) + e_r
+                e = np.empty((nranks, stop - start), F32)
             zb = np.zeros(z.shape) if cfg.bounds else None
             y, b = _ALGORITHMS[algo](cfg, z, g, e, zb)
             if e is not None:
                 residuals[:, start:stop] = e
+        if block:
+            if b is not None:
+                b = rot.bound(b, x_g, y, block, cfg.average)
+            y = rot.unrotate(y, block, cfg.seed)
         out[start:stop] = y
         if bound is not None:
             bound[start:stop] = b

@@ -23,6 +23,9 @@ F32 = np.float32
 WIRE_VERSION = 2  # the version of docs/wire-format.md implemented here
 DTYPES = ("float32", "float16", "bfloat16")
 ROUNDINGS = ("nearest", "stochastic")
+# "auto": each bucket's grid from its metadata (cubic where it applies); "uniform": every
+# bucket on the uniform grid (a rotated call's buckets, docs/rotation.md)
+GRIDS = ("auto", "uniform")
 MIN_BITS, MAX_BITS = 1, 8
 META_BYTES = 8  # per bucket: float32 min, float32 max
 CODE_ALIGN = 8  # the code area is padded to a multiple of this many bytes
@@ -265,11 +268,12 @@ def unpack_codes(area, count, bits):
 
 # ---- buckets (docs/wire-format.md, Arithmetic) --------------------------------
 
-def bucket_params(lo, hi, bits):
+def bucket_params(lo, hi, bits, cubic=True):
     """What encode and decode derive from a bucket's metadata (min, max), as
-    float32 scalars or arrays (docs/wire-format.md, Arithmetic).
+    float32 scalars or arrays (docs/wire-format.md, Arithmetic). cubic=False: the
+    uniform grid for every bucket (a rotated call's buckets, docs/rotation.md).
 
-    Cubic grid, when b >= 2, min < 0 <= max (A = max, B = -min) and neither unit below
+    Cubic grid, when cubic, b >= 2, min < 0 <= max (A = max, B = -min) and neither unit below
     is under 2^-126 (a range of about 2^-102 or less keeps the uniform grid):
 
         r     = (B * 0.5) / (A * 0.5 + B * 0.5)
@@ -302,7 +306,7 @@ def bucket_params(lo, hi, bits):
         p = {"sigma": sigma, "inv_sigma": np.where(huge, F32(2.0), F32(1.0)), "a": a,
              "step": step, "inv": inv, "top": top, "lo": lo, "hi": hi,
              "cubic": np.zeros(np.shape(lo), bool)}
-        if bits >= 2:
+        if bits >= 2 and cubic:
             p.update(_cubic_params(hi, -lo, top))
             p["cubic"] = ((lo < 0) & (hi >= 0) & (p["unit_neg"] >= _TWO_POW_MINUS_126)
                           & (p["unit_pos"] >= _TWO_POW_MINUS_126))
@@ -434,13 +438,21 @@ def read_meta(buf, count, bucket_size):
     return _as_bytes(buf, nb * META_BYTES, "quantized buffer").view("<f4").reshape(nb, 2)
 
 
-def quantize(array, bits, bucket_size, rounding, seed=0, stream=0, dtype=None):
+def _cubic(grid):
+    """Whether `grid` lets buckets take the cubic grid (ValueError for a bad name)."""
+    if grid not in GRIDS:
+        raise ValueError(f"grid must be one of {', '.join(GRIDS)}, got {grid!r}")
+    return grid == "auto"
+
+
+def quantize(array, bits, bucket_size, rounding, seed=0, stream=0, dtype=None, grid="auto"):
     """The wire bytes (uint8 array of compressed_size bytes) of `array`.
 
     `seed` and `stream` pick the random numbers of stochastic rounding
-    (rng_uniform); nearest rounding ignores them.
+    (rng_uniform); nearest rounding ignores them. grid: GRIDS.
     """
     check_config(bits, bucket_size, rounding)
+    cubic = _cubic(grid)
     x, _ = as_float32(array, dtype)
     count = x.size
     out = np.zeros(compressed_size(count, bits, bucket_size), np.uint8)
@@ -457,35 +469,36 @@ def quantize(array, bits, bucket_size, rounding, seed=0, stream=0, dtype=None):
 
     k = _bucket_of_each_value(count, bucket_size)
     u = None if rounding == "nearest" else rng_uniform(seed, stream, np.arange(count, dtype=np.uint64))
-    q = encode_values(x, per_value(bucket_params(lo, hi, bits), k), u)
+    q = encode_values(x, per_value(bucket_params(lo, hi, bits, cubic), k), u)
     codes = np.where(nonfinite[k], F32(0.0), q).astype(np.uint8)
     out[nb * META_BYTES:] = pack_codes(codes, bits)
     return out
 
 
-def decode(buf, count, bits, bucket_size):
-    """The float32 values of a quantized chunk:
+def decode(buf, count, bits, bucket_size, grid="auto"):
+    """The float32 values of a quantized chunk (quantized with the same `grid`):
 
         y = (a + k * (s- if k < 0 else s+)) * (1 / sigma), k = q - z, clamped to [min, max];
         every value of a non-finite bucket (min is NaN) is the canonical NaN.
     """
     check_config(bits, bucket_size)
+    cubic = _cubic(grid)
     buf = _as_bytes(buf, compressed_size(count, bits, bucket_size), "quantized buffer")
     meta = read_meta(buf, count, bucket_size)
     codes = unpack_codes(buf[len(meta) * META_BYTES:], count, bits)
     lo, hi = meta[:, 0], meta[:, 1]
     k = _bucket_of_each_value(count, bucket_size)
-    return decode_values(codes, per_value(bucket_params(lo, hi, bits), k))
+    return decode_values(codes, per_value(bucket_params(lo, hi, bits, cubic), k))
 
 
-def dequantize(buf, count, bits, bucket_size, dtype="float32"):
+def dequantize(buf, count, bits, bucket_size, dtype="float32", grid="auto"):
     """The `count` values of a quantized chunk as a flat array of `dtype`."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    return from_float32(decode(buf, count, bits, bucket_size), dtype)
+    return from_float32(decode(buf, count, bits, bucket_size, grid), dtype)
 
 
-def dequantize_accumulate(buf, count, bits, bucket_size, acc, dtype=None):
+def dequantize_accumulate(buf, count, bits, bucket_size, acc, dtype=None, grid="auto"):
     """acc += decoded values, in place: added in float32, a NaN sum becomes the
     canonical NaN, stored back in acc's type. `acc` is a C-contiguous writable
     array of `count` float32/float16/bfloat16 values (uint16 bits need `dtype`).
@@ -496,7 +509,7 @@ def dequantize_accumulate(buf, count, bits, bucket_size, acc, dtype=None):
         raise ValueError(f"acc holds {acc.size} values, count is {count}")
     name = dtype_name(acc.dtype, dtype)
     with np.errstate(invalid="ignore", over="ignore"):
-        total = to_float32(acc.reshape(-1), name) + decode(buf, count, bits, bucket_size)
+        total = to_float32(acc.reshape(-1), name) + decode(buf, count, bits, bucket_size, grid)
     total = np.where(total == total, total, _NAN32)
     acc.reshape(-1)[:] = from_float32(total, name).view(acc.dtype)
     return acc

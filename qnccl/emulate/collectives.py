@@ -37,7 +37,7 @@ from typing import Sequence
 
 import numpy as np
 
-from . import codec
+from . import codec, rotation as rot
 from .allreduce import AUTO_SRA_MAX_RANKS, F32, _Config, _inputs, _qd, direct_sends, segments
 
 REDUCE_SCATTER_ALGOS = ("ring", "sra")
@@ -64,11 +64,25 @@ def _chunked(inputs, dtype, what):
     return x.reshape(n, n, total // n), name, out_dtype, raw.view(codec.storage_dtype(name))
 
 
-def _common(bits, bucket_size, rounding, seed, call, op="sum"):
+def _common(bits, bucket_size, rounding, seed, call, rotation, rotation_block, op="sum"):
     codec.check_config(bits, bucket_size, rounding)
+    rot.check(rotation, rotation_block)
     if op not in ("sum", "avg"):
         raise ValueError(f"op must be 'sum' or 'avg', got {op!r}")
     return operator.index(seed), operator.index(call)
+
+
+class _Rotation:
+    """A call's rotation, or none: of each segment [a, b) of its pieces (the last axis)."""
+
+    def __init__(self, rotation, block, seed):
+        self.on, self.block, self.seed = rotation == "hadamard", block, seed
+
+    def forward(self, x):
+        return rot.rotate(np.ascontiguousarray(x), self.block, self.seed) if self.on else x
+
+    def inverse(self, y):
+        return rot.unrotate(np.ascontiguousarray(y), self.block, self.seed) if self.on else y
 
 
 def _quantize_pieces(cfg, pieces, ranks, steps, g):
@@ -108,12 +122,15 @@ _REDUCE_SCATTER = {"ring": _rs_ring, "sra": _rs_sra}
 
 def reduce_scatter(inputs: Sequence[np.ndarray], algo: str = "auto", bits: int = 4,
                    bucket_size: int = 128, rounding: str = "stochastic", seed: int = 0,
-                   op: str = "sum", call: int = 0, segment_values: int = 0, dtype=None):
+                   op: str = "sum", call: int = 0, segment_values: int = 0, dtype=None,
+                   rotation: str = "none", rotation_block: int = rot.DEFAULT_BLOCK):
     """What a quantized ncclReduceScatter returns on every rank: rank k's recvcount values,
     the sum (or average) of chunk k of every rank's input (N * recvcount values each, one
     dtype: float32, float16, bfloat16). algo: "ring", "sra" or "auto"
-    (auto_reduce_scatter_algo); the other arguments as for allreduce."""
-    seed, call = _common(bits, bucket_size, rounding, seed, call, op)
+    (auto_reduce_scatter_algo); the other arguments as for allreduce (a rotation rotates
+    each chunk on its own, and each owner rotates its result back)."""
+    seed, call = _common(bits, bucket_size, rounding, seed, call, rotation, rotation_block, op)
+    turn = _Rotation(rotation, rotation_block, seed)
     z, name, out_dtype, _ = _chunked(inputs, dtype, "recvcount")
     n, _, count = z.shape
     if algo == "auto":
@@ -121,48 +138,60 @@ def reduce_scatter(inputs: Sequence[np.ndarray], algo: str = "auto", bits: int =
     if algo not in _REDUCE_SCATTER:
         raise ValueError(f"algo must be one of auto, {', '.join(REDUCE_SCATTER_ALGOS)}, got "
                          f"{algo!r}")
-    cfg = _Config(n, bits, bucket_size, rounding, seed, call, op == "avg", False)
+    cfg = _Config(n, bits, bucket_size, rounding, seed, call, op == "avg", False,
+                  cubic=not turn.on)
     out = np.empty((n, count), F32)
-    for g, (a, b) in enumerate(segments(count, segment_values, bucket_size)):
-        out[:, a:b] = _REDUCE_SCATTER[algo](cfg, z[:, :, a:b], g)
+    spans = segments(count, segment_values, bucket_size)
+    for g, (a, b) in enumerate(spans):
+        out[:, a:b] = _REDUCE_SCATTER[algo](cfg, turn.forward(z[:, :, a:b]), g)
     if op == "avg":
         with np.errstate(invalid="ignore", over="ignore"):
             out /= F32(n)
+    for a, b in spans:
+        out[:, a:b] = turn.inverse(out[:, a:b])
     out[np.isnan(out)] = codec._NAN32  # accumulate's canonical NaN
     return [codec.from_float32(out[r], name).view(out_dtype) for r in range(n)]
 
 
 def allgather(inputs: Sequence[np.ndarray], bits: int = 4, bucket_size: int = 128,
               rounding: str = "stochastic", seed: int = 0, call: int = 0,
-              segment_values: int = 0, dtype=None):
+              segment_values: int = 0, dtype=None, rotation: str = "none",
+              rotation_block: int = rot.DEFAULT_BLOCK):
     """What a quantized ncclAllGather returns on every rank: rank r's sendcount values
     quantized once and decoded, in rank order (N * sendcount values, the same bytes on
-    every rank)."""
-    seed, call = _common(bits, bucket_size, rounding, seed, call)
+    every rank; with a rotation, each rank's piece rotated and every decoded one rotated
+    back)."""
+    seed, call = _common(bits, bucket_size, rounding, seed, call, rotation, rotation_block)
+    turn = _Rotation(rotation, rotation_block, seed)
     x, name, out_dtype, _ = _inputs(inputs, dtype)
     n, count = x.shape
-    cfg = _Config(n, bits, bucket_size, rounding, seed, call, False, False)
+    cfg = _Config(n, bits, bucket_size, rounding, seed, call, False, False, cubic=not turn.on)
     out = np.empty((n, count), F32)
     for g, (a, b) in enumerate(segments(count, segment_values, bucket_size)):
-        out[:, a:b] = _quantize_pieces(cfg, x[:, a:b], np.arange(n), np.zeros(n, np.int64), g)
+        out[:, a:b] = turn.inverse(_quantize_pieces(cfg, turn.forward(x[:, a:b]), np.arange(n),
+                                                    np.zeros(n, np.int64), g))
     gathered = codec.from_float32(out.reshape(-1), name).view(out_dtype)
     return [gathered.copy() for _ in range(n)]
 
 
 def alltoall(inputs: Sequence[np.ndarray], bits: int = 4, bucket_size: int = 128,
              rounding: str = "stochastic", seed: int = 0, call: int = 0,
-             segment_values: int = 0, dtype=None):
+             segment_values: int = 0, dtype=None, rotation: str = "none",
+             rotation_block: int = rot.DEFAULT_BLOCK):
     """What a quantized ncclAlltoAll returns on every rank: rank k's chunk j is rank j's
-    chunk k (count values each), quantized by j and decoded by k; its own chunk exact."""
-    seed, call = _common(bits, bucket_size, rounding, seed, call)
+    chunk k (count values each), quantized by j and decoded by k; its own chunk exact
+    (with a rotation, each sent chunk rotated and each received one rotated back)."""
+    seed, call = _common(bits, bucket_size, rounding, seed, call, rotation, rotation_block)
+    turn = _Rotation(rotation, rotation_block, seed)
     z, name, out_dtype, raw = _chunked(inputs, dtype, "count")
     n, _, count = z.shape
-    cfg = _Config(n, bits, bucket_size, rounding, seed, call, False, False)
+    cfg = _Config(n, bits, bucket_size, rounding, seed, call, False, False, cubic=not turn.on)
     ranks, steps = direct_sends(n)
     y = np.empty((n, n, count), F32)  # [sender j, chunk k]
     for g, (a, b) in enumerate(segments(count, segment_values, bucket_size)):
-        y[:, :, a:b] = _quantize_pieces(cfg, z[:, :, a:b].reshape(n * n, b - a), ranks, steps,
-                                        g).reshape(n, n, b - a)
+        pieces = turn.forward(z[:, :, a:b].reshape(n * n, b - a))
+        y[:, :, a:b] = turn.inverse(_quantize_pieces(cfg, pieces, ranks, steps, g)
+                                    ).reshape(n, n, b - a)
     stored = codec.from_float32(y.transpose(1, 0, 2).reshape(-1), name).reshape(n, n, count)
     raw = raw.reshape(n, n, count)
     for r in range(n):
@@ -172,19 +201,24 @@ def alltoall(inputs: Sequence[np.ndarray], bits: int = 4, bucket_size: int = 128
 
 def sendrecv(x: np.ndarray, rank: int, peer: int, nranks: int, call: int = 0, index: int = 0,
              bits: int = 4, bucket_size: int = 128, rounding: str = "stochastic",
-             seed: int = 0, segment_values: int = 0, dtype=None):
+             seed: int = 0, segment_values: int = 0, dtype=None, rotation: str = "none",
+             rotation_block: int = rot.DEFAULT_BLOCK):
     """What a quantized ncclRecv on `peer` receives when `rank` (of `nranks`) sends x with
     ncclSend in its point-to-point call `call` (counted from 0 per rank and
-    communicator), as its index-th send to that peer in the call."""
-    seed, call = _common(bits, bucket_size, rounding, seed, call)
+    communicator), as its index-th send to that peer in the call (with a rotation: the
+    message rotated, the received one rotated back)."""
+    seed, call = _common(bits, bucket_size, rounding, seed, call, rotation, rotation_block)
+    turn = _Rotation(rotation, rotation_block, seed)
     for name, value in (("rank", rank), ("peer", peer)):
         if not 0 <= operator.index(value) < nranks:
             raise ValueError(f"{name} must be in 0..{nranks - 1}, got {value}")
     if peer == rank:
         raise ValueError("a send to the rank itself is not quantized: it is copied exactly")
     x1, name, out_dtype, _ = _inputs([x], dtype)
-    cfg = _Config(nranks, bits, bucket_size, rounding, seed, P2P_CALL | call, False, False)
+    cfg = _Config(nranks, bits, bucket_size, rounding, seed, P2P_CALL | call, False, False,
+                  cubic=not turn.on)
     out = np.empty(x1.shape[1], F32)
     for g, (a, b) in enumerate(segments(x1.shape[1], segment_values, bucket_size)):
-        out[a:b] = _quantize_pieces(cfg, x1[:, a:b], [rank], [peer + nranks * index], g)[0]
+        out[a:b] = turn.inverse(_quantize_pieces(cfg, turn.forward(x1[:, a:b]), [rank],
+                                                 [peer + nranks * index], g))[0]
     return codec.from_float32(out, name).view(out_dtype)

@@ -1,0 +1,147 @@
+"""Randomized Hadamard rotation of a collective's pieces: docs/rotation.md in numpy.
+
+    y = rotate(x, block=256, seed=7)       # rows of float32 values, each rotated
+    x2 = unrotate(y, block=256, seed=7)    # x again (up to float32 rounding)
+
+Each segment of a piece (an allreduce's buffer; a reduce-scatter's, allgather's or
+all-to-all's per-rank chunk; a send's message) rotates on its own: its n values are cut into
+blocks from its start, n // B blocks of B values, then the remainder n mod B as blocks of its
+binary digits, largest first (100 = 64 + 32 + 4). A block of b = 2^k values rotates as
+
+    forward   y = 2^-ceil(k/2)  * H_b (s * x)
+    inverse   x = 2^-floor(k/2) * s * (H_b y)
+
+with s[i] = -1 where bit 31 of the random word of rng_uniform(seed, ROTATION_STREAM, i)
+is set (i: the value's index in the segment), else +1, and H_b the unnormalized Walsh-Hadamard
+butterfly: for h = 1, 2, 4, .., b/2, every pair (j, j + h) with bit h of j clear becomes
+(v[j] + v[j+h], v[j] - v[j+h]), float32. The two scales multiply to 1/b, so the inverse
+undoes the forward exactly in real arithmetic; being powers of two they round nothing (bar
+subnormals). The signs depend on the seed and the position only, never on the rank or the
+call: every rank rotates alike, sums of rotated pieces are rotated sums, and error
+feedback's residuals stay in one rotated domain from call to call.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import codec
+
+F32 = np.float32
+ROTATIONS = ("none", "hadamard")
+MIN_BLOCK, MAX_BLOCK = 2, 1 << 14
+DEFAULT_BLOCK = 256
+ROTATION_STREAM = 0x726F746174696F6E  # "rotation" in ASCII: the signs' random stream
+
+
+def check(rotation, block):
+    """ValueError unless (rotation, block) is a valid setting."""
+    if rotation not in ROTATIONS:
+        raise ValueError(f"rotation must be one of {', '.join(ROTATIONS)}, got {rotation!r}")
+    if (isinstance(block, bool) or not isinstance(block, (int, np.integer))
+            or not MIN_BLOCK <= block <= MAX_BLOCK or block & (block - 1)):
+        raise ValueError(f"rotation_block must be a power of two in [{MIN_BLOCK}, {MAX_BLOCK}], "
+                         f"got {block!r}")
+
+
+def blocks(count, block):
+    """The (start, size) of each block of a piece of `count` values."""
+    full = count // block
+    out = [(j * block, block) for j in range(full)]
+    at, rest = full * block, count % block
+    size = block // 2
+    while rest:
+        if rest & size:
+            out.append((at, size))
+            at += size
+            rest -= size
+        size //= 2
+    return out
+
+
+def signs(seed, count):
+    """s[0..count): +1 or -1 as float32."""
+    key = codec.rng_key(np.uint64(seed), np.uint64(ROTATION_STREAM))
+    u = codec.uniform_from_key(key, np.arange(count, dtype=np.uint64))
+    return np.where(u >= F32(0.5), F32(-1), F32(1))  # u >= 1/2: bit 31 of the word
+
+
+def _butterfly(v, size):
+    """H_size on the last axis of v (..., m * size): every size-block, float32."""
+    lead = v.shape[:-1]
+    h = 1
+    while h < size:
+        t = v.reshape(*lead, -1, 2, h)
+        a, b = t[..., 0, :], t[..., 1, :]
+        v = np.stack((a + b, a - b), axis=-2).reshape(*lead, -1)
+        h *= 2
+    return v
+
+
+def _apply(x, block, seed, forward):
+    x = np.asarray(x)
+    if x.dtype != F32:
+        raise ValueError(f"rotation works on float32 values, got {x.dtype}")
+    check("hadamard", block)
+    flat = x.reshape(-1, x.shape[-1]) if x.ndim else x.reshape(1, 1)
+    n = flat.shape[-1]
+    s = signs(seed, n)
+    out = np.empty_like(flat)
+    with np.errstate(invalid="ignore", over="ignore"):
+        for start, length, size in _runs(n, block):
+            k = size.bit_length() - 1
+            span = slice(start, start + length)
+            v = flat[:, span]
+            scale = F32(2.0 ** -((k + 1) // 2 if forward else k // 2))
+            if forward:
+                out[:, span] = _butterfly(v * s[span], size) * scale
+            else:
+                out[:, span] = _butterfly(v, size) * scale * s[span]
+    return out.reshape(x.shape)
+
+
+def _runs(count, block):
+    """(start, length, block size) of runs of equal blocks: the full blocks as one run."""
+    full = count // block
+    head = [(0, full * block, block)] if full else []
+    return head + [(start, size, size) for start, size in blocks(count, block)[full:]]
+
+
+def rotate(x, block, seed):
+    """The forward rotation of each row (last axis) of float32 `x`, as a new array."""
+    return _apply(x, block, seed, True)
+
+
+def unrotate(y, block, seed):
+    """The inverse rotation of each row (last axis) of float32 `y`, as a new array."""
+    return _apply(y, block, seed, False)
+
+
+_U32 = 2.0**-24
+_TINY = 2.0**-150  # a power-of-two scale rounding into the subnormals
+
+
+def bound(rotated_bound, x, y, block, average):
+    """The bound on |unrotate(y) - exact sum (avg: mean) of the unrotated inputs| from the
+    rotated domain's: `rotated_bound` (n values) bounds |y - exact sum of the rotated rows of
+    x| (x: N x n float32, the widened inputs before rotation; y: the rotated result). Adds
+    each rank's forward rotation rounding and the inverse's: a butterfly of depth k moves
+    an output by at most ((1 + u)^k - 1) times the sum of its block's magnitudes, and the
+    inverse maps an error e of a block to at most 2^-floor(k/2) sum |e| per value."""
+    nranks, n = x.shape
+    ax = np.abs(x.astype(np.float64))
+    ay = np.abs(y.astype(np.float64))
+    out = np.empty(n)
+    for start, length, size in _runs(n, block):
+        k = size.bit_length() - 1
+        grow = (1 + _U32) ** k - 1
+        fwd, inv = 2.0 ** -((k + 1) // 2), 2.0 ** -(k // 2)
+        m = length // size
+        span = slice(start, start + length)
+        forward = (fwd * grow * ax[:, span].reshape(nranks, m, size).sum(axis=2)
+                   + _TINY).sum(axis=0)  # each rank's rotation rounding, per block
+        if average:
+            forward /= nranks
+        total = rotated_bound[span].reshape(m, size).sum(axis=1) + size * forward
+        rounding = grow * ay[span].reshape(m, size).sum(axis=1)
+        out[span] = np.repeat(inv * (total + rounding) + _TINY, size)
+    return out
