@@ -49,10 +49,12 @@ sys.path[:0] = [str(REPO), str(REPO / "perf")]  # qnccl and accuracy_model; work
 
 from qnccl.bench import MPI_ENV as BENCH_MPI_ENV, MPI_SHARED_MEMORY_ENV  # noqa: E402
 from qnccl.cli import int_in  # noqa: E402  (after the path: the repository's qnccl)
+from qnccl.emulate import rotation  # noqa: E402
 from gloo_ranks import rendezvous_port  # noqa: E402
 
 DDP_PROGRAM = REPO / "perf" / "accuracy_ddp.py"
 BITS, ALGOS, RANKS = (8, 4, 2), ("ring", "tree", "sra"), (8, 32)
+BIT_CHOICES = (8, 6, 5, 4, 3, 2, 1)  # what --bits takes (BITS: the default)
 # seeds/000 Table 2's (forward, backward) bits of the embeddings' all-to-alls, at as many ranks
 # as the model has tables (each rank owns one: DLRM's model-parallel embeddings).
 ALLTOALL_BITS = ((8, 8), (8, 4), (4, 8), (4, 4), (4, 2), (2, 4), (2, 2))
@@ -104,6 +106,21 @@ def bit_pairs(text):
     return tuple(dict.fromkeys(pairs))
 
 
+def rotation_blocks(text):
+    """--rotation: a comma-separated list of rotation block sizes, or none."""
+    if text == "none":
+        return ()
+    try:
+        blocks = tuple(int(t) for t in text.split(","))
+        for b in blocks:
+            rotation.check("hadamard", b)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"--rotation takes block sizes (powers of two in "
+                                         f"[{rotation.MIN_BLOCK}, {rotation.MAX_BLOCK}]) or "
+                                         f"none, got {text!r}: {error}") from None
+    return blocks
+
+
 def build_parser():
     p = argparse.ArgumentParser(
         prog=TOOL, description="Training accuracy of a DLRM-style model and a transformer "
@@ -125,8 +142,8 @@ def build_parser():
     p.add_argument("--steps", type=int_in(EVALS), default=None,
                    help=f"optimizer steps of every model (default DLRM {FULL['dlrm']['steps']}, "
                         f"LM {FULL['lm']['steps']})")
-    p.add_argument("--bits", type=choice_list("bits", BITS), default=BITS,
-                   help="codec widths, e.g. 8,4,2 (default all)")
+    p.add_argument("--bits", type=choice_list("bits", BIT_CHOICES), default=BITS,
+                   help="codec widths, e.g. 8,4,3,2 (default 8,4,2)")
     p.add_argument("--algos", type=choice_list("algo", ALGOS), default=ALGOS,
                    help="allreduce algorithms, e.g. ring,tree,sra (default all)")
     p.add_argument("--ranks", type=choice_list("ranks", (4, 8, 16, 32, 64)), default=RANKS,
@@ -144,6 +161,10 @@ def build_parser():
                    help="add per-layer adaptive bits (L-GreCo's knapsack at the bytes of "
                         "uniform bits, qnccl.emulate.adaptive) beside each configuration of "
                         "3..7 bits, re-decided every tenth of the run")
+    p.add_argument("--rotation", type=rotation_blocks, default=(), metavar="BLOCKS",
+                   help="add rotated twins (randomized Hadamard in blocks of each of BLOCKS "
+                        "values, docs/rotation.md) beside every configuration, e.g. 256 or "
+                        "64,1024 (default: none)")
     p.add_argument("--optimizer", choices=("adam", "sgd"), default="adam",
                    help="adam (default; AdamW for the LM) or plain sgd")
     p.add_argument("--workers", type=int_in(1), default=min(2, os.cpu_count() or 1),
@@ -176,6 +197,8 @@ def configurations(args):
                 out.append({"bits": b, "algo": a, "error_feedback": ef})
                 if args.adaptive and 2 < b < 8:
                     out.append({"bits": b, "algo": a, "error_feedback": ef, "adaptive": True})
+                out += [{"bits": b, "algo": a, "error_feedback": ef, "rotation_block": block}
+                        for block in args.rotation]
     return out
 
 
@@ -200,7 +223,8 @@ def config_name(c):
     if "alltoall" in c:
         return "alltoall fwd uint{} bwd uint{}".format(*c["alltoall"])
     return (f"uint{c['bits']} {c['algo']}" + (" EF" if c["error_feedback"] else "")
-            + (" adaptive" if c.get("adaptive") else ""))
+            + (" adaptive" if c.get("adaptive") else "")
+            + (f" rot{c['rotation_block']}" if c.get("rotation_block") else ""))
 
 
 def jobs(args):
@@ -292,7 +316,9 @@ def train(job, settings):
                                       bucket_size=settings["bucket_size"],
                                       rounding=rounding_of(c, settings),
                                       seed=job["seed"],
-                                      error_feedback=c["error_feedback"], adaptive=policy)
+                                      error_feedback=c["error_feedback"], adaptive=policy,
+                                      rotation="hadamard" if c.get("rotation_block") else "none",
+                                      rotation_block=c.get("rotation_block") or 256)
     eval_at = set(np.linspace(0, steps, EVALS + 1).round().astype(int).tolist())
     curve, grad_error, wire = [], 0.0, 0.0
     for step in range(steps + 1):
@@ -700,6 +726,7 @@ def main(argv=None):
                            "optimizer": args.optimizer,
                            "lr": {m: task_class(m).LR[args.optimizer] for m in args.model},
                            "bucket_size": args.bucket_size, "adaptive": args.adaptive,
+                           "rotation_blocks": list(args.rotation),
                            "rounding": args.rounding, "ranks": list(args.ranks),
                            "alltoall": [list(p) for p in args.alltoall],
                            "workers": args.workers},
