@@ -2,8 +2,12 @@
 // stochastic) and qncclDequantizeAccumulate into float32, beside a plain
 // memcpy of the same buffer in the same run. Single thread, public API only.
 //
-//   codec_bench [-b BITS[,BITS..]] [-B BUCKET[,BUCKET..]] [-n BYTES] [-r REPS] [--json FILE]
+//   codec_bench [-b BITS[,BITS..]] [-B BUCKET[,BUCKET..]] [-n BYTES] [-r REPS]
+//               [--rotation BLOCK] [--json FILE]
 //
+// --rotation adds each operation rotated (docs/rotation.md: a randomized
+// Hadamard rotation in blocks of BLOCK before quantizing, back after
+// decoding), so the rotation's cost reads beside the operation it wraps.
 // Lists in -b/-B sweep every combination. Each figure is the median of REPS
 // timed passes over the whole buffer, after one untimed warm-up pass.
 #include <qnccl.h>
@@ -23,11 +27,14 @@
 namespace {
 
 const char kUsage[] =
-    "usage: codec_bench [-b BITS] [-B BUCKET] [-n BYTES] [-r REPS] [--json FILE] [-h]\n"
+    "usage: codec_bench [-b BITS] [-B BUCKET] [-n BYTES] [-r REPS] [--rotation BLOCK]\n"
+    "                   [--json FILE] [-h]\n"
     "  -b BITS     bits per value, 1..8, or a comma list to sweep (default 4)\n"
     "  -B BUCKET   values per bucket, or a comma list to sweep (default 128)\n"
     "  -n BYTES    float32 input size, suffix K/M/G allowed, multiple of 4 (default 64M)\n"
     "  -r REPS     timed repetitions, the median is reported (default 7)\n"
+    "  --rotation BLOCK  also each operation with a Hadamard rotation in blocks of BLOCK\n"
+    "              (a power of two, 2..16384)\n"
     "  --json FILE also write the results as JSON\n"
     "GB/s = bytes of float32 input / time (1 GB = 1e9 bytes).\n";
 
@@ -100,13 +107,15 @@ int main(int argc, char** argv) {
   size_t bytes = 64u << 20;
   int reps = 7;
   std::string json_path;
+  size_t rotation_block = 0;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg == "-h" || arg == "--help") {
       std::fputs(kUsage, stdout);
       return 0;
     }
-    if (arg != "-b" && arg != "-B" && arg != "-n" && arg != "-r" && arg != "--json")
+    if (arg != "-b" && arg != "-B" && arg != "-n" && arg != "-r" && arg != "--json" &&
+        arg != "--rotation")
       usage_error("unknown option '" + arg + "'");
     if (i + 1 == argc) usage_error("option " + arg + " needs a value");
     std::string value = argv[++i];
@@ -115,6 +124,12 @@ int main(int argc, char** argv) {
     if (arg == "-n") bytes = parse_size(value, true);
     if (arg == "-r") reps = static_cast<int>(std::min<size_t>(parse_size(value, false), 1000));
     if (arg == "--json") json_path = value;
+    if (arg == "--rotation") {
+      rotation_block = parse_size(value, false);
+      if (rotation_block < QNCCL_MIN_ROTATION_BLOCK || rotation_block > QNCCL_MAX_ROTATION_BLOCK ||
+          (rotation_block & (rotation_block - 1)) != 0)
+        usage_error("--rotation must be a power of two from 2 to 16384");
+    }
   }
   for (size_t b : bits_list)
     if (b < QNCCL_MIN_BITS || b > QNCCL_MAX_BITS) usage_error("-b must be 1..8");
@@ -128,37 +143,43 @@ int main(int argc, char** argv) {
   for (float& v : src) v = normal(gen);
 
   std::vector<Codec> codecs;
-  codecs.reserve(bits_list.size() * bucket_list.size());  // the ops keep pointers into it
+  codecs.reserve(2 * bits_list.size() * bucket_list.size());  // the ops keep pointers into it
   std::vector<Op> ops;
   ops.push_back({0, 0, "memcpy", [&] { std::memcpy(copy.data(), src.data(), bytes); }, {}});
-  for (size_t bits : bits_list) {
+  // The three operations of one codec config, rotated or not.
+  auto add_codec = [&](int bits, size_t bucket, bool rotated) {
+    Codec* c = &codecs.emplace_back();
+    c->config = {bits, bucket, qncclRoundNearest, 1,
+                 rotated ? qncclRotationHadamard : qncclRotationNone, rotation_block};
+    size_t packed_bytes = 0;
+    check(qncclCompressedSize(count, &c->config, &packed_bytes), "qncclCompressedSize");
+    c->packed.resize(packed_bytes);
+    auto quantize = [&src, count, c](qncclRounding_t rounding) {
+      c->config.rounding = rounding;
+      check(qncclQuantize(src.data(), count, ncclFloat32, &c->config, 0, c->packed.data(),
+                          c->packed.size(), nullptr),
+            "qncclQuantize");
+    };
+    ops.push_back({bits, bucket, rotated ? "rotated quantize nearest" : "quantize nearest",
+                   [=] { quantize(qncclRoundNearest); }, {}});
+    ops.push_back({bits, bucket, rotated ? "rotated quantize stochastic" : "quantize stochastic",
+                   [=] { quantize(qncclRoundStochastic); }, {}});
+    // Runs after "quantize stochastic" in every round: decodes that encoding.
+    const char* decode = rotated ? "rotated dequantize-accumulate" : "dequantize-accumulate";
+    ops.push_back({bits, bucket, decode,
+                   [&acc, count, c] {
+                     check(qncclDequantizeAccumulate(c->packed.data(), c->packed.size(), count,
+                                                     &c->config, acc.data(), ncclFloat32,
+                                                     nullptr),
+                           "qncclDequantizeAccumulate");
+                   },
+                   {}});
+  };
+  for (size_t bits : bits_list)
     for (size_t bucket : bucket_list) {
-      Codec* c = &codecs.emplace_back();
-      c->config = {static_cast<int>(bits), bucket, qncclRoundNearest, 1};
-      size_t packed_bytes = 0;
-      check(qncclCompressedSize(count, &c->config, &packed_bytes), "qncclCompressedSize");
-      c->packed.resize(packed_bytes);
-      auto quantize = [&src, count, c](qncclRounding_t rounding) {
-        c->config.rounding = rounding;
-        check(qncclQuantize(src.data(), count, ncclFloat32, &c->config, 0, c->packed.data(),
-                            c->packed.size(), nullptr),
-              "qncclQuantize");
-      };
-      int b = static_cast<int>(bits);
-      ops.push_back({b, bucket, "quantize nearest", [=] { quantize(qncclRoundNearest); }, {}});
-      ops.push_back(
-          {b, bucket, "quantize stochastic", [=] { quantize(qncclRoundStochastic); }, {}});
-      // Runs after "quantize stochastic" in every round: decodes that encoding.
-      ops.push_back({b, bucket, "dequantize-accumulate",
-                     [&acc, count, c] {
-                       check(qncclDequantizeAccumulate(c->packed.data(), c->packed.size(), count,
-                                                       &c->config, acc.data(), ncclFloat32,
-                                                       nullptr),
-                             "qncclDequantizeAccumulate");
-                     },
-                     {}});
+      add_codec(static_cast<int>(bits), bucket, false);
+      if (rotation_block != 0) add_codec(static_cast<int>(bits), bucket, true);
     }
-  }
 
   // Warm-up (faults the pages in), then rounds that run every op once, so a
   // disturbance while timing hits memcpy and the codec alike.
@@ -176,12 +197,14 @@ int main(int argc, char** argv) {
   const double memcpy_gbps = gbps(ops[0]);
   std::printf("codec_bench: %zu MiB float32 input, median of %d, single thread\n", bytes >> 20,
               reps);
-  std::printf("%4s  %6s  %-22s %8s  %8s\n", "bits", "bucket", "operation", "GB/s", "x memcpy");
+  const int width = rotation_block ? 29 : 22;
+  std::printf("%4s  %6s  %-*s %8s  %8s\n", "bits", "bucket", width, "operation", "GB/s",
+              "x memcpy");
   for (const Op& op : ops) {
     std::string bits = op.bits ? std::to_string(op.bits) : "-";
     std::string bucket = op.bits ? std::to_string(op.bucket) : "-";
-    std::printf("%4s  %6s  %-22s %8.2f  %8.2f\n", bits.c_str(), bucket.c_str(), op.name, gbps(op),
-                gbps(op) / memcpy_gbps);
+    std::printf("%4s  %6s  %-*s %8.2f  %8.2f\n", bits.c_str(), bucket.c_str(), width, op.name,
+                gbps(op), gbps(op) / memcpy_gbps);
   }
 
   if (!json_path.empty()) {
@@ -191,8 +214,10 @@ int main(int argc, char** argv) {
                    std::strerror(errno));
       return 1;
     }
-    std::fprintf(f, "{\"bytes\": %zu, \"reps\": %d, \"memcpy_gbps\": %.4f, \"results\": [", bytes,
-                 reps, memcpy_gbps);
+    std::fprintf(f,
+                 "{\"bytes\": %zu, \"reps\": %d, \"rotation_block\": %zu, \"memcpy_gbps\": %.4f, "
+                 "\"results\": [",
+                 bytes, reps, rotation_block, memcpy_gbps);
     for (size_t i = 1; i < ops.size(); ++i) {
       const Op& op = ops[i];
       std::fprintf(f,

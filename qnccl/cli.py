@@ -47,6 +47,18 @@ def _int_list(low, high=None):
     return parse
 
 
+def _rotation_block(text):
+    """argparse type: a rotation block size (docs/rotation.md)."""
+    from .emulate import rotation
+    try:
+        block = int(text)
+        rotation.check("hadamard", block)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"a power of two from {rotation.MIN_BLOCK} to {rotation.MAX_BLOCK}, got {text!r}")
+    return block
+
+
 def int_in(low, high=None):
     """argparse type: one decimal integer in [low, high] (no upper limit when None).
     argparse prefixes the message with the flag's name."""
@@ -467,6 +479,8 @@ def cmd_codec_bench(args):
     args.json.parent.mkdir(parents=True, exist_ok=True)
     cmd = [str(exe), "-b", ",".join(map(str, args.bits)), "-B", ",".join(map(str, args.bucket)),
            "-n", args.bytes, "-r", str(args.reps), "--json", str(args.json)]
+    if args.rotation:
+        cmd += ["--rotation", str(args.rotation)]
     rc = subprocess.call(cmd)
     if rc == 0:
         print(f"results: {args.json}")
@@ -575,6 +589,9 @@ def build_parser():
                              help="bucket sizes, comma list (default 128,1024)")
     codec_bench.add_argument("--bytes", default="64M", help="float32 input size (default 64M)")
     codec_bench.add_argument("--reps", type=int, default=7, help="timed repetitions (default 7)")
+    codec_bench.add_argument("--rotation", type=_rotation_block, default=0, metavar="BLOCK",
+                             help="also run each operation with a Hadamard rotation in blocks "
+                                  "of BLOCK values (docs/rotation.md), beside it")
     codec_bench.add_argument("--json", type=Path, default=BUILD / "bench" / "codec.json",
                              help="where to write the results (default build/bench/codec.json)")
     codec_bench.set_defaults(func=cmd_codec_bench)

@@ -28,9 +28,11 @@ import numpy as np
 
 from . import _arrays, _lib
 from .emulate import codec as _emulator
+from .emulate import rotation as _rotation
 
 _NCCL_TYPE_NAMES = {"float32": "ncclFloat32", "float16": "ncclFloat16", "bfloat16": "ncclBfloat16"}
 _ROUNDING_NAMES = {"nearest": "qncclRoundNearest", "stochastic": "qncclRoundStochastic"}
+_ROTATION_NAMES = {"none": "qncclRotationNone", "hadamard": "qncclRotationHadamard"}
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -47,6 +49,8 @@ class QuantizedArray:
     seed: int
     stream: int
     wire_version: int = _emulator.WIRE_VERSION
+    rotation: str = "none"  # "hadamard": rotated before quantizing (docs/rotation.md)
+    rotation_block: int = _rotation.DEFAULT_BLOCK
 
     @property
     def nbytes(self):
@@ -90,15 +94,24 @@ def _c_value(ctype, name, value):
     return value
 
 
-def _config(bits, bucket_size, rounding="nearest", seed=0):
+def _config(bits, bucket_size, rounding="nearest", seed=0, rotation="none",
+            rotation_block=_rotation.DEFAULT_BLOCK):
     if rounding not in _ROUNDING_NAMES:
         raise ValueError(f"rounding must be 'nearest' or 'stochastic', got {rounding!r}")
+    _rotation.check(rotation, rotation_block)
     config = _lib.ffi().new("qncclCodecConfig_t*")
     config.bits = _c_value("int", "bits", bits)
     config.bucketSize = _c_value("size_t", "bucket_size", bucket_size)
     config.rounding = getattr(_lib.lib(), _ROUNDING_NAMES[rounding])
     config.seed = _c_value("uint64_t", "seed", seed)
+    config.rotation = getattr(_lib.lib(), _ROTATION_NAMES[rotation])
+    config.rotationBlock = rotation_block
     return config
+
+
+def _config_of(q):
+    """The codec config that decodes q."""
+    return _config(q.bits, q.bucket_size, q.rounding, q.seed, q.rotation, q.rotation_block)
 
 
 def compressed_size(count, bits, bucket_size):
@@ -166,15 +179,19 @@ def _quantized_bytes(q):
 
 # ---- the codec ----------------------------------------------------------------
 
-def quantize(array, bits=4, bucket_size=128, rounding="stochastic", seed=0, stream=0, dtype=None):
+def quantize(array, bits=4, bucket_size=128, rounding="stochastic", seed=0, stream=0, dtype=None,
+             rotation="none", rotation_block=_rotation.DEFAULT_BLOCK):
     """Quantizes `array` (see the module doc for the types taken).
 
     rounding: "stochastic" (unbiased) or "nearest". The random numbers of
     stochastic rounding are a pure function of (seed, stream, element index):
     give independent calls different streams. dtype: "bfloat16" or "float16"
     for arrays of uint16 bits; otherwise it must agree with the array or be None.
+    rotation: "none" or "hadamard" (docs/rotation.md: the array rotated in blocks of
+    rotation_block values, signs from `seed`, every bucket on the uniform grid; the
+    QuantizedArray remembers it, and dequantize rotates back). Host arrays only, so far.
     """
-    config = _config(bits, bucket_size, rounding, seed)
+    config = _config(bits, bucket_size, rounding, seed, rotation, rotation_block)
     random_stream = _c_value("uint64_t", "stream", stream)
     src = _memory(array, "array", False)  # a non-contiguous input is copied
     name = _arrays.codec_type(src, dtype)
@@ -186,7 +203,8 @@ def quantize(array, bits=4, bucket_size=128, rounding="stochastic", seed=0, stre
                                  config, random_stream, _ptr(dst), size, _stream(src)))
     return QuantizedArray(data=data, count=src.count, shape=src.shape, dtype=name,
                           bits=config.bits, bucket_size=config.bucketSize, rounding=rounding,
-                          seed=config.seed, stream=random_stream)
+                          seed=config.seed, stream=random_stream, rotation=rotation,
+                          rotation_block=rotation_block)
 
 
 def dequantize(q, dtype=None, out=None):
@@ -201,7 +219,7 @@ def dequantize(q, dtype=None, out=None):
         out = _arrays.empty(src, q.shape, name)
     dst, name = _output(out, dtype, q, src, "out", _emulator.DTYPES)
     lib = _lib.lib()
-    _lib.check(lib.qncclDequantize(_ptr(src), q.nbytes, q.count, _config(q.bits, q.bucket_size),
+    _lib.check(lib.qncclDequantize(_ptr(src), q.nbytes, q.count, _config_of(q),
                                    _ptr(dst), getattr(lib, _NCCL_TYPE_NAMES[name]),
                                    _stream(dst)))
     return out
@@ -216,7 +234,7 @@ def dequantize_accumulate(q, acc):
     dst, name = _output(acc, None, q, src, "acc", allowed)
     lib = _lib.lib()
     _lib.check(lib.qncclDequantizeAccumulate(_ptr(src), q.nbytes, q.count,
-                                             _config(q.bits, q.bucket_size), _ptr(dst),
+                                             _config_of(q), _ptr(dst),
                                              getattr(lib, _NCCL_TYPE_NAMES[name]),
                                              _stream(dst)))
     return acc

@@ -93,6 +93,62 @@ def test_random_configurations_match_emulator(count, bits, bucket, dtype, roundi
     check_against_emulator(x, dtype, bits, bucket, rounding, seed, stream, rng)
 
 
+@pytest.mark.parametrize("block", [2, 8, 256, 4096])
+@pytest.mark.parametrize("count", [1, 7, 1000, 4099, 65537])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rotated_codec_matches_emulator(rng, dtype, count, block):
+    # docs/rotation.md: the buffer rotated as one segment (a tail of binary blocks), every
+    # bucket on the uniform grid, rotated back on decode; bytes and values the emulator's
+    for bits, bucket, rounding in ((4, 128, "stochastic"), (3, 100, "nearest"), (8, 1024, "nearest")):
+        x = make_values(rng, count, dtype, bucket, specials=False)
+        where = f"{dtype} bits={bits} bucket={bucket} count={count} block={block} {rounding}"
+        kw = dict(rotation="hadamard", rotation_block=block)
+        q = codec.quantize(x, bits, bucket, rounding, seed=77, stream=5, dtype=dtype, **kw)
+        want = emu.quantize(x, bits, bucket, rounding, seed=77, stream=5, dtype=dtype, **kw)
+        assert_same_bytes(q.data, want, f"rotated quantize {where}")
+        assert_same_bytes(codec.dequantize(q), emu.dequantize(want, count, bits, bucket, dtype,
+                                                              seed=77, **kw),
+                          f"rotated dequantize {where}")
+        acc = make_values(rng, count, dtype, bucket, specials=False)
+        want_acc = acc.copy()
+        codec.dequantize_accumulate(q, acc)
+        emu.dequantize_accumulate(want, count, bits, bucket, want_acc, dtype=dtype, seed=77, **kw)
+        assert_same_bytes(acc, want_acc, f"rotated accumulate {where}")
+
+
+def test_rotated_codec_rotates_back_and_keeps_nans_canonical():
+    x = np.arange(1000, dtype=np.float32) - 500
+    x[300] = np.nan  # poisons its block of 256, values 256..511
+    q = codec.quantize(x, 8, 128, "nearest", rotation="hadamard", rotation_block=256)
+    y = codec.dequantize(q)
+    assert np.all(storage_bits(y[256:512]) == CANONICAL_NAN["float32"])
+    rest = np.r_[0:256, 512:1000]
+    assert np.abs(y[rest] - x[rest]).max() < 0.05 * np.abs(x[rest]).max()  # 8 bits: close
+
+
+@pytest.mark.parametrize("rotation,block,match", [
+    ("hadamrd", 256, "rotation must be one of none, hadamard"),
+    ("hadamard", 100, r"rotation_block must be a power of two in \[2, 16384\]")])
+def test_rotated_codec_refuses_bad_settings(rotation, block, match):
+    with pytest.raises(ValueError, match=match):
+        codec.quantize(np.ones(8, np.float32), rotation=rotation, rotation_block=block)
+
+
+def test_rotated_codec_bad_config_through_the_c_api():
+    lib, ffi = codec._lib.lib(), codec._lib.ffi()
+    config = ffi.new("qncclCodecConfig_t*", {"bits": 4, "bucketSize": 128, "rotation": 1,
+                                             "rotationBlock": 100})
+    size = ffi.new("size_t*")
+    assert lib.qncclCompressedSize(8, config, size) != 0
+    assert ("rotationBlock = 100; allowed: 0 (the default, 256) or a power of two from 2 to "
+            "16384") in ffi.string(lib.qncclGetLastError()).decode()
+    config.rotationBlock = 0
+    config.rotation = 7
+    assert lib.qncclCompressedSize(8, config, size) != 0
+    assert ("rotation = 7 is unknown; allowed: qncclRotationNone (0) or qncclRotationHadamard "
+            "(1)") in ffi.string(lib.qncclGetLastError()).decode()
+
+
 def cubic_thresholds(p, bits):
     """Per bucket (a row each), the L values t_0 < .. < t_{L-1} of a cubic grid whose count
     below x is x's nearest code (codec_math.h, cubic_threshold), in numpy float32: the least
@@ -851,10 +907,11 @@ def test_gpu_bucket_params_match_the_host_codecs(tmp_path):
     divisions for the other grid, the decoder none for inverses), the host codec for both
     grids without branches: every field the applying grid's encoder or decoder reads must hold
     the same bits (programs/bucket_params_check.cc: 191,844 metadata pairs at 8 widths, with
-    and without the inverses: 3,069,504 cases)."""
+    and without the inverses, with the cubic grid allowed and not (a rotated call's): 6,139,008
+    cases)."""
     run = run_math_program(tmp_path, "bucket_params_check", timeout=60)
     assert run.returncode == 0, run.stdout
-    assert "3069504 cases checked: 0 fields differ" in run.stdout
+    assert "6139008 cases checked: 0 fields differ" in run.stdout
 
 
 def run_math_program(tmp_path, name, timeout):

@@ -445,15 +445,29 @@ def _cubic(grid):
     return grid == "auto"
 
 
-def quantize(array, bits, bucket_size, rounding, seed=0, stream=0, dtype=None, grid="auto"):
+def _rotation(rotation, rotation_block):
+    """The rotation block of a setting (0: none), checked."""
+    from . import rotation as rot  # it imports this module
+    rot.check(rotation, rotation_block)
+    return rotation_block if rotation == "hadamard" else 0
+
+
+def quantize(array, bits, bucket_size, rounding, seed=0, stream=0, dtype=None, grid="auto",
+             rotation="none", rotation_block=256):
     """The wire bytes (uint8 array of compressed_size bytes) of `array`.
 
     `seed` and `stream` pick the random numbers of stochastic rounding
-    (rng_uniform); nearest rounding ignores them. grid: GRIDS.
+    (rng_uniform); nearest rounding ignores them. grid: GRIDS. rotation="hadamard":
+    the values are first rotated as one segment in blocks of rotation_block, with the
+    signs of `seed`, and quantized on the uniform grid (docs/rotation.md).
     """
     check_config(bits, bucket_size, rounding)
     cubic = _cubic(grid)
+    block = _rotation(rotation, rotation_block)
     x, _ = as_float32(array, dtype)
+    if block:
+        from . import rotation as rot
+        x, cubic = rot.rotate(x, block, seed), False
     count = x.size
     out = np.zeros(compressed_size(count, bits, bucket_size), np.uint8)
     if count == 0:
@@ -475,14 +489,22 @@ def quantize(array, bits, bucket_size, rounding, seed=0, stream=0, dtype=None, g
     return out
 
 
-def decode(buf, count, bits, bucket_size, grid="auto"):
-    """The float32 values of a quantized chunk (quantized with the same `grid`):
+def decode(buf, count, bits, bucket_size, grid="auto", rotation="none", rotation_block=256,
+           seed=0):
+    """The float32 values of a quantized chunk (quantized with the same `grid`, rotation
+    and seed):
 
         y = (a + k * (s- if k < 0 else s+)) * (1 / sigma), k = q - z, clamped to [min, max];
-        every value of a non-finite bucket (min is NaN) is the canonical NaN.
+        every value of a non-finite bucket (min is NaN) is the canonical NaN; a rotated
+        chunk's values are then rotated back.
     """
     check_config(bits, bucket_size)
     cubic = _cubic(grid)
+    block = _rotation(rotation, rotation_block)
+    if block:
+        from . import rotation as rot
+        y = decode(buf, count, bits, bucket_size, "uniform")
+        return rot.unrotate(y, block, seed)
     buf = _as_bytes(buf, compressed_size(count, bits, bucket_size), "quantized buffer")
     meta = read_meta(buf, count, bucket_size)
     codes = unpack_codes(buf[len(meta) * META_BYTES:], count, bits)
@@ -491,14 +513,17 @@ def decode(buf, count, bits, bucket_size, grid="auto"):
     return decode_values(codes, per_value(bucket_params(lo, hi, bits, cubic), k))
 
 
-def dequantize(buf, count, bits, bucket_size, dtype="float32", grid="auto"):
+def dequantize(buf, count, bits, bucket_size, dtype="float32", grid="auto", rotation="none",
+               rotation_block=256, seed=0):
     """The `count` values of a quantized chunk as a flat array of `dtype`."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    return from_float32(decode(buf, count, bits, bucket_size, grid), dtype)
+    return from_float32(decode(buf, count, bits, bucket_size, grid, rotation, rotation_block,
+                               seed), dtype)
 
 
-def dequantize_accumulate(buf, count, bits, bucket_size, acc, dtype=None, grid="auto"):
+def dequantize_accumulate(buf, count, bits, bucket_size, acc, dtype=None, grid="auto",
+                          rotation="none", rotation_block=256, seed=0):
     """acc += decoded values, in place: added in float32, a NaN sum becomes the
     canonical NaN, stored back in acc's type. `acc` is a C-contiguous writable
     array of `count` float32/float16/bfloat16 values (uint16 bits need `dtype`).
@@ -509,7 +534,8 @@ def dequantize_accumulate(buf, count, bits, bucket_size, acc, dtype=None, grid="
         raise ValueError(f"acc holds {acc.size} values, count is {count}")
     name = dtype_name(acc.dtype, dtype)
     with np.errstate(invalid="ignore", over="ignore"):
-        total = to_float32(acc.reshape(-1), name) + decode(buf, count, bits, bucket_size, grid)
+        total = to_float32(acc.reshape(-1), name) + decode(buf, count, bits, bucket_size, grid,
+                                                           rotation, rotation_block, seed)
     total = np.where(total == total, total, _NAN32)
     acc.reshape(-1)[:] = from_float32(total, name).view(acc.dtype)
     return acc

@@ -16,9 +16,10 @@ is set (i: the value's index in the segment), else +1, and H_b the unnormalized 
 butterfly: for h = 1, 2, 4, .., b/2, every pair (j, j + h) with bit h of j clear becomes
 (v[j] + v[j+h], v[j] - v[j+h]), float32. The two scales multiply to 1/b, so the inverse
 undoes the forward exactly in real arithmetic; being powers of two they round nothing (bar
-subnormals). The signs depend on the seed and the position only, never on the rank or the
-call: every rank rotates alike, sums of rotated pieces are rotated sums, and error
-feedback's residuals stay in one rotated domain from call to call.
+subnormals). A NaN the inverse leaves is the canonical NaN. The signs depend on the seed and
+the position only, never on the rank or the call: every rank rotates alike, sums of rotated
+pieces are rotated sums, and error feedback's residuals stay in one rotated domain from call
+to call.
 """
 from __future__ import annotations
 
@@ -96,6 +97,8 @@ def _apply(x, block, seed, forward):
                 out[:, span] = _butterfly(v * s[span], size) * scale
             else:
                 out[:, span] = _butterfly(v, size) * scale * s[span]
+    if not forward:  # whatever NaN the butterfly kept, the canonical one
+        out[np.isnan(out)] = codec._NAN32
     return out.reshape(x.shape)
 
 

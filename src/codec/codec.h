@@ -30,12 +30,17 @@ struct CodecParams {
    * stream, so quantizing bucket-aligned pieces of a range one at a time
    * writes the codes quantizing the range at once would. */
   uint64_t first = 0;
+  /* Whether buckets may take the cubic grid (wire-format.md); false: every
+   * bucket on the uniform grid, a rotated call's (docs/rotation.md). */
+  bool cubic = true;
 };
 
 /* Argument checks shared by every entry point that takes a codec config or
  * type: ncclInvalidArgument with a message naming `fn`, the argument and
  * the values allowed. */
 ncclResult_t check_codec_config(const char* fn, const qncclCodecConfig_t* config);
+/* The rotation block of a checked config: 0 without a rotation. */
+size_t rotation_block(const qncclCodecConfig_t& config);
 ncclResult_t check_codec_type(const char* fn, const char* arg, ncclDataType_t type);
 
 /* The host codec built for one instruction set (codec_host.cc is compiled
@@ -55,6 +60,11 @@ struct HostCodec {
   void (*reduce)(const void* src, ncclDataType_t type, const float* residual,
                  const uint8_t* const* wires, int nwires, size_t count, const CodecParams& p,
                  float* acc);
+  /* dst = the forward (or inverse) rotation of the segment src[0..n) of
+   * float32 values in blocks of `block` with the signs of `seed`
+   * (docs/rotation.md); dst may be src. */
+  void (*rotate)(const float* src, float* dst, size_t n, size_t block, uint64_t seed,
+                 bool forward);
 };
 
 /* The host codec of this process: the fastest the CPU runs, or the one

@@ -3,6 +3,8 @@
  * buffers live. */
 #include <stdint.h>
 
+#include <vector>
+
 #include "codec/codec.h"
 #include "codec/codec_math.h"
 #include "common/error.h"
@@ -25,7 +27,25 @@ ncclResult_t check_codec_config(const char* fn, const qncclCodecConfig_t* config
                      "%s: rounding = %d is unknown; allowed: qncclRoundNearest (0) or "
                      "qncclRoundStochastic (1)",
                      fn, (int)config->rounding);
+  if (config->rotation != qncclRotationNone && config->rotation != qncclRotationHadamard)
+    return set_error(ncclInvalidArgument,
+                     "%s: rotation = %d is unknown; allowed: qncclRotationNone (0) or "
+                     "qncclRotationHadamard (1)",
+                     fn, (int)config->rotation);
+  const size_t block = config->rotationBlock;
+  if (block != 0 && (block < QNCCL_MIN_ROTATION_BLOCK || block > QNCCL_MAX_ROTATION_BLOCK ||
+                     (block & (block - 1)) != 0))
+    return set_error(ncclInvalidArgument,
+                     "%s: rotationBlock = %zu; allowed: 0 (the default, %d) or a power of two "
+                     "from %d to %d",
+                     fn, block, QNCCL_DEFAULT_ROTATION_BLOCK, QNCCL_MIN_ROTATION_BLOCK,
+                     QNCCL_MAX_ROTATION_BLOCK);
   return ncclSuccess;
+}
+
+size_t rotation_block(const qncclCodecConfig_t& config) {
+  if (config.rotation == qncclRotationNone) return 0;
+  return config.rotationBlock != 0 ? config.rotationBlock : QNCCL_DEFAULT_ROTATION_BLOCK;
 }
 
 ncclResult_t check_codec_type(const char* fn, const char* arg, ncclDataType_t type) {
@@ -75,8 +95,42 @@ ncclResult_t check_disjoint(const char* fn, const void* a, size_t abytes, const 
 }
 
 CodecParams params_of(const qncclCodecConfig_t* config, uint64_t stream) {
-  return CodecParams{config->bits, config->bucketSize, config->rounding, config->seed, stream,
-                     nullptr, 0, 0, 0, 0};
+  CodecParams p{config->bits, config->bucketSize, config->rounding, config->seed, stream,
+                nullptr, 0, 0, 0, 0};
+  p.cubic = config->rotation == qncclRotationNone;
+  return p;
+}
+
+/* A rotated quantize on the host: the values widened to float32, rotated in
+ * place, quantized as float32 (docs/rotation.md). */
+void rotated_quantize(const HostCodec& host, const void* src, size_t count,
+                      ncclDataType_t datatype, const CodecParams& p, size_t block, void* dst) {
+  std::vector<float> z(count);
+  dispatch_float_type(datatype, [&](auto d) {
+    using D = decltype(d);
+    const typename D::T* x = static_cast<const typename D::T*>(src);
+    for (size_t i = 0; i < count; i++) z[i] = D::load(x[i]);
+  });
+  host.rotate(z.data(), z.data(), count, block, p.seed, true);
+  host.quantize(z.data(), count, ncclFloat32, p, dst);
+}
+
+/* Its dequantize: decoded to float32, rotated back, then stored (or added)
+ * in `datatype`. */
+void rotated_dequantize(const HostCodec& host, const void* src, size_t count,
+                        const CodecParams& p, size_t block, void* dst, ncclDataType_t datatype,
+                        bool accumulate) {
+  std::vector<float> y(count);
+  host.dequantize(src, count, p, y.data(), ncclFloat32, false);
+  host.rotate(y.data(), y.data(), count, block, p.seed, false);
+  dispatch_float_type(datatype, [&](auto d) {
+    using D = decltype(d);
+    typename D::T* out = static_cast<typename D::T*>(dst);
+    if (accumulate)
+      for (size_t i = 0; i < count; i++) out[i] = D::store(qnccl::accumulate(D::load(out[i]), y[i]));
+    else
+      for (size_t i = 0; i < count; i++) out[i] = D::store(y[i]);
+  });
 }
 
 #ifdef QNCCL_WITH_CUDA
@@ -127,9 +181,15 @@ ncclResult_t codec_quantize(const char* fn, const void* src, size_t count, ncclD
   QNCCL_CHECK(check_bytes(fn, "dstBytes", dstBytes, count, config));
   QNCCL_CHECK(check_disjoint(fn, dst, dstBytes, src, count * float_type_size(datatype)));
   CodecParams p = params_of(config, randomStream);
+  const size_t block = rotation_block(*config);
 #ifdef QNCCL_WITH_CUDA
   int device = -1;
   QNCCL_CHECK(locate(fn, src, dst, &device));
+  if (device >= 0 && block != 0)
+    return set_error(ncclInvalidUsage,
+                     "%s: a rotation on device buffers is not in this build yet; quantize host "
+                     "buffers, or pass rotation = qncclRotationNone",
+                     fn);
   if (device >= 0) {  // in the buffers' device's context, whichever is current
     DeviceScope scope;
     QNCCL_CHECK(scope.enter(fn, device));
@@ -140,7 +200,10 @@ ncclResult_t codec_quantize(const char* fn, const void* src, size_t count, ncclD
 #endif
   const HostCodec* host;
   QNCCL_CHECK(host_codec(&host));
-  host->quantize(src, count, datatype, p, dst);
+  if (block != 0)
+    rotated_quantize(*host, src, count, datatype, p, block, dst);
+  else
+    host->quantize(src, count, datatype, p, dst);
   return ncclSuccess;
 }
 
@@ -156,9 +219,15 @@ ncclResult_t codec_dequantize(const char* fn, const void* src, size_t srcBytes, 
   QNCCL_CHECK(check_bytes(fn, "srcBytes", srcBytes, count, config));
   QNCCL_CHECK(check_disjoint(fn, src, srcBytes, dst, count * float_type_size(datatype)));
   CodecParams p = params_of(config, 0);
+  const size_t block = rotation_block(*config);
 #ifdef QNCCL_WITH_CUDA
   int device = -1;
   QNCCL_CHECK(locate(fn, src, dst, &device));
+  if (device >= 0 && block != 0)
+    return set_error(ncclInvalidUsage,
+                     "%s: a rotation on device buffers is not in this build yet; decode into "
+                     "host buffers, or pass rotation = qncclRotationNone",
+                     fn);
   if (device >= 0) {
     DeviceScope scope;
     QNCCL_CHECK(scope.enter(fn, device));
@@ -170,7 +239,10 @@ ncclResult_t codec_dequantize(const char* fn, const void* src, size_t srcBytes, 
 #endif
   const HostCodec* host;
   QNCCL_CHECK(host_codec(&host));
-  host->dequantize(src, count, p, dst, datatype, accumulate);
+  if (block != 0)
+    rotated_dequantize(*host, src, count, p, block, dst, datatype, accumulate);
+  else
+    host->dequantize(src, count, p, dst, datatype, accumulate);
   return ncclSuccess;
 }
 

@@ -106,6 +106,7 @@ EncodeArgs<Type> plan_encode(const typename Type::T* src, size_t count, const Co
                           rng_key(p.seed, p.stream),
                           aligned_to(src, 16),
                           aligned_to(wire, 8),
+                          p.cubic,
                           p.call,
                           p.seed,
                           p.segment,
@@ -124,7 +125,8 @@ DecodeArgs<Type> plan_decode(const uint8_t* wire, size_t count, const CodecParam
                           count,
                           p.bucket,
                           aligned_to(dst, 16),
-                          aligned_to(wire, 8)};
+                          aligned_to(wire, 8),
+                          p.cubic};
 }
 
 struct KernelName {
@@ -239,6 +241,7 @@ ncclResult_t reduce_as(const typename Type::T* src, const float* residual,
   a.src_vectors = aligned_to(src, 16);
   a.residual_vectors = aligned_to(residual, 16);
   a.acc_vectors = aligned_to(acc, 16);
+  a.cubic = p.cubic;
   char name[64];
   snprintf(name, sizeof name, "qnccl_reduce_%s_%d", Type::kName, p.bits);
   const size_t warps = ceil_div(ceil_div(count, kGroup), kWarp);
@@ -267,6 +270,7 @@ ncclResult_t decode_many_as(const uint8_t* const* wires, typename Type::T* const
   for (int i = 0; i < n;) {
     DecodeManyArgs<Type> a = {};
     a.bucket = p.bucket;
+    a.cubic = p.cubic;
     a.dst_vectors = a.wire_aligned = true;
     for (; i < n && a.n < kDecodeItems; i++) {
       if (counts[i] == 0) continue;

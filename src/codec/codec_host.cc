@@ -23,6 +23,7 @@
 
 #include "codec/codec.h"
 #include "codec/codec_math.h"
+#include "codec/rotation.h"
 
 #ifndef QNCCL_CODEC_ISA
 #error "QNCCL_CODEC_ISA names the instruction set this copy is built for (see the Makefile)"
@@ -376,7 +377,7 @@ struct Ahead {
   }
   /* The params of the n buckets whose metadata is at `metas`. */
   template <int BITS>
-  void refill(const uint8_t* metas, size_t n) {
+  void refill(const uint8_t* metas, size_t n, bool cubic) {
     size = n;
     next = 0;
     float mins[kAhead], maxs[kAhead];
@@ -385,7 +386,7 @@ struct Ahead {
       memcpy(&maxs[k], metas + k * kMetaBytes + 4, 4);
     }
     for (size_t k = 0; k < size; k++) {
-      const BucketParams p = bucket_params(BucketMeta{mins[k], maxs[k]}, BITS);
+      const BucketParams p = bucket_params(BucketMeta{mins[k], maxs[k]}, BITS, cubic);
       f.lo[k] = p.lo, f.hi[k] = p.hi, f.top[k] = p.top, f.a[k] = p.a, f.step[k] = p.step;
       f.inv_step[k] = p.inv_step, f.sigma[k] = p.sigma, f.inv_sigma[k] = p.inv_sigma;
       f.zero[k] = p.zero, f.span_neg[k] = p.span_neg, f.span_pos[k] = p.span_pos;
@@ -431,7 +432,7 @@ void encode_buffer(const typename D::T* src, size_t count, const CodecParams& p,
             const BucketMeta m = bucket_meta<D>(src + b0, std::min(count, b0 + p.bucket) - b0);
             memcpy(metas + k * kMetaBytes, &m, kMetaBytes);
           }
-          ahead.refill<BITS>(metas, n);
+          ahead.refill<BITS>(metas, n, p.cubic);
         }
         bucket_end = std::min(count, i + p.bucket);
         bucket++;
@@ -481,9 +482,10 @@ void decode_run(const uint8_t* codes, size_t n, const BucketParams p, typename D
 template <int BITS>
 class Decoder {
  public:
-  Decoder(const uint8_t* src, size_t count, size_t bucket)
-      : metas_(src), codes_(src + num_buckets(count, bucket) * kMetaBytes), count_(count),
-        buckets_(num_buckets(count, bucket)), bucket_(bucket), room_(code_bytes(count, BITS)) {}
+  Decoder(const uint8_t* src, size_t count, const CodecParams& p)
+      : metas_(src), codes_(src + num_buckets(count, p.bucket) * kMetaBytes), count_(count),
+        buckets_(num_buckets(count, p.bucket)), bucket_(p.bucket),
+        room_(code_bytes(count, BITS)), cubic_(p.cubic) {}
 
   /* Values [t0, t1) of tile t0 (the tiles in order): dst = y, or dst += y. */
   template <class D, bool ACCUMULATE>
@@ -494,7 +496,7 @@ class Decoder {
       if (i == bucket_end_) {
         if (ahead_.empty())
           ahead_.refill<BITS>(metas_ + next_ * kMetaBytes,
-                              Ahead::batch(i, t1, bucket_, buckets_ - next_));
+                              Ahead::batch(i, t1, bucket_, buckets_ - next_), cubic_);
         bucket_end_ = std::min(count_, i + bucket_);
         next_++;
         bp_ = ahead_.pop();
@@ -509,6 +511,7 @@ class Decoder {
   const uint8_t* metas_;
   const uint8_t* codes_;
   size_t count_, buckets_, bucket_, room_;
+  bool cubic_;
   size_t next_ = 0, bucket_end_ = 0;  // the next bucket, the end of the current one
   Ahead ahead_;
   BucketParams bp_{};
@@ -517,7 +520,7 @@ class Decoder {
 template <class D, int BITS, bool ACCUMULATE>
 void decode_buffer(const uint8_t* src, size_t count, const CodecParams& p, typename D::T* dst) {
   alignas(64) uint8_t stage[kTile + kGroup];
-  Decoder<BITS> decoder(src, count, p.bucket);
+  Decoder<BITS> decoder(src, count, p);
   for (size_t t0 = 0; t0 < count; t0 += kTile)
     decoder.template tile<D, ACCUMULATE>(t0, std::min(count, t0 + kTile), stage, dst);
 }
@@ -531,7 +534,7 @@ void reduce_buffer(const typename D::T* src, const float* residual, const uint8_
   alignas(64) uint8_t stage[kTile + kGroup];
   std::vector<Decoder<BITS>> decoders;
   decoders.reserve((size_t)nwires);
-  for (int j = 0; j < nwires; j++) decoders.emplace_back(wires[j], count, p.bucket);
+  for (int j = 0; j < nwires; j++) decoders.emplace_back(wires[j], count, p);
   for (size_t t0 = 0; t0 < count; t0 += kTile) {
     const size_t t1 = std::min(count, t0 + kTile);
     if (residual == nullptr) {
@@ -578,12 +581,107 @@ void reduce(const void* src, ncclDataType_t type, const float* residual,
   });
 }
 
+/* ---- Rotation (codec/rotation.h, docs/rotation.md) ---------------------- */
+
+/* One in-register butterfly stage h < kLanes on every lane pair (j, j ^ h):
+ * v[j] + v[j^h] where bit h of j is clear, v[j^h] - v[j] where it is set:
+ * the same two IEEE operations on the same operands as the definition. */
+template <size_t H, size_t... J>
+inline __attribute__((always_inline)) VecF lane_stage(VecF v, std::index_sequence<J...>) {
+  const VecF t = __builtin_shufflevector(v, v, (J ^ H)...);
+  const VecI high = {(int32_t)((J & H) ? -1 : 0)...};
+  return high ? t - v : v + t;
+}
+
+template <size_t... H>
+inline __attribute__((always_inline)) VecF lane_stages(VecF v, std::index_sequence<H...>) {
+  ((v = lane_stage<(size_t)1 << H>(v, std::make_index_sequence<kLanes>{})), ...);
+  return v;
+}
+
+constexpr size_t log2_of(size_t n) { return n <= 1 ? 0 : 1 + log2_of(n / 2); }
+
+/* H_b on v[0..b), in place: the stages below kLanes in registers, one pass
+ * over the block for all of them, then one pass per wider stage. */
+void butterfly(float* v, size_t b) {
+  if (b < kLanes) {
+    for (size_t h = 1; h < b; h *= 2)
+      for (size_t j = 0; j < b; j++)
+        if (!(j & h)) {
+          const float x = v[j], y = v[j + h];
+          v[j] = x + y;
+          v[j + h] = x - y;
+        }
+    return;
+  }
+  for (size_t j = 0; j < b; j += kLanes) {
+    VecF x;
+    memcpy(&x, v + j, sizeof x);
+    x = lane_stages(x, std::make_index_sequence<log2_of(kLanes)>{});
+    memcpy(v + j, &x, sizeof x);
+  }
+  for (size_t h = kLanes; h < b; h *= 2)
+    for (size_t j0 = 0; j0 < b; j0 += 2 * h)
+      for (size_t i = j0; i < j0 + h; i += kLanes) {
+        VecF x, y;
+        memcpy(&x, v + i, sizeof x);
+        memcpy(&y, v + i + h, sizeof y);
+        const VecF sum = x + y, difference = x - y;
+        memcpy(v + i, &sum, sizeof sum);
+        memcpy(v + i + h, &difference, sizeof difference);
+      }
+}
+
+/* dst[j] = src[j] * s[first + j] for j < n: the sign as an XOR of bit 31. */
+void apply_signs(const float* src, float* dst, size_t n, RngKey key, uint64_t first) {
+  for (size_t done = 0; done < n;) {  // runs that keep the index's high word (rng.h)
+    const uint64_t at = first + done;
+    const size_t run = (size_t)std::min<uint64_t>(n - done, (1ull << 32) - (uint32_t)at);
+    const uint32_t stride = rng_stride(key);
+    uint32_t w = rng_weyl(key, (uint32_t)at, (uint32_t)(at >> 32));
+    const float* in = src + done;
+    float* out = dst + done;
+    for (size_t j = 0; j < run; j++, w += stride) {
+      uint32_t bits;
+      memcpy(&bits, in + j, 4);
+      bits ^= hash32(w) & 0x80000000u;
+      memcpy(out + j, &bits, 4);
+    }
+    done += run;
+  }
+}
+
+void scale_values(float* v, size_t n, float scale) {
+  for (size_t j = 0; j < n; j++) v[j] *= scale;
+}
+
+/* dst = the forward (or inverse) rotation of the segment src[0..n), in
+ * blocks of `block` (dst may be src). */
+void rotate(const float* src, float* dst, size_t n, size_t block, uint64_t seed, bool forward) {
+  const RngKey key = rotation_key(seed);
+  for (size_t at = 0; at < n;) {
+    const size_t b = rotation_block_at(at, n, block);
+    if (forward) {
+      apply_signs(src + at, dst + at, b, key, at);
+      butterfly(dst + at, b);
+      scale_values(dst + at, b, rotation_scale(b, true));
+    } else {
+      if (dst != src) memcpy(dst + at, src + at, b * sizeof(float));
+      butterfly(dst + at, b);
+      scale_values(dst + at, b, rotation_scale(b, false));
+      apply_signs(dst + at, dst + at, b, key, at);
+      for (size_t j = at; j < at + b; j++) dst[j] = canonical(dst[j]);
+    }
+    at += b;
+  }
+}
+
 }  // namespace
 
 #define QNCCL_STRINGIFY2(x) #x
 #define QNCCL_STRINGIFY(x) QNCCL_STRINGIFY2(x)
 extern const HostCodec kHostCodec = {QNCCL_STRINGIFY(QNCCL_CODEC_ISA), quantize, dequantize,
-                                     reduce};
+                                     reduce, rotate};
 
 }  // namespace QNCCL_CODEC_ISA
 }  // namespace qnccl

@@ -239,7 +239,7 @@ QNCCL_HD uint64_t encode_group(const EncodeArgs<Type>& a, RngKey key, size_t g,
   if constexpr (!ONE_PASS) {
     k = div_index(first, a.bucket);
     next = k * a.bucket + a.bucket;
-    bp = bucket_params_of_grid<true>(load_meta(a.meta, k, a.wire_aligned), BITS);
+    bp = bucket_params_of_grid<true>(load_meta(a.meta, k, a.wire_aligned), BITS, a.cubic);
   }
   uint64_t codes = 0;  // code j in byte j, as pack8 takes them
 #pragma unroll
@@ -248,7 +248,7 @@ QNCCL_HD uint64_t encode_group(const EncodeArgs<Type>& a, RngKey key, size_t g,
     if (!ONE_PASS && first + j == next) {  // buckets not a multiple of 8 end inside groups
       ++k;
       next += a.bucket;
-      bp = bucket_params_of_grid<true>(load_meta(a.meta, k, a.wire_aligned), BITS);
+      bp = bucket_params_of_grid<true>(load_meta(a.meta, k, a.wire_aligned), BITS, a.cubic);
     }
     codes |= (uint64_t)encode_value<BITS, STOCHASTIC>(bp, x[j], key, a.first + first + j) << (8 * j);
   }
@@ -347,7 +347,7 @@ __device__ __forceinline__ void encode_span(const EncodeArgs<Type>& a, RngKey ke
   // or a whole span), so it holds values when the bucket does.
   if (lane % a.stats_lanes == 0 && has_group)
     store_meta(a.meta, div_index(first, a.bucket), meta, a.wire_aligned);
-  const BucketParams bp = bucket_params_of_grid<true>(meta, BITS);
+  const BucketParams bp = bucket_params_of_grid<true>(meta, BITS, a.cubic);
   encode_tile<Type, BITS, STOCHASTIC, true>(a, key, t0, has_group, x, bp, tile_words, lane);
   for (size_t t = t0 + 1; t < t0 + a.span_tiles && t < tiles; ++t) {
     has_group = load_lane_group(a, t, lane, x);  // the L1 cache's copy
@@ -381,19 +381,20 @@ __device__ __forceinline__ void encode_kernel(const EncodeManyArgs<Type>& a) {
  * non-finite bucket. */
 template <int BITS>
 QNCCL_HD void decode_values(const uint8_t* meta, const uint8_t* codes, size_t code_bytes,
-                            size_t bucket, bool aligned, size_t g, int len, float (&y)[kGroup]) {
+                            size_t bucket, bool aligned, bool cubic, size_t g, int len,
+                            float (&y)[kGroup]) {
   const size_t first = g * kGroup;
   const uint64_t packed = unpack8<BITS>(load_code_group<BITS>(codes, code_bytes, g, aligned));
   size_t k = div_index(first, bucket);  // as in encode_group
   size_t next = k * bucket + bucket;
-  BucketParams bp = bucket_params_of_grid<false>(load_meta(meta, k, aligned), BITS);
+  BucketParams bp = bucket_params_of_grid<false>(load_meta(meta, k, aligned), BITS, cubic);
 #pragma unroll
   for (int j = 0; j < (int)kGroup; ++j) {
     if (j >= len) break;
     if (first + j == next) {
       ++k;
       next += bucket;
-      bp = bucket_params_of_grid<false>(load_meta(meta, k, aligned), BITS);
+      bp = bucket_params_of_grid<false>(load_meta(meta, k, aligned), BITS, cubic);
     }
     y[j] = bp.nonfinite ? bits_float(kCanonicalNanF32)
                         : decode(bp, (uint32_t)(packed >> (8 * j)) & 0xffu);
@@ -407,7 +408,8 @@ QNCCL_HD void decode_group(const DecodeArgs<Type>& a, size_t g) {
   const size_t first = g * kGroup;
   const int len = (int)min_size(kGroup, a.count - first);
   float y[kGroup] = {};
-  decode_values<BITS>(a.meta, a.codes, a.code_bytes, a.bucket, a.wire_aligned, g, len, y);
+  decode_values<BITS>(a.meta, a.codes, a.code_bytes, a.bucket, a.wire_aligned, a.cubic, g, len,
+                      y);
   if constexpr (ACCUMULATE) {
     float acc[kGroup] = {};
     load_group<Type>(a.dst, first, len, a.dst_vectors, acc);
@@ -434,7 +436,7 @@ __device__ __forceinline__ void decode_many_kernel(const DecodeManyArgs<Type>& a
     int i = 0;
     while (G >= a.first_group[i + 1]) ++i;
     const DecodeArgs<Type> d = {a.metas[i], a.codes[i], a.code_bytes[i], a.dsts[i],
-                                a.counts[i], a.bucket, a.dst_vectors, a.wire_aligned};
+                                a.counts[i], a.bucket, a.dst_vectors, a.wire_aligned, a.cubic};
     decode_group<Type, BITS, false>(d, G - a.first_group[i]);
   }
 }
@@ -461,7 +463,7 @@ QNCCL_HD void reduce_group(const ReduceArgs<Type>& a, size_t g) {
   for (int w = 0; w < a.nwires; ++w) {
     float y[kGroup] = {};
     decode_values<BITS>(a.wires[w], a.wires[w] + a.meta_bytes, a.code_bytes, a.bucket,
-                        a.wire_aligned, g, len, y);
+                        a.wire_aligned, a.cubic, g, len, y);
     for (int j = 0; j < (int)kGroup; ++j) acc[j] = accumulate(acc[j], y[j]);
   }
   store_group<F32>(a.acc, first, len, a.acc_vectors, acc);

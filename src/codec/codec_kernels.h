@@ -80,6 +80,7 @@ struct EncodeArgs {
   RngKey key;
   bool src_vectors;   // src is 16-byte aligned
   bool wire_aligned;  // meta (and so codes) is 8-byte aligned
+  bool cubic;         // CodecParams::cubic
   // CodecParams::call and what goes with it: the key is read when the kernel runs.
   const uint64_t* call;
   uint64_t seed, segment, rank, step;
@@ -109,6 +110,7 @@ struct DecodeArgs {
   size_t count, bucket;
   bool dst_vectors;   // dst is 16-byte aligned
   bool wire_aligned;  // meta (and so codes) is 8-byte aligned
+  bool cubic;         // CodecParams::cubic
 };
 
 /* Up to kReduceWires compressed buffers per launch of the reduce kernel
@@ -126,6 +128,7 @@ struct ReduceArgs {
   int nwires;
   bool src_vectors, residual_vectors, acc_vectors;  // 16-byte aligned
   bool wire_aligned;                                // every wire 8-byte aligned
+  bool cubic;                                       // CodecParams::cubic
 };
 
 /* Up to kDecodeItems compressed buffers per launch of the decode-many
@@ -145,6 +148,7 @@ struct DecodeManyArgs {
   size_t bucket;
   bool dst_vectors;   // every dst 16-byte aligned
   bool wire_aligned;  // every wire 8-byte aligned
+  bool cubic;         // CodecParams::cubic
 };
 
 /* Up to kEncodeItems buffers per launch of the encode kernel: one for a

@@ -197,8 +197,10 @@ QNCCL_HD BucketParams bucket_common(BucketMeta m, int bits) {
   return p;
 }
 
-QNCCL_HD bool straddles_zero(BucketMeta m, int bits) {
-  return bits >= 2 && m.min < 0.0f && m.max >= 0.0f;  // false for NaN
+/* `cubic`: the call lets buckets take the cubic grid (false: a rotated
+ * call's buckets, all on the uniform grid; docs/rotation.md). */
+QNCCL_HD bool straddles_zero(BucketMeta m, int bits, bool cubic) {
+  return cubic && bits >= 2 && m.min < 0.0f && m.max >= 0.0f;  // false for NaN
 }
 
 /* Both grids' values are derived every time and the grid that applies
@@ -206,9 +208,9 @@ QNCCL_HD bool straddles_zero(BucketMeta m, int bits) {
  * buckets vectorizes. Where the cubic grid does not apply, its inputs are
  * replaced by 1 so that its unused values stay finite (zero_code converts
  * a float to an integer, undefined for NaN). */
-QNCCL_HD BucketParams bucket_params(BucketMeta m, int bits) {
+QNCCL_HD BucketParams bucket_params(BucketMeta m, int bits, bool cubic) {
   BucketParams p = bucket_common(m, bits);
-  const bool straddles = straddles_zero(m, bits);
+  const bool straddles = straddles_zero(m, bits, cubic);
   cubic_grid<true>(p, straddles ? m.max : 1.0f, straddles ? -m.min : 1.0f);
   p.cubic = cubic_applies(p, straddles);
   uniform_grid<true>(p, m);
@@ -220,9 +222,9 @@ QNCCL_HD BucketParams bucket_params(BucketMeta m, int bits) {
  * parameters at a time, where the branch-free form's other grid and unused
  * inverses cost divisions for every group of values decoded. */
 template <bool INVERSES>
-QNCCL_HD BucketParams bucket_params_of_grid(BucketMeta m, int bits) {
+QNCCL_HD BucketParams bucket_params_of_grid(BucketMeta m, int bits, bool cubic) {
   BucketParams p = bucket_common(m, bits);
-  const bool straddles = straddles_zero(m, bits);
+  const bool straddles = straddles_zero(m, bits, cubic);
   if (straddles) {
     cubic_grid<INVERSES>(p, m.max, -m.min);
     p.cubic = cubic_applies(p, straddles);

@@ -249,6 +249,11 @@ ncclResult_t check_allreduce_config(const char* fn, size_t count, ncclDataType_t
   if (config == nullptr)
     return set_error(ncclInvalidArgument, "%s: config is NULL; pass a qncclAllReduceConfig_t", fn);
   QNCCL_CHECK(check_codec_config(fn, &config->codec));
+  if (config->codec.rotation != qncclRotationNone)
+    return set_error(ncclInvalidArgument,
+                     "%s: codec.rotation = %d: the collectives do not rotate yet (qncclQuantize "
+                     "does); allowed here: qncclRotationNone (0)",
+                     fn, (int)config->codec.rotation);
   QNCCL_CHECK(check_codec_type(fn, "datatype", type));
   QNCCL_CHECK(check_algo(fn, *config));
   QNCCL_CHECK(check_error_feedback(fn, config->errorFeedback));

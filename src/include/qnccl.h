@@ -47,11 +47,28 @@ typedef enum {
   qncclRoundStochastic = 1  /* unbiased: E[decode(encode(x))] == x */
 } qncclRounding_t;
 
+typedef enum {
+  qncclRotationNone = 0,    /* quantize the values as they are */
+  qncclRotationHadamard = 1 /* a randomized Hadamard rotation first (docs/rotation.md) */
+} qncclRotation_t;
+
+#define QNCCL_MIN_ROTATION_BLOCK 2
+#define QNCCL_MAX_ROTATION_BLOCK 16384
+#define QNCCL_DEFAULT_ROTATION_BLOCK 256
+
 typedef struct {
   int bits;                 /* bits per value, QNCCL_MIN_BITS..QNCCL_MAX_BITS */
   size_t bucketSize;        /* values sharing one (min, max) pair, >= 1 */
   qncclRounding_t rounding;
-  uint64_t seed;            /* seed of the stochastic-rounding random streams */
+  uint64_t seed;            /* seed of the stochastic-rounding random streams, and of the
+                               rotation's signs */
+  /* qncclRotationHadamard: the values are rotated in blocks of rotationBlock
+   * (a power of two, QNCCL_MIN_ROTATION_BLOCK..QNCCL_MAX_ROTATION_BLOCK; 0:
+   * QNCCL_DEFAULT_ROTATION_BLOCK) before they are quantized, every bucket on
+   * the uniform grid, and rotated back when decoded: a quantize and its
+   * dequantize take the same config. The wire layout is unchanged. */
+  qncclRotation_t rotation;
+  size_t rotationBlock;
 } qncclCodecConfig_t;
 
 /* Bytes that qncclQuantize writes for `count` values. */

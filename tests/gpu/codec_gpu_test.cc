@@ -201,7 +201,7 @@ bool check_config(const Input& in, size_t count, const qncclCodecConfig_t& cfg, 
  * the right bytes once it opens. */
 bool check_no_sync(cudaStream_t stream) {
   const size_t count = (3 << 20) + 5;
-  const qncclCodecConfig_t cfg = {4, 128, qncclRoundStochastic, 42};
+  const qncclCodecConfig_t cfg = {4, 128, qncclRoundStochastic, 42, qncclRotationNone, 0};
   const Input in = make_input(ncclFloat32, count, false);
   const std::string name = "no-sync float32 n=3145733 bits=4 bucket=128 stochastic";
   size_t bytes = 0;
@@ -271,7 +271,7 @@ void check_matrix(const std::vector<size_t>& counts, cudaStream_t stream, int* p
           for (size_t bucket : buckets) {
             for (int rounding = 0; rounding < 2; ++rounding, ++serial) {
               const qncclCodecConfig_t cfg = {bits, bucket, (qncclRounding_t)rounding,
-                                              0x5eed0000ull + serial};
+                                              0x5eed0000ull + serial, qncclRotationNone, 0};
               const bool aligned = serial % 3 != 1;  // period 3: mixes with bits and rounding
               char name[160];
               snprintf(name, sizeof name, "%s n=%zu %s bits=%d bucket=%zu %s%s", in.name, count,
@@ -322,8 +322,8 @@ std::vector<uint8_t> quick_values(size_t count, uint64_t seed) {
  * lanes, a lane per group of 8 values: past 8,388,608 values); with
  * --huge N, past 2^31 values (64-bit indexing, a wire past 2^32 bits). */
 void check_large(size_t count, cudaStream_t stream, int* passed, int* failed) {
-  const qncclCodecConfig_t configs[] = {{4, 128, qncclRoundStochastic, 77},
-                                        {3, 7, qncclRoundNearest, 78}};
+  const qncclCodecConfig_t configs[] = {{4, 128, qncclRoundStochastic, 77, qncclRotationNone, 0},
+                                        {3, 7, qncclRoundNearest, 78, qncclRotationNone, 0}};
   DeviceBuffer dsrc(count * 4 + 16), dout(count * 4 + 16), dwire(2 * count + 16 + kWireOffset);
   const Input in = count <= (1u << 28) ? make_input(ncclFloat32, count, false)
                                         : Input{"float32", ncclFloat32, 4, quick_values(count, 3),

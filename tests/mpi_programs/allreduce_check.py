@@ -381,6 +381,8 @@ MISUSE = [  # (argument, bad value, what the message must say: the argument and 
     ("algo", 7, r"algo = 7 .*allowed: .*qncclAlgoAuto.*qncclAlgoRing.*qncclAlgoTree"
                 r".*qncclAlgoSra"),
     ("lanes", 9, r"lanes = 9; allowed: 0 \(auto.*\) or 1\.\.8"),
+    ("rotation", 1, r"codec\.rotation = 1: the collectives do not rotate yet .*allowed here: "
+                    r"qncclRotationNone \(0\)"),
     ("op", "ncclMax", r"op = 2 .*allowed: ncclSum.*ncclAvg"),
     ("datatype", "ncclInt32", r"datatype = 2 .*allowed: ncclFloat32.*ncclFloat16.*ncclBfloat16"),
 ]
@@ -401,6 +403,8 @@ def misuse(comm, failures):
             config.algo = value
         elif field == "lanes":
             config.lanes = value
+        elif field == "rotation":
+            config.codec.rotation = value
         elif field == "op":
             op = getattr(lib, value)
         else:

@@ -68,7 +68,8 @@ static int checks = 0;
     checks++;                                                                            \
   } while (0)
 
-static const qncclCodecConfig_t kConfig = {4, 512, qncclRoundStochastic, 0x5eed};
+static const qncclCodecConfig_t kConfig = {4, 512, qncclRoundStochastic, 0x5eed,
+                                           qncclRotationNone, 0};
 
 /* Input `round` of the program: values of several magnitudes, some zeros. */
 static void fill(float* x, int round) {
