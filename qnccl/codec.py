@@ -188,9 +188,10 @@ def quantize(array, bits=4, bucket_size=128, rounding="stochastic", seed=0, stre
     give independent calls different streams. dtype: "bfloat16" or "float16"
     for arrays of uint16 bits; otherwise it must agree with the array or be None.
     rotation: "none" or "hadamard" (docs/rotation.md: the array rotated in blocks of
-    rotation_block values, signs from `seed`, every bucket on the uniform grid; the
+    rotation_block values (0: 256), signs from `seed`, every bucket on the uniform grid; the
     QuantizedArray remembers it, and dequantize rotates back). Host arrays only, so far.
     """
+    rotation_block = rotation_block or _rotation.DEFAULT_BLOCK  # 0: the default, as in C
     config = _config(bits, bucket_size, rounding, seed, rotation, rotation_block)
     random_stream = _c_value("uint64_t", "stream", stream)
     src = _memory(array, "array", False)  # a non-contiguous input is copied

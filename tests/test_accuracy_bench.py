@@ -91,7 +91,8 @@ def test_teacher_labels_have_signal_and_noise():
 
 
 @pytest.mark.parametrize("argv, allowed", [
-    (["--bits", "3"], "8, 4, 2"),
+    (["--bits", "9"], "8, 7, 6, 5, 4, 3, 2, 1"),
+    (["--rotation", "100"], "powers of two in [2, 16384]"),
     (["--algos", "ring,butterfly"], "ring, tree, sra"),
     (["--ranks", "7"], "4, 8, 16, 32, 64"),
     (["--seeds", "0"], "an integer >= 1"),

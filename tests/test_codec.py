@@ -93,14 +93,17 @@ def test_random_configurations_match_emulator(count, bits, bucket, dtype, roundi
     check_against_emulator(x, dtype, bits, bucket, rounding, seed, stream, rng)
 
 
+@pytest.mark.parametrize("specials", [False, True])
 @pytest.mark.parametrize("block", [2, 8, 256, 4096])
-@pytest.mark.parametrize("count", [1, 7, 1000, 4099, 65537])
+@pytest.mark.parametrize("count", [0, 1, 7, 1000, 4099, 65537])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_rotated_codec_matches_emulator(rng, dtype, count, block):
+def test_rotated_codec_matches_emulator(rng, dtype, count, block, specials):
     # docs/rotation.md: the buffer rotated as one segment (a tail of binary blocks), every
-    # bucket on the uniform grid, rotated back on decode; bytes and values the emulator's
-    for bits, bucket, rounding in ((4, 128, "stochastic"), (3, 100, "nearest"), (8, 1024, "nearest")):
-        x = make_values(rng, count, dtype, bucket, specials=False)
+    # bucket on the uniform grid, rotated back on decode; bytes and values the emulator's,
+    # with NaN, Inf, -0 and the types' limits sprinkled in too
+    for bits, bucket, rounding in ((4, 128, "stochastic"), (3, 100, "nearest"),
+                                   (8, 1024, "nearest")):
+        x = make_values(rng, count, dtype, bucket, specials=specials)
         where = f"{dtype} bits={bits} bucket={bucket} count={count} block={block} {rounding}"
         kw = dict(rotation="hadamard", rotation_block=block)
         q = codec.quantize(x, bits, bucket, rounding, seed=77, stream=5, dtype=dtype, **kw)

@@ -131,7 +131,17 @@ def test_a_non_finite_value_poisons_its_block_only():
     x = np.ones(512, F32)
     x[300] = np.inf
     y = rot.rotate(x, 256, SEED)
-    assert np.isfinite(y[:256]).all() and not np.isfinite(y[256:]).any()
+    assert np.isfinite(y[:256]).all() and np.isinf(y[256:]).all()
+    x[300] = np.nan
+    y = rot.rotate(x, 256, SEED)
+    assert np.isfinite(y[:256]).all() and np.isnan(y[256:]).all()
+    back = rot.unrotate(y, 256, SEED)  # the inverse's NaNs are the canonical one
+    assert np.all(back[256:].view(np.uint32) == 0x7FC00000)
+
+
+def test_an_empty_segment_rotates_to_nothing():
+    assert rot.rotate(np.zeros((3, 0), F32), 256, SEED).shape == (3, 0)
+    assert emu.quantize(np.zeros(0, F32), 4, 128, "nearest", rotation="hadamard").size == 0
 
 
 @pytest.mark.parametrize("rotation,block,match", [
@@ -204,6 +214,20 @@ def test_rotated_allreduce_keeps_its_error_bound(algo, op, dtype):
     finite = np.isfinite(bound)
     assert finite.mean() > 0.9
     assert np.all(err[finite] <= bound[finite])
+
+
+@pytest.mark.parametrize("block", [2, 32, 256, 4096])
+def test_rotation_rounding_bound_covers_a_round_trip(block):
+    # one rank whose "algorithm" returns its rotated row exactly: the rotated bound is 0,
+    # so rot.bound must cover the forward and inverse rotations' own rounding alone
+    rng = np.random.default_rng(block)
+    x = (rng.standard_normal(5000) * 2.0 ** rng.integers(-40, 40, 5000)).astype(F32)[None]
+    y = rot.rotate(x, block, SEED)[0]
+    back = rot.unrotate(y, block, SEED)
+    err = np.abs(back.astype(np.float64) - x[0])
+    bound = rot.bound(np.zeros(5000), x, y, block, False)
+    assert np.all(err <= bound)
+    assert err.max() > 0  # the round trip does round: the bound is not vacuous here
 
 
 def test_rotation_lowers_the_error_on_heavy_tailed_gradients():
@@ -287,3 +311,10 @@ def test_rotated_allgather_alltoall_and_send_are_their_definition():
     got = sendrecv(inputs[0], 0, 2, n, call=3, index=1, **kw)
     assert np.array_equal(bits_of(got), bits_of(trip(inputs[0], stream_id(
         (1 << 63) | 3, 0, 0, 2 + n * 1))))
+
+
+def test_adaptive_widths_are_not_taken_with_a_rotation():
+    from qnccl.emulate.adaptive import AdaptiveBits
+    policy = AdaptiveBits({"w": 1000}, bits=4, bucket_size=128)
+    with pytest.raises(ValueError, match="adaptive widths are chosen from unrotated errors"):
+        EmulatedAllReduce(2, adaptive=policy, rotation="hadamard")

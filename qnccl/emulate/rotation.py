@@ -83,6 +83,8 @@ def _apply(x, block, seed, forward):
     if x.dtype != F32:
         raise ValueError(f"rotation works on float32 values, got {x.dtype}")
     check("hadamard", block)
+    if x.size == 0:
+        return x.copy()
     flat = x.reshape(-1, x.shape[-1]) if x.ndim else x.reshape(1, 1)
     n = flat.shape[-1]
     s = signs(seed, n)
@@ -136,7 +138,7 @@ def bound(rotated_bound, x, y, block, average):
     out = np.empty(n)
     for start, length, size in _runs(n, block):
         k = size.bit_length() - 1
-        grow = (1 + _U32) ** k - 1
+        grow = k * _U32 / (1 - k * _U32)  # gamma_k: bounds (1 + u)^k - 1 from above
         fwd, inv = 2.0 ** -((k + 1) // 2), 2.0 ** -(k // 2)
         m = length // size
         span = slice(start, start + length)

@@ -74,6 +74,9 @@ class EmulatedAllReduce:
                 adaptive, "bucket_size", None)) != (bits, bucket_size):
             raise ValueError("adaptive must be an AdaptiveBits with this communicator's bits "
                              f"({bits}) and bucket_size ({bucket_size}), got {adaptive!r}")
+        if adaptive is not None and rotation != "none":
+            raise ValueError("adaptive widths are chosen from unrotated errors on the cubic grid: "
+                             "pass rotation='none' with adaptive, or adaptive=None")
         self.adaptive = adaptive
         self.calls = 0  # quantized calls so far
         self.exact_calls = 0  # warm-up calls so far

@@ -3,7 +3,8 @@
  * buffers live. */
 #include <stdint.h>
 
-#include <vector>
+#include <memory>
+#include <new>
 
 #include "codec/codec.h"
 #include "codec/codec_math.h"
@@ -101,36 +102,52 @@ CodecParams params_of(const qncclCodecConfig_t* config, uint64_t stream) {
   return p;
 }
 
+/* `count` float32 values of scratch memory, or a failure saying so. */
+ncclResult_t scratch(const char* fn, size_t count, std::unique_ptr<float[]>* out) {
+  out->reset(new (std::nothrow) float[count]);
+  if (*out != nullptr) return ncclSuccess;
+  return set_error(ncclSystemError,
+                   "%s: no memory for the rotation's %zu float32 values; quantize a smaller "
+                   "buffer at a time",
+                   fn, count);
+}
+
 /* A rotated quantize on the host: the values widened to float32, rotated in
  * place, quantized as float32 (docs/rotation.md). */
-void rotated_quantize(const HostCodec& host, const void* src, size_t count,
-                      ncclDataType_t datatype, const CodecParams& p, size_t block, void* dst) {
-  std::vector<float> z(count);
+ncclResult_t rotated_quantize(const char* fn, const HostCodec& host, const void* src,
+                              size_t count, ncclDataType_t datatype, const CodecParams& p,
+                              size_t block, void* dst) {
+  std::unique_ptr<float[]> z;
+  QNCCL_CHECK(scratch(fn, count, &z));
   dispatch_float_type(datatype, [&](auto d) {
     using D = decltype(d);
     const typename D::T* x = static_cast<const typename D::T*>(src);
     for (size_t i = 0; i < count; i++) z[i] = D::load(x[i]);
   });
-  host.rotate(z.data(), z.data(), count, block, p.seed, true);
-  host.quantize(z.data(), count, ncclFloat32, p, dst);
+  host.rotate(z.get(), z.get(), count, block, p.seed, true);
+  host.quantize(z.get(), count, ncclFloat32, p, dst);
+  return ncclSuccess;
 }
 
 /* Its dequantize: decoded to float32, rotated back, then stored (or added)
  * in `datatype`. */
-void rotated_dequantize(const HostCodec& host, const void* src, size_t count,
-                        const CodecParams& p, size_t block, void* dst, ncclDataType_t datatype,
-                        bool accumulate) {
-  std::vector<float> y(count);
-  host.dequantize(src, count, p, y.data(), ncclFloat32, false);
-  host.rotate(y.data(), y.data(), count, block, p.seed, false);
+ncclResult_t rotated_dequantize(const char* fn, const HostCodec& host, const void* src,
+                                size_t count, const CodecParams& p, size_t block, void* dst,
+                                ncclDataType_t datatype, bool accumulate) {
+  std::unique_ptr<float[]> y;
+  QNCCL_CHECK(scratch(fn, count, &y));
+  host.dequantize(src, count, p, y.get(), ncclFloat32, false);
+  host.rotate(y.get(), y.get(), count, block, p.seed, false);
   dispatch_float_type(datatype, [&](auto d) {
     using D = decltype(d);
     typename D::T* out = static_cast<typename D::T*>(dst);
     if (accumulate)
-      for (size_t i = 0; i < count; i++) out[i] = D::store(qnccl::accumulate(D::load(out[i]), y[i]));
+      for (size_t i = 0; i < count; i++)
+        out[i] = D::store(qnccl::accumulate(D::load(out[i]), y[i]));
     else
       for (size_t i = 0; i < count; i++) out[i] = D::store(y[i]);
   });
+  return ncclSuccess;
 }
 
 #ifdef QNCCL_WITH_CUDA
@@ -200,10 +217,8 @@ ncclResult_t codec_quantize(const char* fn, const void* src, size_t count, ncclD
 #endif
   const HostCodec* host;
   QNCCL_CHECK(host_codec(&host));
-  if (block != 0)
-    rotated_quantize(*host, src, count, datatype, p, block, dst);
-  else
-    host->quantize(src, count, datatype, p, dst);
+  if (block != 0) return rotated_quantize(fn, *host, src, count, datatype, p, block, dst);
+  host->quantize(src, count, datatype, p, dst);
   return ncclSuccess;
 }
 
@@ -240,9 +255,8 @@ ncclResult_t codec_dequantize(const char* fn, const void* src, size_t srcBytes, 
   const HostCodec* host;
   QNCCL_CHECK(host_codec(&host));
   if (block != 0)
-    rotated_dequantize(*host, src, count, p, block, dst, datatype, accumulate);
-  else
-    host->dequantize(src, count, p, dst, datatype, accumulate);
+    return rotated_dequantize(fn, *host, src, count, p, block, dst, datatype, accumulate);
+  host->dequantize(src, count, p, dst, datatype, accumulate);
   return ncclSuccess;
 }
 
