@@ -34,6 +34,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "perf")]
 
+from accuracy_bench import choice_list, task_class  # noqa: E402
 from qnccl.cli import int_in  # noqa: E402
 from qnccl.emulate import rotation  # noqa: E402
 from qnccl.emulate.allreduce import _Config, auto_algo, run  # noqa: E402
@@ -47,18 +48,6 @@ BLOCKS = (16, 64, 256, 1024, 4096)
 STEPS = {"dlrm": 500, "lm": 400}  # accuracy_bench's full runs
 QUICK_STEPS = {"dlrm": 120, "lm": 80}
 SNAPSHOTS = 5  # kept steps per model, evenly spread over the run
-
-
-def choice_list(kind, allowed):
-    def parse(text):
-        items = [type(allowed[0])(t) for t in text.split(",") if t]
-        bad = [t for t in items if t not in allowed]
-        if bad or not items:
-            raise argparse.ArgumentTypeError(
-                f"{kind} must be a comma-separated subset of {','.join(map(str, allowed))}, "
-                f"got {text!r}")
-        return tuple(items)
-    return parse
 
 
 def parse_args(argv):
@@ -84,7 +73,6 @@ def snapshots(model, nranks, quick):
     """[N x n float32 per-rank gradients] at SNAPSHOTS steps of a full-precision run."""
     import torch
     import accuracy_model as am
-    from accuracy_bench import task_class
     torch.set_num_threads(1)
     steps = (QUICK_STEPS if quick else STEPS)[model]
     task = task_class(model)(steps, 256)
