@@ -94,15 +94,17 @@ def test_random_configurations_match_emulator(count, bits, bucket, dtype, roundi
 
 
 @pytest.mark.parametrize("specials", [False, True])
-@pytest.mark.parametrize("block", [2, 8, 256, 4096])
+@pytest.mark.parametrize("block", [2, 8, 256, 4096, 16384])
 @pytest.mark.parametrize("count", [0, 1, 7, 1000, 4099, 65537])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_rotated_codec_matches_emulator(rng, dtype, count, block, specials):
     # docs/rotation.md: the buffer rotated as one segment (a tail of binary blocks), every
     # bucket on the uniform grid, rotated back on decode; bytes and values the emulator's,
-    # with NaN, Inf, -0 and the types' limits sprinkled in too
+    # with NaN, Inf, -0 and the types' limits sprinkled in too. The host codec works in tiles
+    # of whole blocks and buckets (4096 values for 128 / 256, 6400 for 100 / 256, more than
+    # a stage of 4096 for 16384) or, where those would pass 2^20 values (1001 / 4096), in one
     for bits, bucket, rounding in ((4, 128, "stochastic"), (3, 100, "nearest"),
-                                   (8, 1024, "nearest")):
+                                   (8, 1024, "nearest"), (5, 1001, "stochastic")):
         x = make_values(rng, count, dtype, bucket, specials=specials)
         where = f"{dtype} bits={bits} bucket={bucket} count={count} block={block} {rounding}"
         kw = dict(rotation="hadamard", rotation_block=block)

@@ -33,14 +33,14 @@ def literal_blocks(n, block):
     return out
 
 
-def literal_signs(seed, n):
-    """s[i] = -1 where bit 31 of hash32(...) of rng_uniform's word is set."""
+def literal_signs(seed, n, block):
+    """s[i] = -1 where bit 31 of hash32(...) of rng_uniform's word of i mod block is set."""
     key = int(emu.rng_key(np.uint64(seed), np.uint64(0x726F746174696F6E)))
     k0, k1 = key & 0xFFFFFFFF, key >> 32
     out = np.empty(n, F32)
     for i in range(n):
-        h = int(emu._hash32(np.uint32(((i & 0xFFFFFFFF) * (k0 | 1) + (k1 ^ (i >> 32)))
-                                      & 0xFFFFFFFF)))
+        j = i % block
+        h = int(emu._hash32(np.uint32((j * (k0 | 1) + k1) & 0xFFFFFFFF)))
         out[i] = -1.0 if h >> 31 else 1.0
     return out
 
@@ -58,7 +58,7 @@ def literal_butterfly(v):
 
 def literal(x, block, seed, forward):
     x = np.asarray(x, F32)
-    s = literal_signs(seed, x.size)
+    s = literal_signs(seed, x.size, block)
     out = np.empty_like(x)
     for start, b in literal_blocks(x.size, block):
         k = b.bit_length() - 1
@@ -86,13 +86,15 @@ def test_blocks_are_the_pages_cut(count, block):
     assert all(a + b == c for (a, b), (c, _) in zip(got, got[1:]))
 
 
-def test_signs_follow_the_seed_and_the_index_only():
-    s = rot.signs(SEED, 3000)
-    assert np.array_equal(s, literal_signs(SEED, 3000))
+def test_signs_follow_the_seed_and_the_index_in_the_block_only():
+    s = rot.signs(SEED, 3000, 4096)
+    assert np.array_equal(s, literal_signs(SEED, 3000, 4096))
     assert set(np.unique(s)) == {-1.0, 1.0}
     assert abs(float(s.mean())) < 0.06  # 3000 fair signs: mean within ~3.3 sigma
-    assert np.array_equal(rot.signs(SEED, 100), s[:100])  # a prefix of the same stream
-    assert not np.array_equal(rot.signs(SEED + 1, 3000), s)
+    assert np.array_equal(rot.signs(SEED, 100, 4096), s[:100])  # a prefix of the same stream
+    assert not np.array_equal(rot.signs(SEED + 1, 3000, 4096), s)
+    # every block of 256 takes the first 256 signs again
+    assert np.array_equal(rot.signs(SEED, 3000, 256), np.tile(s[:256], 12)[:3000])
 
 
 @pytest.mark.parametrize("block", [2, 4, 8, 32, 256])

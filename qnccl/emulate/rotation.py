@@ -11,8 +11,8 @@ binary digits, largest first (100 = 64 + 32 + 4). A block of b = 2^k values rota
     forward   y = 2^-ceil(k/2)  * H_b (s * x)
     inverse   x = 2^-floor(k/2) * s * (H_b y)
 
-with s[i] = -1 where bit 31 of the random word of rng_uniform(seed, ROTATION_STREAM, i)
-is set (i: the value's index in the segment), else +1, and H_b the unnormalized Walsh-Hadamard
+with s[i] = -1 where bit 31 of the random word of rng_uniform(seed, ROTATION_STREAM, i mod B)
+is set (i: the value's index in the segment), else +1 (the signs repeat every B values), and H_b the unnormalized Walsh-Hadamard
 butterfly: for h = 1, 2, 4, .., b/2, every pair (j, j + h) with bit h of j clear becomes
 (v[j] + v[j+h], v[j] - v[j+h]), float32. The two scales multiply to 1/b, so the inverse
 undoes the forward exactly in real arithmetic; being powers of two they round nothing (bar
@@ -59,10 +59,10 @@ def blocks(count, block):
     return out
 
 
-def signs(seed, count):
-    """s[0..count): +1 or -1 as float32."""
+def signs(seed, count, block):
+    """s[0..count) of a segment in blocks of `block`: +1 or -1 as float32."""
     key = codec.rng_key(np.uint64(seed), np.uint64(ROTATION_STREAM))
-    u = codec.uniform_from_key(key, np.arange(count, dtype=np.uint64))
+    u = codec.uniform_from_key(key, np.arange(count, dtype=np.uint64) % np.uint64(block))
     return np.where(u >= F32(0.5), F32(-1), F32(1))  # u >= 1/2: bit 31 of the word
 
 
@@ -87,7 +87,7 @@ def _apply(x, block, seed, forward):
         return x.copy()
     flat = x.reshape(-1, x.shape[-1]) if x.ndim else x.reshape(1, 1)
     n = flat.shape[-1]
-    s = signs(seed, n)
+    s = signs(seed, n, block)
     out = np.empty_like(flat)
     with np.errstate(invalid="ignore", over="ignore"):
         for start, length, size in _runs(n, block):

@@ -33,6 +33,13 @@ struct CodecParams {
   /* Whether buckets may take the cubic grid (wire-format.md); false: every
    * bucket on the uniform grid, a rotated call's (docs/rotation.md). */
   bool cubic = true;
+  /* Host only: rotate before quantizing and after decoding, in blocks of
+   * `rotation` (0: no rotation; docs/rotation.md), the whole buffer one
+   * segment, working in `scratch` (min(count, rotation_tile(count, bucket,
+   * rotation)) float32 values) and `signs` (min(count, rotation) values). */
+  size_t rotation = 0;
+  float* scratch = nullptr;
+  uint32_t* signs = nullptr;
 };
 
 /* Argument checks shared by every entry point that takes a codec config or
@@ -60,11 +67,15 @@ struct HostCodec {
   void (*reduce)(const void* src, ncclDataType_t type, const float* residual,
                  const uint8_t* const* wires, int nwires, size_t count, const CodecParams& p,
                  float* acc);
-  /* dst = the forward (or inverse) rotation of the segment src[0..n) of
-   * float32 values in blocks of `block` with the signs of `seed`
-   * (docs/rotation.md); dst may be src. */
-  void (*rotate)(const float* src, float* dst, size_t n, size_t block, uint64_t seed,
-                 bool forward);
+  /* z = the forward rotation of src, `n` values of `type` rotated as one
+   * segment in blocks of `block`, with the signs' `masks` (rotation_masks of
+   * min(n, block) values; docs/rotation.md); float32. */
+  void (*rotate)(const void* src, ncclDataType_t type, size_t n, size_t block,
+                 const uint32_t* masks, float* z);
+  /* dst = the inverse rotation of z (`n` float32 values, overwritten),
+   * stored in `type`. */
+  void (*unrotate)(float* z, size_t n, size_t block, const uint32_t* masks, void* dst,
+                   ncclDataType_t type);
 };
 
 /* The host codec of this process: the fastest the CPU runs, or the one

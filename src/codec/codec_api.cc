@@ -3,11 +3,13 @@
  * buffers live. */
 #include <stdint.h>
 
+#include <algorithm>
 #include <memory>
 #include <new>
 
 #include "codec/codec.h"
 #include "codec/codec_math.h"
+#include "codec/rotation.h"
 #include "common/error.h"
 #ifdef QNCCL_WITH_CUDA
 #include "codec/cuda_module.h"
@@ -99,55 +101,29 @@ CodecParams params_of(const qncclCodecConfig_t* config, uint64_t stream) {
   CodecParams p{config->bits, config->bucketSize, config->rounding, config->seed, stream,
                 nullptr, 0, 0, 0, 0};
   p.cubic = config->rotation == qncclRotationNone;
+  p.rotation = rotation_block(*config);
   return p;
 }
 
-/* `count` float32 values of scratch memory, or a failure saying so. */
-ncclResult_t scratch(const char* fn, size_t count, std::unique_ptr<float[]>* out) {
-  out->reset(new (std::nothrow) float[count]);
-  if (*out != nullptr) return ncclSuccess;
+/* A rotated host call's working memory (CodecParams::scratch and signs),
+ * or a failure saying so. */
+struct RotationMemory {
+  std::unique_ptr<float[]> tile;
+  std::unique_ptr<uint32_t[]> signs;
+};
+
+ncclResult_t rotation_memory(const char* fn, size_t count, CodecParams* p, RotationMemory* m) {
+  if (p->rotation == 0) return ncclSuccess;
+  const size_t values = std::min(count, rotation_tile(count, p->bucket, p->rotation));
+  m->tile.reset(new (std::nothrow) float[values]);
+  m->signs.reset(new (std::nothrow) uint32_t[std::min(count, p->rotation)]);
+  p->scratch = m->tile.get();
+  p->signs = m->signs.get();
+  if (p->scratch != nullptr && p->signs != nullptr) return ncclSuccess;
   return set_error(ncclSystemError,
                    "%s: no memory for the rotation's %zu float32 values; quantize a smaller "
-                   "buffer at a time",
-                   fn, count);
-}
-
-/* A rotated quantize on the host: the values widened to float32, rotated in
- * place, quantized as float32 (docs/rotation.md). */
-ncclResult_t rotated_quantize(const char* fn, const HostCodec& host, const void* src,
-                              size_t count, ncclDataType_t datatype, const CodecParams& p,
-                              size_t block, void* dst) {
-  std::unique_ptr<float[]> z;
-  QNCCL_CHECK(scratch(fn, count, &z));
-  dispatch_float_type(datatype, [&](auto d) {
-    using D = decltype(d);
-    const typename D::T* x = static_cast<const typename D::T*>(src);
-    for (size_t i = 0; i < count; i++) z[i] = D::load(x[i]);
-  });
-  host.rotate(z.get(), z.get(), count, block, p.seed, true);
-  host.quantize(z.get(), count, ncclFloat32, p, dst);
-  return ncclSuccess;
-}
-
-/* Its dequantize: decoded to float32, rotated back, then stored (or added)
- * in `datatype`. */
-ncclResult_t rotated_dequantize(const char* fn, const HostCodec& host, const void* src,
-                                size_t count, const CodecParams& p, size_t block, void* dst,
-                                ncclDataType_t datatype, bool accumulate) {
-  std::unique_ptr<float[]> y;
-  QNCCL_CHECK(scratch(fn, count, &y));
-  host.dequantize(src, count, p, y.get(), ncclFloat32, false);
-  host.rotate(y.get(), y.get(), count, block, p.seed, false);
-  dispatch_float_type(datatype, [&](auto d) {
-    using D = decltype(d);
-    typename D::T* out = static_cast<typename D::T*>(dst);
-    if (accumulate)
-      for (size_t i = 0; i < count; i++)
-        out[i] = D::store(qnccl::accumulate(D::load(out[i]), y[i]));
-    else
-      for (size_t i = 0; i < count; i++) out[i] = D::store(y[i]);
-  });
-  return ncclSuccess;
+                   "buffer at a time, or a bucket size that divides the rotation block",
+                   fn, values);
 }
 
 #ifdef QNCCL_WITH_CUDA
@@ -198,11 +174,10 @@ ncclResult_t codec_quantize(const char* fn, const void* src, size_t count, ncclD
   QNCCL_CHECK(check_bytes(fn, "dstBytes", dstBytes, count, config));
   QNCCL_CHECK(check_disjoint(fn, dst, dstBytes, src, count * float_type_size(datatype)));
   CodecParams p = params_of(config, randomStream);
-  const size_t block = rotation_block(*config);
 #ifdef QNCCL_WITH_CUDA
   int device = -1;
   QNCCL_CHECK(locate(fn, src, dst, &device));
-  if (device >= 0 && block != 0)
+  if (device >= 0 && p.rotation != 0)
     return set_error(ncclInvalidUsage,
                      "%s: a rotation on device buffers is not in this build yet; quantize host "
                      "buffers, or pass rotation = qncclRotationNone",
@@ -217,7 +192,8 @@ ncclResult_t codec_quantize(const char* fn, const void* src, size_t count, ncclD
 #endif
   const HostCodec* host;
   QNCCL_CHECK(host_codec(&host));
-  if (block != 0) return rotated_quantize(fn, *host, src, count, datatype, p, block, dst);
+  RotationMemory memory;
+  QNCCL_CHECK(rotation_memory(fn, count, &p, &memory));
   host->quantize(src, count, datatype, p, dst);
   return ncclSuccess;
 }
@@ -234,11 +210,10 @@ ncclResult_t codec_dequantize(const char* fn, const void* src, size_t srcBytes, 
   QNCCL_CHECK(check_bytes(fn, "srcBytes", srcBytes, count, config));
   QNCCL_CHECK(check_disjoint(fn, src, srcBytes, dst, count * float_type_size(datatype)));
   CodecParams p = params_of(config, 0);
-  const size_t block = rotation_block(*config);
 #ifdef QNCCL_WITH_CUDA
   int device = -1;
   QNCCL_CHECK(locate(fn, src, dst, &device));
-  if (device >= 0 && block != 0)
+  if (device >= 0 && p.rotation != 0)
     return set_error(ncclInvalidUsage,
                      "%s: a rotation on device buffers is not in this build yet; decode into "
                      "host buffers, or pass rotation = qncclRotationNone",
@@ -254,8 +229,8 @@ ncclResult_t codec_dequantize(const char* fn, const void* src, size_t srcBytes, 
 #endif
   const HostCodec* host;
   QNCCL_CHECK(host_codec(&host));
-  if (block != 0)
-    return rotated_dequantize(fn, *host, src, count, p, block, dst, datatype, accumulate);
+  RotationMemory memory;
+  QNCCL_CHECK(rotation_memory(fn, count, &p, &memory));
   host->dequantize(src, count, p, dst, datatype, accumulate);
   return ncclSuccess;
 }

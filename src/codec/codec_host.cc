@@ -409,56 +409,92 @@ struct Ahead {
   }
 };
 
+/* Encodes a buffer of `count` values tile after tile (the tiles in order,
+ * each starting on a packing group): the bucket it is in and the parameters
+ * of the buckets ahead carry over from one tile to the next. */
 template <class D, int BITS>
-void encode_buffer(const typename D::T* src, size_t count, const CodecParams& p, uint8_t* dst) {
-  const size_t nb = num_buckets(count, p.bucket);
-  uint8_t* codes = dst + nb * kMetaBytes;
-  const size_t room = code_bytes(count, BITS);
-  const RngKey key = rng_key(p.seed, p.stream);
-  alignas(64) uint8_t stage[kTile + kGroup];
+class Encoder {
+ public:
+  using T = typename D::T;
+  Encoder(size_t count, const CodecParams& p, uint8_t* dst)
+      : p_(p), dst_(dst), codes_(dst + num_buckets(count, p.bucket) * kMetaBytes),
+        count_(count), buckets_(num_buckets(count, p.bucket)),
+        room_(code_bytes(count, BITS)), key_(rng_key(p.seed, p.stream)) {}
 
-  size_t bucket = 0, bucket_end = 0;
-  Ahead ahead;
-  BucketParams bp{};
-  for (size_t t0 = 0; t0 < count; t0 += kTile) {
-    const size_t t1 = std::min(count, t0 + kTile);
-    for (size_t i = t0; i < t1;) {
-      if (i == bucket_end) {
-        if (ahead.empty()) {  // min and max of the buckets starting in this tile, then their params
-          uint8_t* metas = dst + bucket * kMetaBytes;
-          const size_t n = Ahead::batch(i, t1, p.bucket, nb - bucket);
+  /* Values [t0, t1): x[j] is value t0 + j, and x reaches the end of every
+   * bucket that starts in the tile. `ahead`: x also holds the next tile, to
+   * prefetch while this one encodes. */
+  void tile(size_t t0, size_t t1, const T* x, bool ahead) {
+    alignas(64) uint8_t stage[kTile + kGroup];
+    for (size_t s0 = t0; s0 < t1; s0 += kTile) {  // a stage's worth at a time
+      const size_t s1 = std::min(t1, s0 + kTile);
+      encode_stage(s0, s1, x + (s0 - t0), ahead, stage);
+      memset(stage + (s1 - s0), 0, kGroup);  // zero codes pad the last group
+      const size_t offset = s0 / kGroup * BITS;
+      pack_stage<BITS>(stage, s1 - s0, codes_ + offset, room_ - offset);
+    }
+  }
+
+  /* Zeroes the bytes between the end of the bit stream and the 8-byte
+   * boundary; after the last tile. */
+  void finish() {
+    const size_t used = (count_ / 8) * BITS + ((count_ % 8) * BITS + 7) / 8;
+    memset(codes_ + used, 0, room_ - used);
+  }
+
+ private:
+  /* Values [s0, s1) into stage[0, s1 - s0); x[j] is value s0 + j. */
+  void encode_stage(size_t s0, size_t s1, const T* x, bool ahead, uint8_t* stage) {
+    for (size_t i = s0; i < s1;) {
+      if (i == bucket_end_) {
+        if (ahead_.empty()) {  // min and max of the buckets starting here, then their params
+          uint8_t* metas = dst_ + next_ * kMetaBytes;
+          const size_t n = Ahead::batch(i, s1, p_.bucket, buckets_ - next_);
           for (size_t k = 0; k < n; k++) {
-            const size_t b0 = i + k * p.bucket;
-            const BucketMeta m = bucket_meta<D>(src + b0, std::min(count, b0 + p.bucket) - b0);
+            const size_t b0 = i + k * p_.bucket;
+            const BucketMeta m =
+                bucket_meta<D>(x + (b0 - s0), std::min(count_, b0 + p_.bucket) - b0);
             memcpy(metas + k * kMetaBytes, &m, kMetaBytes);
           }
-          ahead.refill<BITS>(metas, n, p.cubic);
+          ahead_.refill<BITS>(metas, n, p_.cubic);
         }
-        bucket_end = std::min(count, i + p.bucket);
-        bucket++;
-        bp = ahead.pop();
+        bucket_end_ = std::min(count_, i + p_.bucket);
+        next_++;
+        bp_ = ahead_.pop();
       }
-      const size_t end = std::min(t1, bucket_end);
+      const size_t end = std::min(s1, bucket_end_);
       // The next tile's values, a line at a time while this one encodes, so
       // its min/max pass finds them in the cache instead of waiting on memory.
-      for (size_t line = i; line < end; line += kLineValues)
-        __builtin_prefetch(src + std::min(line + kTile, count - 1));
-      uint8_t* out = stage + (i - t0);
-      if (bp.nonfinite)
+      if (ahead)
+        for (size_t line = i; line < end; line += kLineValues)
+          __builtin_prefetch(x + (std::min(line + kTile, count_ - 1) - s0));
+      uint8_t* out = stage + (i - s0);
+      if (bp_.nonfinite)
         memset(out, 0, end - i);
-      else if (p.rounding == qncclRoundStochastic)
-        encode_stochastic_run<D, BITS>(src + i, end - i, bp, key, p.first + i, out);
+      else if (p_.rounding == qncclRoundStochastic)
+        encode_stochastic_run<D, BITS>(x + (i - s0), end - i, bp_, key_, p_.first + i, out);
       else
-        encode_nearest_run<D, BITS>(src + i, end - i, bp, out);
+        encode_nearest_run<D, BITS>(x + (i - s0), end - i, bp_, out);
       i = end;
     }
-    memset(stage + (t1 - t0), 0, kGroup);  // zero codes pad the last group
-    const size_t offset = t0 / kGroup * BITS;
-    pack_stage<BITS>(stage, t1 - t0, codes + offset, room - offset);
   }
-  // Zero the bytes between the end of the bit stream and the 8-byte boundary.
-  const size_t used = (count / 8) * BITS + ((count % 8) * BITS + 7) / 8;
-  memset(codes + used, 0, room - used);
+
+  const CodecParams& p_;
+  uint8_t* dst_;
+  uint8_t* codes_;
+  size_t count_, buckets_, room_;
+  RngKey key_;
+  size_t next_ = 0, bucket_end_ = 0;  // the next bucket, the end of the current one
+  Ahead ahead_;
+  BucketParams bp_{};
+};
+
+template <class D, int BITS>
+void encode_buffer(const typename D::T* src, size_t count, const CodecParams& p, uint8_t* dst) {
+  Encoder<D, BITS> encoder(count, p, dst);
+  for (size_t t0 = 0; t0 < count; t0 += kTile)
+    encoder.tile(t0, std::min(count, t0 + kTile), src + t0, true);
+  encoder.finish();
 }
 
 template <class D, bool ACCUMULATE>
@@ -487,7 +523,8 @@ class Decoder {
         buckets_(num_buckets(count, p.bucket)), bucket_(p.bucket),
         room_(code_bytes(count, BITS)), cubic_(p.cubic) {}
 
-  /* Values [t0, t1) of tile t0 (the tiles in order): dst = y, or dst += y. */
+  /* Values [t0, t1) of tile t0 (the tiles in order, each starting on a
+   * packing group) into dst[0, t1 - t0): dst = y, or dst += y. */
   template <class D, bool ACCUMULATE>
   void tile(size_t t0, size_t t1, uint8_t* stage, typename D::T* dst) {
     const size_t offset = t0 / kGroup * BITS;
@@ -502,7 +539,7 @@ class Decoder {
         bp_ = ahead_.pop();
       }
       const size_t end = std::min(t1, bucket_end_);
-      decode_run<D, ACCUMULATE>(stage + (i - t0), end - i, bp_, dst + i);
+      decode_run<D, ACCUMULATE>(stage + (i - t0), end - i, bp_, dst + (i - t0));
       i = end;
     }
   }
@@ -522,7 +559,7 @@ void decode_buffer(const uint8_t* src, size_t count, const CodecParams& p, typen
   alignas(64) uint8_t stage[kTile + kGroup];
   Decoder<BITS> decoder(src, count, p);
   for (size_t t0 = 0; t0 < count; t0 += kTile)
-    decoder.template tile<D, ACCUMULATE>(t0, std::min(count, t0 + kTile), stage, dst);
+    decoder.template tile<D, ACCUMULATE>(t0, std::min(count, t0 + kTile), stage, dst + t0);
 }
 
 /* acc = widen(src) (+ residual), then + D(wire) for each wire in order, a
@@ -542,46 +579,13 @@ void reduce_buffer(const typename D::T* src, const float* residual, const uint8_
     } else {
       for (size_t i = t0; i < t1; i++) acc[i] = accumulate(D::load(src[i]), residual[i]);
     }
-    for (Decoder<BITS>& d : decoders) d.template tile<F32, true>(t0, t1, stage, acc);
+    for (Decoder<BITS>& d : decoders) d.template tile<F32, true>(t0, t1, stage, acc + t0);
   }
 }
 
-void quantize(const void* src, size_t count, ncclDataType_t type, const CodecParams& p,
-              void* dst) {
-  dispatch_float_type(type, [&](auto d) {
-    using D = decltype(d);
-    dispatch_bits(p.bits, [&](auto bits) {
-      encode_buffer<D, bits.value>((const typename D::T*)src, count, p, (uint8_t*)dst);
-    });
-  });
-}
-
-void dequantize(const void* src, size_t count, const CodecParams& p, void* dst,
-                ncclDataType_t type, bool accumulate) {
-  dispatch_float_type(type, [&](auto d) {
-    using D = decltype(d);
-    dispatch_bits(p.bits, [&](auto bits) {
-      if (accumulate)
-        decode_buffer<D, bits.value, true>((const uint8_t*)src, count, p, (typename D::T*)dst);
-      else
-        decode_buffer<D, bits.value, false>((const uint8_t*)src, count, p, (typename D::T*)dst);
-    });
-  });
-}
-
-void reduce(const void* src, ncclDataType_t type, const float* residual,
-            const uint8_t* const* wires, int nwires, size_t count, const CodecParams& p,
-            float* acc) {
-  dispatch_float_type(type, [&](auto d) {
-    using D = decltype(d);
-    dispatch_bits(p.bits, [&](auto bits) {
-      reduce_buffer<D, bits.value>((const typename D::T*)src, residual, wires, nwires, count, p,
-                                   acc);
-    });
-  });
-}
-
 /* ---- Rotation (codec/rotation.h, docs/rotation.md) ---------------------- */
+
+typedef uint32_t VecU __attribute__((vector_size(kVectorBytes)));
 
 /* One in-register butterfly stage h < kLanes on every lane pair (j, j ^ h):
  * v[j] + v[j^h] where bit h of j is clear, v[j^h] - v[j] where it is set:
@@ -601,79 +605,247 @@ inline __attribute__((always_inline)) VecF lane_stages(VecF v, std::index_sequen
 
 constexpr size_t log2_of(size_t n) { return n <= 1 ? 0 : 1 + log2_of(n / 2); }
 
-/* H_b on v[0..b), in place: the stages below kLanes in registers, one pass
- * over the block for all of them, then one pass per wider stage. */
-void butterfly(float* v, size_t b) {
-  if (b < kLanes) {
-    for (size_t h = 1; h < b; h *= 2)
-      for (size_t j = 0; j < b; j++)
-        if (!(j & h)) {
-          const float x = v[j], y = v[j + h];
-          v[j] = x + y;
-          v[j + h] = x - y;
-        }
-    return;
-  }
-  for (size_t j = 0; j < b; j += kLanes) {
-    VecF x;
-    memcpy(&x, v + j, sizeof x);
-    x = lane_stages(x, std::make_index_sequence<log2_of(kLanes)>{});
-    memcpy(v + j, &x, sizeof x);
-  }
-  for (size_t h = kLanes; h < b; h *= 2)
-    for (size_t j0 = 0; j0 < b; j0 += 2 * h)
-      for (size_t i = j0; i < j0 + h; i += kLanes) {
-        VecF x, y;
-        memcpy(&x, v + i, sizeof x);
-        memcpy(&y, v + i + h, sizeof y);
-        const VecF sum = x + y, difference = x - y;
-        memcpy(v + i, &sum, sizeof sum);
-        memcpy(v + i + h, &difference, sizeof difference);
+/* Every stage below kLanes, in registers. */
+inline __attribute__((always_inline)) VecF in_lanes(VecF v) {
+  return lane_stages(v, std::make_index_sequence<log2_of(kLanes)>{});
+}
+
+inline VecF flip(VecF v, const uint32_t* masks) {
+  VecU m;
+  memcpy(&m, masks, sizeof m);
+  return (VecF)((VecU)v ^ m);
+}
+
+template <class D, bool ACCUMULATE>
+inline __attribute__((always_inline)) void store_vector(VecF v, typename D::T* out) {
+  for (size_t j = 0; j < kLanes; j++)
+    out[j] = D::store(ACCUMULATE ? accumulate(D::load(out[j]), v[j]) : v[j]);
+}
+
+/* H_b on v[0, b) for b < kLanes, pair by pair. */
+void small_butterfly(float* v, size_t b) {
+  for (size_t h = 1; h < b; h *= 2)
+    for (size_t j = 0; j < b; j++)
+      if (!(j & h)) {
+        const float x = v[j], y = v[j + h];
+        v[j] = x + y;
+        v[j + h] = x - y;
       }
 }
 
-/* dst[j] = src[j] * s[first + j] for j < n: the sign as an XOR of bit 31. */
-void apply_signs(const float* src, float* dst, size_t n, RngKey key, uint64_t first) {
-  for (size_t done = 0; done < n;) {  // runs that keep the index's high word (rng.h)
-    const uint64_t at = first + done;
-    const size_t run = (size_t)std::min<uint64_t>(n - done, (1ull << 32) - (uint32_t)at);
-    const uint32_t stride = rng_stride(key);
-    uint32_t w = rng_weyl(key, (uint32_t)at, (uint32_t)(at >> 32));
-    const float* in = src + done;
-    float* out = dst + done;
-    for (size_t j = 0; j < run; j++, w += stride) {
-      uint32_t bits;
-      memcpy(&bits, in + j, 4);
-      bits ^= hash32(w) & 0x80000000u;
-      memcpy(out + j, &bits, 4);
+/* The stages h = kLanes .. b/2 of H_b on v[0, b) (b > kLanes), two per pass
+ * over the block while two remain; the last pass's results times `scale`
+ * (the block's scale: it follows the last stage in both directions). */
+void cross_stages(float* v, size_t b, float scale) {
+  auto radix4 = [&](size_t h, auto last) {
+    for (size_t j0 = 0; j0 < b; j0 += 4 * h)
+      for (size_t i = j0; i < j0 + h; i += kLanes) {
+        VecF p0, p1, p2, p3;
+        memcpy(&p0, v + i, sizeof p0);
+        memcpy(&p1, v + i + h, sizeof p1);
+        memcpy(&p2, v + i + 2 * h, sizeof p2);
+        memcpy(&p3, v + i + 3 * h, sizeof p3);
+        const VecF q0 = p0 + p1, q1 = p0 - p1, q2 = p2 + p3, q3 = p2 - p3;  // stage h
+        VecF r0 = q0 + q2, r1 = q1 + q3, r2 = q0 - q2, r3 = q1 - q3;         // stage 2h
+        if constexpr (decltype(last)::value) r0 *= scale, r1 *= scale, r2 *= scale, r3 *= scale;
+        memcpy(v + i, &r0, sizeof r0);
+        memcpy(v + i + h, &r1, sizeof r1);
+        memcpy(v + i + 2 * h, &r2, sizeof r2);
+        memcpy(v + i + 3 * h, &r3, sizeof r3);
+      }
+  };
+  size_t h = kLanes;
+  for (; h * 4 < b; h *= 4) radix4(h, std::false_type{});
+  if (h * 4 == b) return radix4(h, std::true_type{});
+  for (size_t j0 = 0; j0 < b; j0 += 2 * h)  // h * 2 == b: one stage left
+    for (size_t i = j0; i < j0 + h; i += kLanes) {
+      VecF p0, p1;
+      memcpy(&p0, v + i, sizeof p0);
+      memcpy(&p1, v + i + h, sizeof p1);
+      const VecF r0 = (p0 + p1) * scale, r1 = (p0 - p1) * scale;
+      memcpy(v + i, &r0, sizeof r0);
+      memcpy(v + i + h, &r1, sizeof r1);
     }
-    done += run;
+}
+
+/* The forward rotation of one block of b values from x into z: signs (the
+ * block's masks), stages, scale. */
+template <class D>
+void forward_block(const typename D::T* x, size_t b, const uint32_t* masks, float* z) {
+  const float scale = rotation_scale(b, true);
+  if (b < kLanes) {
+    for (size_t j = 0; j < b; j++) z[j] = bits_float(float_bits(D::load(x[j])) ^ masks[j]);
+    small_butterfly(z, b);
+    for (size_t j = 0; j < b; j++) z[j] *= scale;
+    return;
+  }
+  for (size_t j = 0; j < b; j += kLanes) {
+    VecF v = in_lanes(flip(load_vector<D>(x + j), masks + j));
+    if (b == kLanes) v *= scale;
+    memcpy(z + j, &v, sizeof v);
+  }
+  if (b > kLanes) cross_stages(z, b, scale);
+}
+
+/* The inverse rotation of one block of b values in z, stored into out (or
+ * added to it): stages, scale, signs, the canonical NaN. z may be out
+ * (float32). */
+template <class D, bool ACCUMULATE>
+void inverse_block(float* z, size_t b, const uint32_t* masks, typename D::T* out) {
+  const float scale = rotation_scale(b, false);
+  if (b < kLanes) {
+    small_butterfly(z, b);
+    for (size_t j = 0; j < b; j++) {
+      const float y = canonical(bits_float(float_bits(z[j] * scale) ^ masks[j]));
+      out[j] = D::store(ACCUMULATE ? accumulate(D::load(out[j]), y) : y);
+    }
+    return;
+  }
+  for (size_t j = 0; j < b; j += kLanes) {
+    VecF v;
+    memcpy(&v, z + j, sizeof v);
+    v = in_lanes(v);
+    if (b == kLanes) v *= scale;
+    memcpy(z + j, &v, sizeof v);
+  }
+  if (b > kLanes) cross_stages(z, b, scale);
+  const VecF nan = bits_float(kCanonicalNanF32) + VecF{};
+  for (size_t j = 0; j < b; j += kLanes) {
+    VecF v;
+    memcpy(&v, z + j, sizeof v);
+    v = flip(v, masks + j);
+    store_vector<D, ACCUMULATE>(v == v ? v : nan, out + j);
   }
 }
 
-void scale_values(float* v, size_t n, float scale) {
-  for (size_t j = 0; j < n; j++) v[j] *= scale;
-}
-
-/* dst = the forward (or inverse) rotation of the segment src[0..n), in
- * blocks of `block` (dst may be src). */
-void rotate(const float* src, float* dst, size_t n, size_t block, uint64_t seed, bool forward) {
-  const RngKey key = rotation_key(seed);
-  for (size_t at = 0; at < n;) {
+/* Values [t0, t1) of a segment of n values (t0, t1 cut points of its
+ * blocks) rotated forward from x (value t0 first) into z. */
+template <class D>
+void rotate_forward(const typename D::T* x, size_t t0, size_t t1, size_t n, size_t block,
+                    const uint32_t* masks, float* z) {
+  for (size_t at = t0; at < t1;) {  // a block never crosses a multiple of `block`
     const size_t b = rotation_block_at(at, n, block);
-    if (forward) {
-      apply_signs(src + at, dst + at, b, key, at);
-      butterfly(dst + at, b);
-      scale_values(dst + at, b, rotation_scale(b, true));
-    } else {
-      if (dst != src) memcpy(dst + at, src + at, b * sizeof(float));
-      butterfly(dst + at, b);
-      scale_values(dst + at, b, rotation_scale(b, false));
-      apply_signs(dst + at, dst + at, b, key, at);
-      for (size_t j = at; j < at + b; j++) dst[j] = canonical(dst[j]);
-    }
+    forward_block<D>(x + (at - t0), b, masks + at % block, z + (at - t0));
     at += b;
   }
+}
+
+/* Its inverse: z (value t0 first, overwritten) rotated back into out. */
+template <class D, bool ACCUMULATE>
+void rotate_inverse(float* z, size_t t0, size_t t1, size_t n, size_t block,
+                    const uint32_t* masks, typename D::T* out) {
+  for (size_t at = t0; at < t1;) {
+    const size_t b = rotation_block_at(at, n, block);
+    inverse_block<D, ACCUMULATE>(z + (at - t0), b, masks + at % block, out + (at - t0));
+    at += b;
+  }
+}
+
+/* A rotated call's working memory (CodecParams): the tile, and the signs'
+ * masks of one block, computed here. */
+struct RotationScratch {
+  RotationScratch(const CodecParams& p, size_t count) : tile(p.scratch), masks(p.signs) {
+    rotation_masks(rotation_key(p.seed), std::min(count, p.rotation), p.signs);
+  }
+  float* tile;
+  const uint32_t* masks;
+};
+
+/* A rotated quantize: each tile of whole blocks and buckets rotated into
+ * the scratch, then encoded from there as float32. */
+template <class D, int BITS>
+void rotated_encode_buffer(const typename D::T* src, size_t count, const CodecParams& p,
+                           uint8_t* dst) {
+  const size_t tile = rotation_tile(count, p.bucket, p.rotation);
+  const RotationScratch scratch(p, count);
+  Encoder<F32, BITS> encoder(count, p, dst);
+  for (size_t t0 = 0; t0 < count; t0 += tile) {
+    const size_t t1 = std::min(count, t0 + tile);
+    rotate_forward<D>(src + t0, t0, t1, count, p.rotation, scratch.masks, scratch.tile);
+    encoder.tile(t0, t1, scratch.tile, false);
+  }
+  encoder.finish();
+}
+
+/* A rotated dequantize: each tile decoded into the scratch as float32, then
+ * rotated back into dst. */
+template <class D, int BITS, bool ACCUMULATE>
+void rotated_decode_buffer(const uint8_t* src, size_t count, const CodecParams& p,
+                           typename D::T* dst) {
+  const size_t tile = rotation_tile(count, p.bucket, p.rotation);
+  const RotationScratch scratch(p, count);
+  alignas(64) uint8_t stage[kTile + kGroup];
+  Decoder<BITS> decoder(src, count, p);
+  for (size_t t0 = 0; t0 < count; t0 += tile) {
+    const size_t t1 = std::min(count, t0 + tile);
+    for (size_t s0 = t0; s0 < t1; s0 += kTile)
+      decoder.template tile<F32, false>(s0, std::min(t1, s0 + kTile), stage,
+                                        scratch.tile + (s0 - t0));
+    rotate_inverse<D, ACCUMULATE>(scratch.tile, t0, t1, count, p.rotation, scratch.masks,
+                                  dst + t0);
+  }
+}
+
+void quantize(const void* src, size_t count, ncclDataType_t type, const CodecParams& p,
+              void* dst) {
+  dispatch_float_type(type, [&](auto d) {
+    using D = decltype(d);
+    dispatch_bits(p.bits, [&](auto bits) {
+      if (p.rotation != 0)
+        rotated_encode_buffer<D, bits.value>((const typename D::T*)src, count, p, (uint8_t*)dst);
+      else
+        encode_buffer<D, bits.value>((const typename D::T*)src, count, p, (uint8_t*)dst);
+    });
+  });
+}
+
+void dequantize(const void* src, size_t count, const CodecParams& p, void* dst,
+                ncclDataType_t type, bool accumulate) {
+  dispatch_float_type(type, [&](auto d) {
+    using D = decltype(d);
+    dispatch_bits(p.bits, [&](auto bits) {
+      auto decode = [&](auto acc) {
+        constexpr int B = bits.value;
+        constexpr bool A = decltype(acc)::value;
+        if (p.rotation != 0)
+          rotated_decode_buffer<D, B, A>((const uint8_t*)src, count, p, (typename D::T*)dst);
+        else
+          decode_buffer<D, B, A>((const uint8_t*)src, count, p, (typename D::T*)dst);
+      };
+      if (accumulate)
+        decode(std::true_type{});
+      else
+        decode(std::false_type{});
+    });
+  });
+}
+
+void reduce(const void* src, ncclDataType_t type, const float* residual,
+            const uint8_t* const* wires, int nwires, size_t count, const CodecParams& p,
+            float* acc) {
+  dispatch_float_type(type, [&](auto d) {
+    using D = decltype(d);
+    dispatch_bits(p.bits, [&](auto bits) {
+      reduce_buffer<D, bits.value>((const typename D::T*)src, residual, wires, nwires, count, p,
+                                   acc);
+    });
+  });
+}
+
+void rotate(const void* src, ncclDataType_t type, size_t n, size_t block, const uint32_t* masks,
+            float* z) {
+  dispatch_float_type(type, [&](auto d) {
+    using D = decltype(d);
+    rotate_forward<D>((const typename D::T*)src, 0, n, n, block, masks, z);
+  });
+}
+
+void unrotate(float* z, size_t n, size_t block, const uint32_t* masks, void* dst,
+              ncclDataType_t type) {
+  dispatch_float_type(type, [&](auto d) {
+    using D = decltype(d);
+    rotate_inverse<D, false>(z, 0, n, n, block, masks, (typename D::T*)dst);
+  });
 }
 
 }  // namespace
@@ -681,7 +853,7 @@ void rotate(const float* src, float* dst, size_t n, size_t block, uint64_t seed,
 #define QNCCL_STRINGIFY2(x) #x
 #define QNCCL_STRINGIFY(x) QNCCL_STRINGIFY2(x)
 extern const HostCodec kHostCodec = {QNCCL_STRINGIFY(QNCCL_CODEC_ISA), quantize, dequantize,
-                                     reduce, rotate};
+                                     reduce, rotate, unrotate};
 
 }  // namespace QNCCL_CODEC_ISA
 }  // namespace qnccl

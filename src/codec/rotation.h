@@ -28,11 +28,17 @@ constexpr uint64_t kRotationStream = 0x726F746174696F6Eull;
  * one rotated domain). */
 QNCCL_HD RngKey rotation_key(uint64_t seed) { return rng_key(seed, kRotationStream); }
 
-/* The sign of value i of a segment, as a float32 bit mask: 0x80000000 where
- * s[i] = -1 (bit 31 of the random word), else 0. XOR onto a float's bits
- * multiplies it by s[i], exactly. */
-QNCCL_HD uint32_t rotation_sign_bit(RngKey key, uint64_t i) {
-  return hash32(rng_weyl(key, (uint32_t)i, (uint32_t)(i >> 32))) & 0x80000000u;
+/* The sign of value i of a segment in blocks of B, as a float32 bit mask,
+ * from j = i mod B: 0x80000000 where s[i] = -1 (bit 31 of the random word
+ * of j), else 0. XOR onto a float's bits multiplies it by s[i], exactly.
+ * The signs repeat every B values: one block's worth serves a call. */
+QNCCL_HD uint32_t rotation_sign_bit(RngKey key, uint32_t j) {
+  return hash32(rng_weyl(key, j, 0)) & 0x80000000u;
+}
+
+/* masks[j] = rotation_sign_bit(key, j) for j < n. */
+QNCCL_HD void rotation_masks(RngKey key, size_t n, uint32_t* masks) {
+  for (size_t j = 0; j < n; j++) masks[j] = rotation_sign_bit(key, (uint32_t)j);
 }
 
 /* The size of the block that starts at `at`, a cut point of a segment of n
@@ -53,6 +59,20 @@ QNCCL_HD float rotation_scale(size_t size, bool forward) {
   while (((size_t)1 << k) < size) ++k;
   const int e = forward ? (k + 1) / 2 : k / 2;
   return 1.0f / (float)(1u << e);  // exact: a power of two, e <= 7 for blocks <= 2^14
+}
+
+/* Values per tile of a rotated host quantize or dequantize of `count`
+ * values in buckets of `bucket` and blocks of `block`: whole blocks, whole
+ * buckets and whole packing groups (8 values), at least 4096; or the whole
+ * buffer where a tile of whole blocks and buckets would pass 2^20 values. */
+QNCCL_HD size_t rotation_tile(size_t count, size_t bucket, size_t block) {
+  constexpr size_t kMinTile = 4096, kMaxTile = (size_t)1 << 20;
+  const size_t unit = block < 8 ? 8 : block;  // a power of two
+  size_t common = unit;  // the largest power of two dividing both
+  while (bucket % common != 0) common /= 2;
+  if (bucket > kMaxTile || unit / common * bucket > kMaxTile) return count;
+  const size_t lcm = unit / common * bucket;
+  return (kMinTile + lcm - 1) / lcm * lcm;
 }
 
 }  // namespace qnccl
