@@ -45,6 +45,16 @@ def test_allreduce_matches_the_emulator(nprocs):
     run_check(nprocs, "matrix", timeout=150)
 
 
+@pytest.mark.parametrize("nprocs", [1, 2, 3, 4, 5, 8])
+def test_rotated_allreduce_matches_the_emulator(nprocs):
+    """docs/rotation.md: ring/tree/sra/auto x float32/float16/bfloat16 x counts 0, 1, 300,
+    7919, 70001, 5003 in 6 segments and 2049 in 3, with blocks 2..4096 (tails that are not a
+    whole block), both roundings, sum and avg, in place and not, bits 1..8, on 1..3 lanes;
+    then NaN/Inf inputs: every rank byte-identical and bit for bit the emulator, within its
+    error bound."""
+    run_check(nprocs, "rotated", timeout=150)
+
+
 def test_error_ordering_ring_tree_sra_on_8_ranks():
     """seeds/000: the more quantizations a value's path compounds, the larger
     the error; at 4 bits on 8 ranks ring > tree > SRA, nearest and stochastic."""

@@ -27,6 +27,14 @@ def test_library_matches_the_emulator_call_after_call(nprocs):
     run_check(nprocs, "emulator")
 
 
+@pytest.mark.parametrize("nprocs", [1, 2, 3, 5, 8])
+def test_rotated_calls_keep_residuals_in_the_rotated_domain(nprocs):
+    """The same cases with a Hadamard rotation in blocks of 256, 64 and 8 (docs/rotation.md):
+    each rank's output and its residuals, which live in the rotated domain, bit for bit
+    qnccl.emulate.allreduce(rotation="hadamard", residuals=) call after call."""
+    run_check(nprocs, "rotated")
+
+
 @pytest.mark.parametrize("nprocs", [1, 4])
 def test_bookkeeping_identity_over_40_calls(nprocs):
     """sum_t result_t = sum_t sum_r x_r,t - sum_r e_r,T (avg: / N) within the float32
@@ -132,6 +140,9 @@ def test_resets_and_lookups_check_their_arguments(capi):
     ({"error_feedback": 1}, "ValueError", "error_feedback must be True or False"),
     ({"bits": 9}, "QncclError", r"bits = 9 is out of range; allowed: 1\.\.8"),
     ({"lanes": -1}, "QncclError", r"lanes = -1; allowed: 0 \(auto"),
+    ({"rotation": "walsh"}, "ValueError", "rotation must be one of none, hadamard"),
+    ({"rotation": "hadamard", "rotation_block": 3}, "ValueError",
+     r"rotation_block must be a power of two in \[2, 16384\]"),
 ])
 def test_python_allreduce_names_what_is_wrong(kwargs, error, message):
     """qnccl.comm.allreduce: Python-side checks raise ValueError naming the argument and the

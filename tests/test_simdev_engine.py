@@ -78,6 +78,12 @@ def test_communicators_count_their_own_calls():
     run_check(3, "allreduce_check.py", "calls")
 
 
+def test_rotation_on_device_buffers_is_refused_alike_on_every_rank():
+    """docs/rotation.md: the kernels do not rotate yet; every rank answers ncclInvalidUsage
+    with a message before anything is issued, and the next call is the communicator's first."""
+    run_check(3, "allreduce_check.py", "rotated")
+
+
 @pytest.mark.parametrize("nprocs", [2, 4])
 def test_graph_replays(nprocs):
     run_check(nprocs, "allreduce_check.py", "graphs")

@@ -19,7 +19,8 @@ ALGOS = ("auto", "ring", "tree", "sra")
 TYPES = {"float32": 7, "float16": 6, "bfloat16": 9}  # ncclDataType_t values
 
 
-def expected_bytes(count, dtype, nranks, algo, bits, bucket, segment_values, lanes=0):
+def expected_bytes(count, dtype, nranks, algo, bits, bucket, segment_values, lanes=0,
+                   rotation_block=0):
     if count == 0:
         return 0
     if algo == "auto":
@@ -34,11 +35,14 @@ def expected_bytes(count, dtype, nranks, algo, bits, bucket, segment_values, lan
     acc, wire = {"ring": (c, 2 * compressed_size(c, bits, bucket)),
                  "tree": (p, 5 * compressed_size(p, bits, bucket)),
                  "sra": (c, 2 * nranks * compressed_size(c, bits, bucket))}[algo]
-    one = -(-4 * acc // ALIGN) * ALIGN + wire
+    # a rotated call (docs/rotation.md): the segment rotated, and the signs of one block
+    rotated = (w + min(w, rotation_block)) if rotation_block else 0
+    one = -(-4 * (acc + rotated) // ALIGN) * ALIGN + wire
     return (lanes - 1) * (-(-one // ALIGN) * ALIGN) + one
 
 
-def workspace_size(capi, count, dtype, nranks, algo, bits, bucket, segment_values, lanes=0):
+def workspace_size(capi, count, dtype, nranks, algo, bits, bucket, segment_values, lanes=0,
+                   rotation_block=0):
     ffi, lib = capi
     config = ffi.new("qncclAllReduceConfig_t*")
     config.codec.bits = bits
@@ -47,6 +51,9 @@ def workspace_size(capi, count, dtype, nranks, algo, bits, bucket, segment_value
     config.algo = ALGOS.index(algo)
     config.segmentValues = segment_values
     config.lanes = lanes
+    if rotation_block:
+        config.codec.rotation = lib.qncclRotationHadamard
+        config.codec.rotationBlock = rotation_block
     out = ffi.new("size_t*")
     result = lib.qncclAllReduceWorkspaceSize(count, TYPES[dtype], config, nranks, out)
     assert result == lib.ncclSuccess, ffi.string(lib.qncclGetLastError()).decode()
@@ -63,6 +70,17 @@ def test_workspace_size_follows_the_spec(capi, algo):
         want = expected_bytes(count, dtype, nranks, algo, *config)
         got = workspace_size(capi, count, dtype, nranks, algo, *config)
         assert got == want, (count, dtype, nranks, algo, config)
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_rotated_workspace_adds_a_segment_and_a_block_of_signs(capi, algo):
+    counts = (1, 127, 5003, 300007, (1 << 22) + 5)
+    configs = ((4, 128, 0, 0, 256), (3, 1000, 100, 3, 2), (2, 64, 1 << 20, 8, 16384),
+               (4, 128, 1000, 1, 4096))
+    for count, nranks, config in itertools.product(counts, (1, 3, 8), configs):
+        want = expected_bytes(count, "bfloat16", nranks, algo, *config)
+        got = workspace_size(capi, count, "bfloat16", nranks, algo, *config)
+        assert got == want, (count, nranks, algo, config)
 
 
 def test_default_workspace_matches_the_docs_example(capi):

@@ -43,6 +43,7 @@ ncclResult_t check_gather_config(const char* fn, size_t count, ncclDataType_t ty
                      "%s: algo = %d; an allgather or all-to-all has one algorithm (every rank "
                      "sends its bytes straight to the others): pass qncclAlgoAuto (0)",
                      fn, (int)config->algo);
+  QNCCL_CHECK(check_no_rotation(fn, *config));
   return check_no_error_feedback(fn, *config);
 }
 

@@ -119,6 +119,14 @@ ncclResult_t run_on_device(Segment& s, int device, const QuantizedCall& c, CommS
                      "must be",
                      c.what, (uintptr_t)sendbuff % s.type_size != 0 ? "sendbuff" : "recvbuff",
                      s.type_size);
+  if (s.rotation != 0) {
+    s.refused = true;  // before anything is issued or counted
+    return set_error(ncclInvalidUsage,
+                     "quantized %s: a rotation (codec.rotation = qncclRotationHadamard) on "
+                     "device buffers is not in this build yet; pass host buffers, or "
+                     "qncclRotationNone",
+                     c.what);
+  }
   DeviceScope scope;  // the buffers' device, for the call
   QNCCL_CHECK(scope.enter(c.what, device));
   // Before any NCCL work of the call (a communicator the interposer adopted
@@ -177,6 +185,9 @@ ncclResult_t begin_call(Segment& s, const char* what, ncclComm_t comm, cudaStrea
   s.stream = stream;
   s.params = CodecParams{config.codec.bits, config.codec.bucketSize, config.codec.rounding,
                          config.codec.seed, 0, nullptr, 0, 0, 0, 0};
+  // A rotated call quantizes values rotated already, on the uniform grid.
+  s.params.cubic = config.codec.rotation == qncclRotationNone;
+  s.rotation = rotation_block(config.codec);
   s.type = s.input_type = type;
   s.type_size = s.input_size = float_type_size(type);
   s.average = op == ncclAvg;
@@ -249,11 +260,6 @@ ncclResult_t check_allreduce_config(const char* fn, size_t count, ncclDataType_t
   if (config == nullptr)
     return set_error(ncclInvalidArgument, "%s: config is NULL; pass a qncclAllReduceConfig_t", fn);
   QNCCL_CHECK(check_codec_config(fn, &config->codec));
-  if (config->codec.rotation != qncclRotationNone)
-    return set_error(ncclInvalidArgument,
-                     "%s: codec.rotation = %d: the collectives do not rotate yet (qncclQuantize "
-                     "does); allowed here: qncclRotationNone (0)",
-                     fn, (int)config->codec.rotation);
   QNCCL_CHECK(check_codec_type(fn, "datatype", type));
   QNCCL_CHECK(check_algo(fn, *config));
   QNCCL_CHECK(check_error_feedback(fn, config->errorFeedback));
@@ -302,6 +308,14 @@ ncclResult_t check_no_error_feedback(const char* fn, const qncclAllReduceConfig_
   if (!config.errorFeedback) return ncclSuccess;
   return set_error(ncclInvalidArgument,
                    "%s: errorFeedback = 1; error feedback applies to allreduce only: pass 0", fn);
+}
+
+ncclResult_t check_no_rotation(const char* fn, const qncclAllReduceConfig_t& config) {
+  if (config.codec.rotation == qncclRotationNone) return ncclSuccess;
+  return set_error(ncclInvalidArgument,
+                   "%s: codec.rotation = %d: only the allreduce rotates yet (docs/rotation.md); "
+                   "allowed here: qncclRotationNone (0)",
+                   fn, (int)config.codec.rotation);
 }
 
 ncclResult_t check_chunked_comm(const char* fn, ncclComm_t comm, size_t count,
@@ -403,6 +417,7 @@ ncclResult_t run_call(Segment& s, const void* sendbuff, void* recvbuff, size_t c
   } else {
     need = workspace_size(algo, count, config, s.nranks);
   }
+  add_rotation(need, count, config);
   if (config.errorFeedback && algo == qncclAlgoRing && config.codec.bits <= 2 &&
       s.nranks >= 8 && !state.warned_feedback_ring) {
     state.warned_feedback_ring = true;
@@ -479,6 +494,7 @@ ncclResult_t allreduce_workspace_size(const char* fn, size_t count, ncclDataType
                      "algorithm (the hierarchical one needs no more than its inter algorithm "
                      "over one rank's shard, plus the intra stage's with intraBits)", fn);
   WorkspaceSize need = workspace_size(algo, count, *config, nranks);
+  add_rotation(need, count, *config);
   need.lanes = pipeline_lanes(algo, count, *config, /*device=*/true);
   *bytes = need.bytes();
   return ncclSuccess;

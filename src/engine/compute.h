@@ -60,6 +60,14 @@ struct Compute {
   /* Error feedback's capture: `e` holds D(Q(v)) on entry and gets
    * (v[i] - e[i]) * scale in float32, or 0 where that is not finite. */
   ncclResult_t (*residual)(const Compute& c, const float* v, float* e, size_t n, float scale);
+  /* z = the forward rotation of src (`n` values of `type`, one segment) in
+   * blocks of `block` with the signs of `seed` (docs/rotation.md), float32;
+   * `signs`: min(n, block) values of working memory. */
+  ncclResult_t (*rotate)(const Compute& c, const void* src, ncclDataType_t type, size_t n,
+                         size_t block, uint64_t seed, uint32_t* signs, float* z);
+  /* dst (`type`) = the inverse rotation of z, which it overwrites. */
+  ncclResult_t (*unrotate)(const Compute& c, float* z, size_t n, size_t block, uint64_t seed,
+                           uint32_t* signs, void* dst, ncclDataType_t type);
 };
 
 /* The host compute, on the host codec of this process (fails as

@@ -134,11 +134,25 @@ ncclResult_t residual(const Compute& c, const float* v, float* e, size_t n, floa
               launch("qnccl_residual", blocks_for(n), c.stream, v, e, n, scale));
 }
 
+/* The rotation's kernels are not written yet: the allreduce refuses a
+ * rotated call on device buffers before it issues anything (allreduce.cc),
+ * so these are never reached; they fail rather than compute wrong bytes. */
+ncclResult_t rotate(const Compute&, const void*, ncclDataType_t, size_t, size_t, uint64_t,
+                    uint32_t*, float*) {
+  return set_error(ncclInvalidUsage, "a rotation on device buffers is not in this build yet");
+}
+
+ncclResult_t unrotate(const Compute&, float*, size_t, size_t, uint64_t, uint32_t*, void*,
+                      ncclDataType_t) {
+  return set_error(ncclInvalidUsage, "a rotation on device buffers is not in this build yet");
+}
+
 }  // namespace
 
 Compute device_compute(cudaStream_t stream) {
-  return Compute{"device",    nullptr, stream, quantize, quantize_many, dequantize,
-                 decode_many, reduce,  widen,  divide,   narrow,        copy, residual};
+  return Compute{"device", nullptr, stream, quantize, quantize_many, dequantize, decode_many,
+                 reduce,   widen,   divide, narrow,   copy,          residual,   rotate,
+                 unrotate};
 }
 
 ncclResult_t stream_capturing(int device, cudaStream_t stream, bool* capturing) {

@@ -3,7 +3,10 @@
  * (compute_cuda.cc). */
 #include <string.h>
 
+#include <algorithm>
+
 #include "codec/codec_math.h"
+#include "codec/rotation.h"
 #include "common/error.h"
 #include "engine/compute.h"
 
@@ -79,13 +82,28 @@ ncclResult_t residual(const Compute&, const float* v, float* e, size_t n, float 
   return ncclSuccess;
 }
 
+ncclResult_t rotate(const Compute& c, const void* src, ncclDataType_t type, size_t n,
+                    size_t block, uint64_t seed, uint32_t* signs, float* z) {
+  rotation_masks(rotation_key(seed), std::min(n, block), signs);
+  c.codec->rotate(src, type, n, block, signs, z);
+  return ncclSuccess;
+}
+
+ncclResult_t unrotate(const Compute& c, float* z, size_t n, size_t block, uint64_t seed,
+                      uint32_t* signs, void* dst, ncclDataType_t type) {
+  rotation_masks(rotation_key(seed), std::min(n, block), signs);
+  c.codec->unrotate(z, n, block, signs, dst, type);
+  return ncclSuccess;
+}
+
 }  // namespace
 
 ncclResult_t host_compute(Compute* compute) {
   const HostCodec* codec;
   QNCCL_CHECK(host_codec(&codec));
-  *compute = Compute{"host", codec,  nullptr, quantize, quantize_many, dequantize,
-                     decode_many, reduce, widen,   divide,   narrow,        copy, residual};
+  *compute = Compute{"host",   codec,  nullptr, quantize, quantize_many, dequantize, decode_many,
+                     reduce,   widen,  divide,  narrow,   copy,          residual,   rotate,
+                     unrotate};
   return ncclSuccess;
 }
 

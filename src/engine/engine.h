@@ -149,7 +149,11 @@ class Segment {
    * they read the input and rewrite them where they quantize; every
    * algorithm reads each index's input once, before quantizing it once. */
   float* residual = nullptr;
-  WorkArea<float> fed_input;  // z = x + e of one input range, quantized as float32
+  WorkArea<float> fed_input;
+  /* docs/rotation.md: a rotated call's block (0: none). Each segment is
+   * rotated into the workspace, the algorithm runs on it as float32, and
+   * the result is rotated back into the output (run_segment). */
+  size_t rotation = 0;  // z = x + e of one input range, quantized as float32
 
   /* The operations of a point-to-point call (run_sendrecv), in issue order. */
   const std::vector<P2pOp>* p2p = nullptr;
@@ -292,13 +296,16 @@ struct WorkspaceSize {
   size_t acc_values = 0;
   size_t fed_input_values = 0;  // error feedback: Segment::fed_input
   size_t stage_values = 0;      // hierarchical: a stage's float32 result
+  size_t rotated_values = 0;    // a rotated call: its segment, rotated (docs/rotation.md)
+  size_t sign_values = 0;       // and the signs' masks of one block
   size_t wire_bytes = 0;
   size_t lanes = 1;             // pipelined segments: one workspace per lane
   static size_t aligned(size_t bytes) {
     return (bytes + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign;
   }
   size_t wire_offset() const {
-    return aligned((acc_values + fed_input_values + stage_values) * sizeof(float));
+    return aligned((acc_values + fed_input_values + stage_values + rotated_values + sign_values) *
+                   sizeof(float));
   }
   size_t lane_bytes() const { return aligned(wire_offset() + wire_bytes); }  // lanes' stride
   size_t bytes() const { return (lanes - 1) * lane_bytes() + wire_offset() + wire_bytes; }
@@ -316,6 +323,10 @@ WorkspaceSize hier_workspace_size(qncclAlgo_t inter, size_t count,
                                   const qncclAllReduceConfig_t& config, int local_ranks,
                                   int nodes);
 
+/* A rotated allreduce's additions to `size` (docs/rotation.md): its
+ * segment rotated, and the signs of one block; none without a rotation. */
+void add_rotation(WorkspaceSize& size, size_t count, const qncclAllReduceConfig_t& config);
+
 /* The size to grow to: at least double, so the buffers outgrown on the way
  * add up to less than the current one. */
 size_t grown_bytes(size_t have, size_t need);
@@ -326,6 +337,8 @@ struct Workspace {
   WorkArea<float> acc;
   WorkArea<float> fed_input;
   WorkArea<float> stage;
+  WorkArea<float> rotated;
+  WorkArea<uint32_t> signs;
   WorkArea<uint8_t> wire;
   /* Points acc and wire into lane `lane`'s part of `memory`, size.bytes()
    * bytes aligned to 256. */
@@ -505,6 +518,9 @@ ncclResult_t guarded_call(const char* what, CommState& state, Lockstep* lockstep
 /* A reduce-scatter's, allgather's or all-to-all's config asking for error
  * feedback: an error naming `fn`. */
 ncclResult_t check_no_error_feedback(const char* fn, const qncclAllReduceConfig_t& config);
+/* ncclInvalidArgument unless the config rotates nothing (the collectives
+ * but the allreduce do not rotate yet). */
+ncclResult_t check_no_rotation(const char* fn, const qncclAllReduceConfig_t& config);
 /* The communicator checks of a call whose buffers hold a chunk of `count`
  * values (`count_name` in messages) per rank: non-NULL, of the real NCCL,
  * and not too many values for its ranks; gives its shape. */

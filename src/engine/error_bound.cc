@@ -135,6 +135,12 @@ ncclResult_t allreduce_error_bound(const char* fn, size_t count, ncclDataType_t 
                                    int nranks, double inputAbsMax, double* bound) {
   QNCCL_CHECK(check_allreduce_config(fn, count, datatype, op, config));
   QNCCL_CHECK(check_bound_args(fn, nranks, inputAbsMax, bound));
+  if (config->codec.rotation != qncclRotationNone)
+    return set_error(ncclInvalidArgument,
+                     "%s: config->codec.rotation = %d: the bound of a rotated call is not in "
+                     "this build yet; qnccl.emulate.allreduce(..., rotation=\"hadamard\", "
+                     "bounds=True) gives it",
+                     fn, (int)config->codec.rotation);
   if (config->errorFeedback)
     return set_error(ncclInvalidArgument,
                      "%s: config->errorFeedback = 1: a call with error feedback also returns "

@@ -4,6 +4,7 @@
  * computes while another's bytes move); a hierarchical call's are staggered
  * by one step and move together, so that each real group carries different
  * stages of several segments at once. */
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,48 @@ void Segments::place(Segment& s, size_t g) const {
   s.count = count - first < values ? count - first : values;
   s.residual = residual != nullptr ? residual + first : nullptr;
 }
+
+namespace {
+
+/* Segment g of the call: placed, then run. */
+ncclResult_t run_segment(Segment& s, const Segments& segs, size_t g, Algorithm run,
+                         Workspace& w) {
+  segs.place(s, g);
+  if (s.rotation == 0) {
+    QNCCL_CHECK(run(s, w));
+    return s.status;
+  }
+  // docs/rotation.md: the algorithm runs in place on the segment rotated
+  // into the workspace, float32 in and out; the result is rotated back.
+  const char* x = s.x;
+  char* y = s.y;
+  const ncclDataType_t input_type = s.input_type, type = s.type;
+  const size_t input_size = s.input_size, type_size = s.type_size;
+  float* z = w.rotated.data();
+  w.rotated.resize(s.count);
+  w.signs.resize(std::min(s.count, s.rotation));
+  s.compute_steps->fetch_add(1, std::memory_order_relaxed);
+  QNCCL_CHECK(s.compute.rotate(s.compute, x, input_type, s.count, s.rotation, s.params.seed,
+                               w.signs.data(), z));
+  s.x = reinterpret_cast<const char*>(z);
+  s.y = reinterpret_cast<char*>(z);
+  s.input_type = s.type = ncclFloat32;
+  s.input_size = s.type_size = sizeof(float);
+  ncclResult_t res = run(s, w);
+  if (res == ncclSuccess) res = s.status;
+  s.x = x;
+  s.y = y;
+  s.input_type = input_type;
+  s.type = type;
+  s.input_size = input_size;
+  s.type_size = type_size;
+  QNCCL_CHECK(res);
+  s.compute_steps->fetch_add(1, std::memory_order_relaxed);
+  return s.compute.unrotate(s.compute, z, s.count, s.rotation, s.params.seed, w.signs.data(), y,
+                            type);
+}
+
+}  // namespace
 
 size_t pipeline_lanes(qncclAlgo_t algo, size_t count, const qncclAllReduceConfig_t& config,
                       bool device) {
@@ -66,9 +109,7 @@ void run_lane(Lane& lane, const Segments& segs, Algorithm run, Workspace& w, siz
   for (size_t k = 0; stagger && res == ncclSuccess && k < s.lane; k++)
     res = s.exchange(nullptr, 0, nullptr, 0);
   for (size_t g = s.lane; res == ncclSuccess && g < segs.size(); g += lanes) {
-    segs.place(s, g);
-    res = run(s, w);
-    if (res == ncclSuccess) res = s.status;
+    res = run_segment(s, segs, g, run, w);
     if (res != ncclSuccess) lane.failed_at = g;
   }
   if (res != ncclSuccess) {
@@ -83,11 +124,7 @@ ncclResult_t run_pipelined(Segment& s, const Segments& segs, Algorithm run, Work
                            size_t lanes, int device, const cudaStream_t* streams) {
   if (lanes <= 1) {
     s.fed_input = w[0].fed_input;
-    for (size_t g = 0; g < segs.size(); g++) {
-      segs.place(s, g);
-      QNCCL_CHECK(run(s, w[0]));
-      QNCCL_CHECK(s.status);
-    }
+    for (size_t g = 0; g < segs.size(); g++) QNCCL_CHECK(run_segment(s, segs, g, run, w[0]));
     return ncclSuccess;
   }
   // A hierarchical call's lanes use different links in one round; a flat

@@ -18,6 +18,7 @@ ncclResult_t check_reduce_scatter_config(const char* fn, size_t recvcount, ncclD
                      "%s: algo = %d has no reduce-scatter; allowed: qncclAlgoAuto (0), "
                      "qncclAlgoRing (1), qncclAlgoSra (3)",
                      fn, (int)config->algo);
+  QNCCL_CHECK(check_no_rotation(fn, *config));
   return check_no_error_feedback(fn, *config);
 }
 

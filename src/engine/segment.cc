@@ -97,12 +97,22 @@ WorkspaceSize hier_workspace_size(qncclAlgo_t inter, size_t count,
   return size;
 }
 
+void add_rotation(WorkspaceSize& size, size_t count, const qncclAllReduceConfig_t& config) {
+  const size_t block = rotation_block(config.codec);
+  if (block == 0) return;
+  size.rotated_values = std::min(count, segment_values(config));
+  size.sign_values = std::min(size.rotated_values, block);
+}
+
 void Workspace::assign(void* base, const WorkspaceSize& size, size_t lane) {
   void* memory = static_cast<char*>(base) + lane * size.lane_bytes();
   acc.assign(memory, size.acc_values);
   fed_input.assign(static_cast<float*>(memory) + size.acc_values, size.fed_input_values);
-  stage.assign(static_cast<float*>(memory) + size.acc_values + size.fed_input_values,
-               size.stage_values);
+  float* const floats = static_cast<float*>(memory);
+  stage.assign(floats + size.acc_values + size.fed_input_values, size.stage_values);
+  float* const rotated_at = floats + size.acc_values + size.fed_input_values + size.stage_values;
+  rotated.assign(rotated_at, size.rotated_values);
+  signs.assign(reinterpret_cast<uint32_t*>(rotated_at + size.rotated_values), size.sign_values);
   wire.assign(static_cast<char*>(memory) + size.wire_offset(), size.wire_bytes);
 }
 

@@ -133,6 +133,7 @@ class Case:
     inter: str = "auto"  # hier: between nodes
     intra_bits: int = 0  # hier: inside a node
     lanes: int = 0  # of a flat call's pipeline (0: auto, one lane on host buffers)
+    rotation_block: int = 0  # a Hadamard rotation in blocks of this (0: none)
 
     def __str__(self):
         hier = f" inter={self.inter} intra_bits={self.intra_bits}" if NODES is not None else ""
@@ -140,7 +141,8 @@ class Case:
                 f"{'in place' if self.inplace else 'out of place'} bits={self.bits} "
                 f"bucket={self.bucket} segmentValues={self.segment_values} lanes={self.lanes} "
                 f"seed={self.seed} "
-                f"data={self.data}")
+                f"data={self.data}"
+                + (f" rotation_block={self.rotation_block}" if self.rotation_block else ""))
 
 
 def rank_input(case, rank):
@@ -190,6 +192,9 @@ def make_config(case):
     config.lanes = case.lanes
     config.interAlgo = ALGOS[case.inter]
     config.intraBits = case.intra_bits
+    if case.rotation_block:
+        config.codec.rotation = lib.qncclRotationHadamard
+        config.codec.rotationBlock = case.rotation_block
     return config
 
 
@@ -247,7 +252,8 @@ def check_case(case, call, outputs, send_ok, failures):
             inputs, algo=case.algo, bits=case.bits, bucket_size=case.bucket,
             rounding=case.rounding, seed=case.seed, op=case.op, call=call,
             segment_values=case.segment_values, dtype=case.dtype, return_bounds=True,
-            nodes=NODES, inter_algo=case.inter, intra_bits=case.intra_bits)
+            nodes=NODES, inter_algo=case.inter, intra_bits=case.intra_bits,
+            **rotation_of(case))
 
     expected, bound = emulate(call)
     diff = first_difference(case, outputs[0], expected[0], case.dtype,
@@ -274,6 +280,13 @@ def check_case(case, call, outputs, send_ok, failures):
             failures.add(case, f"{over.size} values exceed the error bound; first at "
                                f"{describe(case, i)}: error {error[i]:.6g} > bound {bound[i]:.6g}")
     return expected[0]
+
+
+def rotation_of(case):
+    """The emulator's rotation keywords for `case`."""
+    if not case.rotation_block:
+        return {}
+    return {"rotation": "hadamard", "rotation_block": case.rotation_block}
 
 
 def run_cases(comm, cases, failures, first_call=0):
@@ -332,6 +345,58 @@ def matrix_cases():
     return cases
 
 
+def rotated_cases():
+    """docs/rotation.md: every algorithm x type x shape with a Hadamard rotation (tails that
+    are not a whole block, several segments on 1..3 lanes), roundings, ops, in place, bits and
+    blocks rotating through the cases; then NaN/Inf inputs, whose blocks decode to NaN."""
+    shapes = [  # (count, bucket, segment_values)
+        (0, 128, 0), (1, 128, 0), (300, 128, 0), (7919, 100, 0), (70001, 128, 0),
+        (5003, 64, 1000), (2049, 1, 700)]
+    combos = list(itertools.product(("nearest", "stochastic"), ("sum", "avg"), (False, True)))
+    blocks = (256, 2, 64, 4096, 8, 1024, 16)
+    cases = []
+    for i, (algo, dtype, (count, bucket, segment_values)) in enumerate(
+            itertools.product(("ring", "tree", "sra", "auto"), ("float32", "float16", "bfloat16"),
+                              shapes)):
+        rounding, op, inplace = combos[(i * 5) % len(combos)]
+        cases.append(Case(algo, dtype, count, rounding, op, inplace, bits=1 + (i * 3) % 8,
+                          bucket=bucket, segment_values=segment_values,
+                          seed=(4000 + i) * 0x9E3779B97F4A7C15 % 2**64,
+                          lanes=(0, 1, 2, 3)[i // len(shapes) % 4],
+                          rotation_block=blocks[i % len(blocks)]))
+    for i, (algo, dtype) in enumerate(itertools.product(("ring", "tree", "sra"),
+                                                        ("float32", "bfloat16"))):
+        cases.append(Case(algo, dtype, 4099, ("nearest", "stochastic")[i % 2], ("sum", "avg")[
+            i // 2 % 2], inplace=bool(i % 3), bits=4, bucket=32, seed=5000 + i, data="special",
+                          rotation_block=256))
+    return cases
+
+
+def rotated(comm, failures):
+    cases = rotated_cases()
+    if MEMORY.device_mode:
+        return refused_on_device(comm, failures, cases[4])
+    run_cases(comm, cases, failures)
+    return len(cases)
+
+
+def refused_on_device(comm, failures, case):
+    """The kernels do not rotate yet: a rotated call on device buffers fails on every rank
+    alike with ncclInvalidUsage and a message, before anything is issued or counted, and the
+    communicator goes on (the next call is call 0)."""
+    result, message, _, _ = call_allreduce(comm, case, rank_input(case, RANK))
+    lines = []
+    if (result != lib.ncclInvalidUsage
+            or "on device buffers is not in this build yet" not in message):
+        lines.append(f"returned {result} ({message!r}); expected ncclInvalidUsage saying a "
+                     f"rotation on device buffers is not in this build yet")
+    for rank, rank_lines in enumerate(COMM.gather(lines, root=0) or []):
+        for line in rank_lines:
+            failures.add(f"{case} rank {rank}", line)
+    run_cases(comm, [dataclasses.replace(case, rotation_block=0)], failures, first_call=0)
+    return 2
+
+
 def check_auto_algo(failures):
     for count, dtype in itertools.product((0, 1, 16383, 16384, 32767, 32768, 10**7),
                                           NCCL_TYPES):
@@ -381,8 +446,10 @@ MISUSE = [  # (argument, bad value, what the message must say: the argument and 
     ("algo", 7, r"algo = 7 .*allowed: .*qncclAlgoAuto.*qncclAlgoRing.*qncclAlgoTree"
                 r".*qncclAlgoSra"),
     ("lanes", 9, r"lanes = 9; allowed: 0 \(auto.*\) or 1\.\.8"),
-    ("rotation", 1, r"codec\.rotation = 1: the collectives do not rotate yet .*allowed here: "
-                    r"qncclRotationNone \(0\)"),
+    ("rotation", 5, r"rotation = 5 is unknown; allowed: qncclRotationNone \(0\) or "
+                    r"qncclRotationHadamard \(1\)"),
+    ("rotationBlock", 100, r"rotationBlock = 100; allowed: 0 \(the default, 256\) or a power of "
+                           r"two"),
     ("op", "ncclMax", r"op = 2 .*allowed: ncclSum.*ncclAvg"),
     ("datatype", "ncclInt32", r"datatype = 2 .*allowed: ncclFloat32.*ncclFloat16.*ncclBfloat16"),
 ]
@@ -405,6 +472,9 @@ def misuse(comm, failures):
             config.lanes = value
         elif field == "rotation":
             config.codec.rotation = value
+        elif field == "rotationBlock":
+            config.codec.rotation = lib.qncclRotationHadamard
+            config.codec.rotationBlock = value
         elif field == "op":
             op = getattr(lib, value)
         else:
@@ -444,29 +514,30 @@ def calls(comm, failures):
     return 7 + grouped(failures, "ring", lanes=2) + grouped(failures, "sra", lanes=2)
 
 
-def expected_counts(algo, op, rank, nranks):
+def expected_counts(algo, op, rank, nranks, rotated=False):
     """(compute steps, groups) of one call of one segment whose chunks all hold values, on
-    `rank` (docs/allreduce.md, "Steps per call")."""
-    n, avg = nranks, op == "avg"
+    `rank` (docs/allreduce.md, "Steps per call"); a rotated call rotates the segment in and
+    out: two steps more (docs/rotation.md)."""
+    n, avg, rotation = nranks, op == "avg", 2 * rotated
     if algo == "ring":  # n-1 steps of encode and reduce; the result; n-1 decodes
-        return 2 * (n - 1) + 2 + avg + (n - 1), 2 * (n - 1)
+        return 2 * (n - 1) + 2 + avg + (n - 1) + rotation, 2 * (n - 1)
     if algo == "sra":  # one encode of the n-1 chunks; one reduce; the result; one decode
-        return 1 + 1 + 2 + avg + 1, 2 * (n - 1)
+        return 1 + 1 + 2 + avg + 1 + rotation, 2 * (n - 1)
     children = sum(c < n for c in (2 * rank + 1, 2 * rank + 2))
     # reduce (the children's sums with the input), encode (the root: the result), decode
-    return 3 + (avg and rank == 0), 2 * ((rank != 0) + (children > 0))
+    return 3 + (avg and rank == 0) + rotation, 2 * ((rank != 0) + (children > 0))
 
 
 def counts(comm, failures):
     import qnccl.comm
-    cases = [Case(algo, "float32", 128 * 8 * NRANKS, op=op, seed=41)
-             for algo in ("ring", "tree", "sra") for op in ("sum", "avg")]
+    cases = [Case(algo, "float32", 128 * 8 * NRANKS, op=op, seed=41, rotation_block=block)
+             for block in (0, 256) for algo in ("ring", "tree", "sra") for op in ("sum", "avg")]
     for i, case in enumerate(cases):
         before = qnccl.comm.stats(comm)
         run_cases(comm, [case], failures, first_call=i)
         after = qnccl.comm.stats(comm)
         got = (after["compute_steps"] - before["compute_steps"], after["groups"] - before["groups"])
-        want = expected_counts(case.algo, case.op, RANK, NRANKS)
+        want = expected_counts(case.algo, case.op, RANK, NRANKS, case.rotation_block > 0)
         everyone = COMM.gather((got, want), root=0)
         if RANK == 0:
             for rank, (g, w) in enumerate(everyone):
@@ -494,6 +565,20 @@ def hier_cases():
                           intra_bits=intra))
     for i, dtype in enumerate(("float32", "float16", "bfloat16")):
         cases.append(Case("auto", dtype, 40000 + i, op=("sum", "avg")[i % 2], seed=4000 + i))
+    # Rotated (docs/rotation.md): the stages run on the rotated float32 values, the exact
+    # one inside a node too, whatever the buffers' type. Host buffers: the kernels do not
+    # rotate yet (rotated() checks the refusal on device buffers).
+    if MEMORY.device_mode:
+        return cases
+    rotated_shapes = [(7919, 100, 0), (5003, 64, 1000), (301, 16, 0)]
+    for i, (inter, dtype, intra) in enumerate(
+            itertools.product(("ring", "tree", "sra"), ("float32", "float16", "bfloat16"),
+                              (0, 3))):
+        rounding, op, inplace = combos[(i * 3) % len(combos)]
+        count, bucket, segment_values = rotated_shapes[i % len(rotated_shapes)]
+        cases.append(Case("hier", dtype, count, rounding, op, inplace, bits=(4, 3, 8)[i % 3],
+                          bucket=bucket, segment_values=segment_values, seed=6000 + i,
+                          inter=inter, intra_bits=intra, rotation_block=(256, 64, 16)[i % 3]))
     return cases
 
 
@@ -757,8 +842,8 @@ def finish(comm, failures, program, cases):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("program", choices=("matrix", "ordering", "misuse", "calls", "counts",
-                                            "hier", "graphs", "released"))
+    parser.add_argument("program", choices=("matrix", "rotated", "ordering", "misuse", "calls",
+                                            "counts", "hier", "graphs", "released"))
     parser.add_argument("--ranks-per-node", type=int, default=0,
                         help="hier on one host: NCCL_HOSTID=node<rank // K> for each rank")
     args = parser.parse_args()
@@ -766,7 +851,7 @@ def main():
         os.environ["NCCL_HOSTID"] = f"node{RANK // args.ranks_per_node}"
     comm = init_comm()
     failures = Failures()
-    programs = {"matrix": matrix, "ordering": ordering, "misuse": misuse, "calls": calls,
+    programs = {"matrix": matrix, "rotated": rotated, "ordering": ordering, "misuse": misuse, "calls": calls,
                 "counts": counts, "hier": hier, "graphs": graphs, "released": released}
     cases = programs[args.program](comm, failures)
     return finish(comm, failures, args.program, cases)

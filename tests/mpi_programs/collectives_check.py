@@ -243,12 +243,18 @@ def misuse(comm, failures):
     bad += [(kind, Case("auto", "float32", n), "feedback",
              "errorFeedback = 1; error feedback applies to allreduce only: pass 0")
             for kind in ("rs", "ag", "a2a")]
+    bad += [(kind, Case("auto", "float32", n), "rotation",
+             "codec.rotation = 1: only the allreduce rotates yet (docs/rotation.md); allowed "
+             "here: qncclRotationNone (0)")
+            for kind in ("rs", "ag", "a2a")]
     lines = []
     for kind, case, op, want in bad:
         x = rank_input(whole(kind, case), RANK)
         send, recv = buffers(kind, case, x)
         config = make_config(case)
         config.errorFeedback = op == "feedback"
+        if op == "rotation":
+            config.codec.rotation = lib.qncclRotationHadamard
         args = [ffi.from_buffer(send), ffi.from_buffer(recv), n, lib.ncclFloat32]
         if kind == "rs":
             args.append(lib.ncclMax if op == "max" else lib.ncclSum)

@@ -111,7 +111,8 @@ class Emulation:
                                 rounding=c.rounding, seed=c.seed, op=c.op, call=self.call,
                                 segment_values=c.segment_values, dtype=c.dtype,
                                 residuals=self.residuals, nodes=allreduce_check.NODES,
-                                inter_algo=c.inter, intra_bits=c.intra_bits)[0]
+                                inter_algo=c.inter, intra_bits=c.intra_bits,
+                                **allreduce_check.rotation_of(c))[0]
         self.call += 1
         return out
 
@@ -162,9 +163,15 @@ def emulator_cases():
     return cases
 
 
-def emulator(comm, failures):
+def rotated_cases():
+    """emulator_cases() rotated (docs/rotation.md: the residuals live in the rotated domain)."""
+    return [dataclasses.replace(case, rotation_block=(256, 64, 8)[i % 3])
+            for i, case in enumerate(emulator_cases())]
+
+
+def emulator(comm, failures, cases=None):
     call = 0
-    cases = emulator_cases()
+    cases = emulator_cases() if cases is None else cases
     for case in cases:
         call, _ = check_against_emulator(comm, case, call, failures, make_feedback_config(case))
         # Its buffers are freed now, and a new array may reuse an address (and count and
@@ -173,8 +180,13 @@ def emulator(comm, failures):
     return len(cases)
 
 
+def rotated(comm, failures):
+    return emulator(comm, failures, rotated_cases())
+
+
 def hier(comm, failures):
-    """emulator_cases() through the hierarchical algorithm on the host names' layout."""
+    """emulator_cases() through the hierarchical algorithm on the host names' layout; then
+    six of them rotated."""
     host = os.environ.get("NCCL_HOSTID") or socket.gethostname()
     allreduce_check.NODES = COMM.allgather(host)
     call = 0
@@ -182,6 +194,8 @@ def hier(comm, failures):
     for i, case in enumerate(emulator_cases()):
         cases.append(dataclasses.replace(case, algo="hier", inter=case.algo,
                                          intra_bits=(0, 3)[i % 2]))
+    cases += [dataclasses.replace(case, rotation_block=(256, 64, 8)[i % 3])
+              for i, case in enumerate(cases[:6])]
     for case in cases:
         call, _ = check_against_emulator(comm, case, call, failures, make_feedback_config(case))
         qnccl.comm.reset_error_feedback(comm)
@@ -414,7 +428,7 @@ def moving(comm, failures):
 
 
 PROGRAMS = {"call_counts": call_counts, "moving": moving, "emulator": emulator, "bookkeeping": bookkeeping, "interposer": interposer,
-            "ring_warning": ring_warning, "hier": hier}
+            "ring_warning": ring_warning, "hier": hier, "rotated": rotated}
 
 
 def main():
