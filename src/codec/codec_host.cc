@@ -409,92 +409,75 @@ struct Ahead {
   }
 };
 
-/* Encodes a buffer of `count` values tile after tile (the tiles in order,
- * each starting on a packing group): the bucket it is in and the parameters
- * of the buckets ahead carry over from one tile to the next. */
-template <class D, int BITS>
-class Encoder {
- public:
-  using T = typename D::T;
-  Encoder(size_t count, const CodecParams& p, uint8_t* dst)
-      : p_(p), dst_(dst), codes_(dst + num_buckets(count, p.bucket) * kMetaBytes),
-        count_(count), buckets_(num_buckets(count, p.bucket)),
-        room_(code_bytes(count, BITS)), key_(rng_key(p.seed, p.stream)) {}
+/* Encodes a buffer of `count` values tile after tile: tiles(t0, t1) gives
+ * the values [t0, t1) of each (x[j] is value t0 + j, and x reaches the end
+ * of every bucket that starts in the tile), the tiles `tile` values apart
+ * (a multiple of 8: each starts on a packing group). `ahead`: x also holds
+ * the rest of the buffer, to prefetch. The state of the buckets carries
+ * over from one tile to the next; everything hot stays in locals, which the
+ * stage's byte stores cannot alias. */
+template <class D, int BITS, class Tiles>
+void encode_tiles(size_t count, const CodecParams& p, uint8_t* dst, size_t tile, bool ahead,
+                  Tiles tiles) {
+  const size_t nb = num_buckets(count, p.bucket);
+  uint8_t* codes = dst + nb * kMetaBytes;
+  const size_t room = code_bytes(count, BITS);
+  const RngKey key = rng_key(p.seed, p.stream);
+  alignas(64) uint8_t stage[kTile + kGroup];
 
-  /* Values [t0, t1): x[j] is value t0 + j, and x reaches the end of every
-   * bucket that starts in the tile. `ahead`: x also holds the next tile, to
-   * prefetch while this one encodes. */
-  void tile(size_t t0, size_t t1, const T* x, bool ahead) {
-    alignas(64) uint8_t stage[kTile + kGroup];
+  size_t bucket = 0, bucket_end = 0;
+  Ahead batch;
+  BucketParams bp{};
+  for (size_t t0 = 0; t0 < count; t0 += tile) {
+    const size_t t1 = std::min(count, t0 + tile);
+    const typename D::T* x = tiles(t0, t1);
     for (size_t s0 = t0; s0 < t1; s0 += kTile) {  // a stage's worth at a time
       const size_t s1 = std::min(t1, s0 + kTile);
-      encode_stage(s0, s1, x + (s0 - t0), ahead, stage);
+      for (size_t i = s0; i < s1;) {
+        if (i == bucket_end) {
+          if (batch.empty()) {  // min and max of the buckets starting here, then their params
+            uint8_t* metas = dst + bucket * kMetaBytes;
+            const size_t n = Ahead::batch(i, s1, p.bucket, nb - bucket);
+            for (size_t k = 0; k < n; k++) {
+              const size_t b0 = i + k * p.bucket;
+              const BucketMeta m =
+                  bucket_meta<D>(x + (b0 - t0), std::min(count, b0 + p.bucket) - b0);
+              memcpy(metas + k * kMetaBytes, &m, kMetaBytes);
+            }
+            batch.refill<BITS>(metas, n, p.cubic);
+          }
+          bucket_end = std::min(count, i + p.bucket);
+          bucket++;
+          bp = batch.pop();
+        }
+        const size_t end = std::min(s1, bucket_end);
+        // The next stage's values, a line at a time while this one encodes, so
+        // its min/max pass finds them in the cache instead of waiting on memory.
+        if (ahead)
+          for (size_t line = i; line < end; line += kLineValues)
+            __builtin_prefetch(x + (std::min(line + kTile, count - 1) - t0));
+        uint8_t* out = stage + (i - s0);
+        if (bp.nonfinite)
+          memset(out, 0, end - i);
+        else if (p.rounding == qncclRoundStochastic)
+          encode_stochastic_run<D, BITS>(x + (i - t0), end - i, bp, key, p.first + i, out);
+        else
+          encode_nearest_run<D, BITS>(x + (i - t0), end - i, bp, out);
+        i = end;
+      }
       memset(stage + (s1 - s0), 0, kGroup);  // zero codes pad the last group
       const size_t offset = s0 / kGroup * BITS;
-      pack_stage<BITS>(stage, s1 - s0, codes_ + offset, room_ - offset);
+      pack_stage<BITS>(stage, s1 - s0, codes + offset, room - offset);
     }
   }
-
-  /* Zeroes the bytes between the end of the bit stream and the 8-byte
-   * boundary; after the last tile. */
-  void finish() {
-    const size_t used = (count_ / 8) * BITS + ((count_ % 8) * BITS + 7) / 8;
-    memset(codes_ + used, 0, room_ - used);
-  }
-
- private:
-  /* Values [s0, s1) into stage[0, s1 - s0); x[j] is value s0 + j. */
-  void encode_stage(size_t s0, size_t s1, const T* x, bool ahead, uint8_t* stage) {
-    for (size_t i = s0; i < s1;) {
-      if (i == bucket_end_) {
-        if (ahead_.empty()) {  // min and max of the buckets starting here, then their params
-          uint8_t* metas = dst_ + next_ * kMetaBytes;
-          const size_t n = Ahead::batch(i, s1, p_.bucket, buckets_ - next_);
-          for (size_t k = 0; k < n; k++) {
-            const size_t b0 = i + k * p_.bucket;
-            const BucketMeta m =
-                bucket_meta<D>(x + (b0 - s0), std::min(count_, b0 + p_.bucket) - b0);
-            memcpy(metas + k * kMetaBytes, &m, kMetaBytes);
-          }
-          ahead_.refill<BITS>(metas, n, p_.cubic);
-        }
-        bucket_end_ = std::min(count_, i + p_.bucket);
-        next_++;
-        bp_ = ahead_.pop();
-      }
-      const size_t end = std::min(s1, bucket_end_);
-      // The next tile's values, a line at a time while this one encodes, so
-      // its min/max pass finds them in the cache instead of waiting on memory.
-      if (ahead)
-        for (size_t line = i; line < end; line += kLineValues)
-          __builtin_prefetch(x + (std::min(line + kTile, count_ - 1) - s0));
-      uint8_t* out = stage + (i - s0);
-      if (bp_.nonfinite)
-        memset(out, 0, end - i);
-      else if (p_.rounding == qncclRoundStochastic)
-        encode_stochastic_run<D, BITS>(x + (i - s0), end - i, bp_, key_, p_.first + i, out);
-      else
-        encode_nearest_run<D, BITS>(x + (i - s0), end - i, bp_, out);
-      i = end;
-    }
-  }
-
-  const CodecParams& p_;
-  uint8_t* dst_;
-  uint8_t* codes_;
-  size_t count_, buckets_, room_;
-  RngKey key_;
-  size_t next_ = 0, bucket_end_ = 0;  // the next bucket, the end of the current one
-  Ahead ahead_;
-  BucketParams bp_{};
-};
+  // Zero the bytes between the end of the bit stream and the 8-byte boundary.
+  const size_t used = (count / 8) * BITS + ((count % 8) * BITS + 7) / 8;
+  memset(codes + used, 0, room - used);
+}
 
 template <class D, int BITS>
 void encode_buffer(const typename D::T* src, size_t count, const CodecParams& p, uint8_t* dst) {
-  Encoder<D, BITS> encoder(count, p, dst);
-  for (size_t t0 = 0; t0 < count; t0 += kTile)
-    encoder.tile(t0, std::min(count, t0 + kTile), src + t0, true);
-  encoder.finish();
+  encode_tiles<D, BITS>(count, p, dst, kTile, true, [src](size_t t0, size_t) { return src + t0; });
 }
 
 template <class D, bool ACCUMULATE>
@@ -524,9 +507,9 @@ class Decoder {
         room_(code_bytes(count, BITS)), cubic_(p.cubic) {}
 
   /* Values [t0, t1) of tile t0 (the tiles in order, each starting on a
-   * packing group) into dst[0, t1 - t0): dst = y, or dst += y. */
+   * packing group): value i into dst[i - origin], dst = y, or dst += y. */
   template <class D, bool ACCUMULATE>
-  void tile(size_t t0, size_t t1, uint8_t* stage, typename D::T* dst) {
+  void tile(size_t t0, size_t t1, uint8_t* stage, typename D::T* dst, size_t origin = 0) {
     const size_t offset = t0 / kGroup * BITS;
     unpack_stage<BITS>(codes_ + offset, t1 - t0, room_ - offset, stage);
     for (size_t i = t0; i < t1;) {
@@ -539,7 +522,7 @@ class Decoder {
         bp_ = ahead_.pop();
       }
       const size_t end = std::min(t1, bucket_end_);
-      decode_run<D, ACCUMULATE>(stage + (i - t0), end - i, bp_, dst + (i - t0));
+      decode_run<D, ACCUMULATE>(stage + (i - t0), end - i, bp_, dst + (i - origin));
       i = end;
     }
   }
@@ -559,7 +542,7 @@ void decode_buffer(const uint8_t* src, size_t count, const CodecParams& p, typen
   alignas(64) uint8_t stage[kTile + kGroup];
   Decoder<BITS> decoder(src, count, p);
   for (size_t t0 = 0; t0 < count; t0 += kTile)
-    decoder.template tile<D, ACCUMULATE>(t0, std::min(count, t0 + kTile), stage, dst + t0);
+    decoder.template tile<D, ACCUMULATE>(t0, std::min(count, t0 + kTile), stage, dst);
 }
 
 /* acc = widen(src) (+ residual), then + D(wire) for each wire in order, a
@@ -579,7 +562,7 @@ void reduce_buffer(const typename D::T* src, const float* residual, const uint8_
     } else {
       for (size_t i = t0; i < t1; i++) acc[i] = accumulate(D::load(src[i]), residual[i]);
     }
-    for (Decoder<BITS>& d : decoders) d.template tile<F32, true>(t0, t1, stage, acc + t0);
+    for (Decoder<BITS>& d : decoders) d.template tile<F32, true>(t0, t1, stage, acc);
   }
 }
 
@@ -756,15 +739,13 @@ struct RotationScratch {
 template <class D, int BITS>
 void rotated_encode_buffer(const typename D::T* src, size_t count, const CodecParams& p,
                            uint8_t* dst) {
-  const size_t tile = rotation_tile(count, p.bucket, p.rotation);
   const RotationScratch scratch(p, count);
-  Encoder<F32, BITS> encoder(count, p, dst);
-  for (size_t t0 = 0; t0 < count; t0 += tile) {
-    const size_t t1 = std::min(count, t0 + tile);
-    rotate_forward<D>(src + t0, t0, t1, count, p.rotation, scratch.masks, scratch.tile);
-    encoder.tile(t0, t1, scratch.tile, false);
-  }
-  encoder.finish();
+  encode_tiles<F32, BITS>(count, p, dst, rotation_tile(count, p.bucket, p.rotation), false,
+                          [&](size_t t0, size_t t1) {
+                            rotate_forward<D>(src + t0, t0, t1, count, p.rotation,
+                                              scratch.masks, scratch.tile);
+                            return (const float*)scratch.tile;
+                          });
 }
 
 /* A rotated dequantize: each tile decoded into the scratch as float32, then
@@ -779,8 +760,7 @@ void rotated_decode_buffer(const uint8_t* src, size_t count, const CodecParams& 
   for (size_t t0 = 0; t0 < count; t0 += tile) {
     const size_t t1 = std::min(count, t0 + tile);
     for (size_t s0 = t0; s0 < t1; s0 += kTile)
-      decoder.template tile<F32, false>(s0, std::min(t1, s0 + kTile), stage,
-                                        scratch.tile + (s0 - t0));
+      decoder.template tile<F32, false>(s0, std::min(t1, s0 + kTile), stage, scratch.tile, t0);
     rotate_inverse<D, ACCUMULATE>(scratch.tile, t0, t1, count, p.rotation, scratch.masks,
                                   dst + t0);
   }
