@@ -6,6 +6,8 @@
 #include <float.h>
 #include <math.h>
 
+#include <algorithm>
+
 #include "codec/codec.h"
 #include "common/error.h"
 #include "engine/engine.h"
@@ -76,7 +78,9 @@ Coverage coverage_of(qncclAlgo_t algo, int nranks) {
 double quantization_alpha(const qncclCodecConfig_t& codec) {
   const double levels = (double)((1u << codec.bits) - 1u);
   const double rho = codec.rounding == qncclRoundNearest ? 0.5 : 1.0;
-  const double cell = codec.bits >= 2 ? 6 / (levels - 1) : 2 / levels;
+  // a rotated call's buckets are all on the uniform grid (docs/rotation.md)
+  const bool cubic = codec.bits >= 2 && codec.rotation == qncclRotationNone;
+  const double cell = cubic ? 6 / (levels - 1) : 2 / levels;
   return rho * cell * (1 + kUnit) * (1 + kUnit) * (1 + kUnit) + kCodecSlack;
 }
 
@@ -112,6 +116,37 @@ double error_bound(qncclAlgo_t algo, ncclDataType_t type, bool average,
   return (before + last + store_error(type, result_max)) * kDoubleMargin;
 }
 
+/* A rotated allreduce's bound (docs/rotation.md, "Error bound"), for
+ * inputs at most A in magnitude, in blocks of at most b = 2^k values: a
+ * rotated input is 2^-ceil(k/2) times a sum of b inputs, so at most
+ * A' = 2^floor(k/2) A, and its float32 butterfly is off by at most
+ * gamma_k A' (gamma_k = k u / (1 - k u) >= (1 + u)^k - 1). The call then
+ * errs, in the rotated domain, by at most the unrotated float32 bound for
+ * inputs of A' (1 + gamma_k) plus the ranks' forward roundings (avg: their
+ * mean); rotating back maps a block's errors e to at most
+ * 2^-floor(k/2) sum |e| <= 2^ceil(k/2) max |e| per value, and its own
+ * butterfly adds gamma_k 2^ceil(k/2) Y for rotated results of at most Y.
+ * The bound grows with the block, so the largest one a value can be in
+ * bounds every value of the call. */
+double rotated_error_bound(qncclAlgo_t algo, ncclDataType_t type, bool average,
+                           const qncclCodecConfig_t& codec, int nranks, double a, size_t block) {
+  int k = 0;
+  while (((size_t)2 << k) <= block) k++;
+  const double n = nranks, gamma = k * kUnit / (1 - k * kUnit);
+  if (!(ldexp(n * a, k) <= FLT_MAX)) return HUGE_VAL;  // a butterfly's sum could overflow
+  const double rotated = ldexp(a, k / 2);  // A'
+  // each rank's forward rotation: its butterfly, and its scale where the
+  // result is subnormal (2^-149 at most)
+  const double forward =
+      (gamma * rotated + 0x1p-149) * (average ? 1 : n) * pow(1 + kUnit, n - 1);
+  const double inside =
+      error_bound(algo, ncclFloat32, average, codec, nranks, rotated * (1 + gamma)) + forward;
+  const double result = (average ? 1 : n) * rotated * (1 + gamma) * pow(1 + kUnit, n) + inside;
+  const double error = ldexp(inside + gamma * result, (k + 1) / 2) + 0x1p-149;
+  const double result_max = (average ? 1 : n) * a + error;
+  return (error + store_error(type, result_max)) * kDoubleMargin;
+}
+
 /* An allgather's, all-to-all's or send's value: quantized once, decoded into
  * the data type. */
 double direct_bound(ncclDataType_t type, const qncclCodecConfig_t& codec, double a) {
@@ -135,12 +170,6 @@ ncclResult_t allreduce_error_bound(const char* fn, size_t count, ncclDataType_t 
                                    int nranks, double inputAbsMax, double* bound) {
   QNCCL_CHECK(check_allreduce_config(fn, count, datatype, op, config));
   QNCCL_CHECK(check_bound_args(fn, nranks, inputAbsMax, bound));
-  if (config->codec.rotation != qncclRotationNone)
-    return set_error(ncclInvalidArgument,
-                     "%s: config->codec.rotation = %d: the bound of a rotated call is not in "
-                     "this build yet; qnccl.emulate.allreduce(..., rotation=\"hadamard\", "
-                     "bounds=True) gives it",
-                     fn, (int)config->codec.rotation);
   if (config->errorFeedback)
     return set_error(ncclInvalidArgument,
                      "%s: config->errorFeedback = 1: a call with error feedback also returns "
@@ -155,6 +184,15 @@ ncclResult_t allreduce_error_bound(const char* fn, size_t count, ncclDataType_t 
                      "which nranks does not give; qnccl.emulate.allreduce(..., nodes=...) "
                      "reports it",
                      fn);
+  const size_t block = rotation_block(config->codec);
+  if (block != 0 && count > 0) {  // the largest block: of the longest segment, at most `block`
+    const size_t longest = std::min(count, segment_values(*config));
+    size_t largest = 1;
+    while (largest * 2 <= std::min(longest, block)) largest *= 2;
+    *bound = rotated_error_bound(algo, datatype, op == ncclAvg, config->codec, nranks,
+                                 inputAbsMax, largest);
+    return ncclSuccess;
+  }
   *bound = error_bound(algo, datatype, op == ncclAvg, config->codec, nranks, inputAbsMax);
   return ncclSuccess;
 }
