@@ -627,7 +627,8 @@ def run(x, algo, cfg, segment_values, residuals=None, hier=None):
         if hier is not None:  # its stages add the residuals
             e = None if residuals is None else residuals[:, start:stop]
             # rotated values are float32: so is the exact stage's sum inside a node
-            y, b = hierarchical.segment(z, "float32" if block else hier.dtype, cfg, g, hier.layout, hier.inter,
+            dtype = "float32" if block else hier.dtype
+            y, b = hierarchical.segment(z, dtype, cfg, g, hier.layout, hier.inter,
                                         hier.intra_bits, _ALGORITHMS, _qd, _qbound, _dropped, e)
         else:
             e = None

@@ -12,9 +12,9 @@ binary digits, largest first (100 = 64 + 32 + 4). A block of b = 2^k values rota
     inverse   x = 2^-floor(k/2) * s * (H_b y)
 
 with s[i] = -1 where bit 31 of the random word of rng_uniform(seed, ROTATION_STREAM, i mod B)
-is set (i: the value's index in the segment), else +1 (the signs repeat every B values), and H_b the unnormalized Walsh-Hadamard
-butterfly: for h = 1, 2, 4, .., b/2, every pair (j, j + h) with bit h of j clear becomes
-(v[j] + v[j+h], v[j] - v[j+h]), float32. The two scales multiply to 1/b, so the inverse
+is set (i: the value's index in the segment), else +1 (the signs repeat every B values), and
+H_b the unnormalized Walsh-Hadamard butterfly: for h = 1, 2, 4, .., b/2, every pair (j, j + h)
+with bit h of j clear becomes (v[j] + v[j+h], v[j] - v[j+h]), float32. The two scales multiply to 1/b, so the inverse
 undoes the forward exactly in real arithmetic; being powers of two they round nothing (bar
 subnormals). A NaN the inverse leaves is the canonical NaN. The signs depend on the seed and
 the position only, never on the rank or the call: every rank rotates alike, sums of rotated

@@ -65,9 +65,10 @@ struct Compute {
    * `signs`: min(n, block) values of working memory. */
   ncclResult_t (*rotate)(const Compute& c, const void* src, ncclDataType_t type, size_t n,
                          size_t block, uint64_t seed, uint32_t* signs, float* z);
-  /* dst (`type`) = the inverse rotation of z, which it overwrites. */
-  ncclResult_t (*unrotate)(const Compute& c, float* z, size_t n, size_t block, uint64_t seed,
-                           uint32_t* signs, void* dst, ncclDataType_t type);
+  /* dst (`type`) = the inverse rotation of z, which it overwrites, with the
+   * signs rotate() left in `signs` for the same n, block and seed. */
+  ncclResult_t (*unrotate)(const Compute& c, float* z, size_t n, size_t block,
+                           const uint32_t* signs, void* dst, ncclDataType_t type);
 };
 
 /* The host compute, on the host codec of this process (fails as

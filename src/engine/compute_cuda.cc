@@ -142,7 +142,7 @@ ncclResult_t rotate(const Compute&, const void*, ncclDataType_t, size_t, size_t,
   return set_error(ncclInvalidUsage, "a rotation on device buffers is not in this build yet");
 }
 
-ncclResult_t unrotate(const Compute&, float*, size_t, size_t, uint64_t, uint32_t*, void*,
+ncclResult_t unrotate(const Compute&, float*, size_t, size_t, const uint32_t*, void*,
                       ncclDataType_t) {
   return set_error(ncclInvalidUsage, "a rotation on device buffers is not in this build yet");
 }

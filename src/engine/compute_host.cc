@@ -89,9 +89,8 @@ ncclResult_t rotate(const Compute& c, const void* src, ncclDataType_t type, size
   return ncclSuccess;
 }
 
-ncclResult_t unrotate(const Compute& c, float* z, size_t n, size_t block, uint64_t seed,
-                      uint32_t* signs, void* dst, ncclDataType_t type) {
-  rotation_masks(rotation_key(seed), std::min(n, block), signs);
+ncclResult_t unrotate(const Compute& c, float* z, size_t n, size_t block, const uint32_t* signs,
+                      void* dst, ncclDataType_t type) {
   c.codec->unrotate(z, n, block, signs, dst, type);
   return ncclSuccess;
 }

@@ -62,8 +62,7 @@ ncclResult_t run_segment(Segment& s, const Segments& segs, size_t g, Algorithm r
   s.type_size = type_size;
   QNCCL_CHECK(res);
   s.compute_steps->fetch_add(1, std::memory_order_relaxed);
-  return s.compute.unrotate(s.compute, z, s.count, s.rotation, s.params.seed, w.signs.data(), y,
-                            type);
+  return s.compute.unrotate(s.compute, z, s.count, s.rotation, w.signs.data(), y, type);
 }
 
 }  // namespace

@@ -312,26 +312,32 @@ def run_cases(comm, cases, failures, first_call=0):
 
 # ---- the three programs ------------------------------------------------------------
 
-def matrix_cases():
-    """Every algorithm x type x shape; roundings, ops, in place, bits and
-    seeds rotate through the cases, so each value of each appears with every
-    algorithm and type."""
-    shapes = [  # (count, bucket, segment_values)
-        (0, 128, 0), (1, 128, 0), (300, 128, 0), (7919, 100, 0), (300007, 128, 0),
-        (5003, 64, 1000), (1000, 128, 5), (2049, 1, 700)]
+def swept_cases(shapes, first_seed, blocks=(0,)):
+    """Every algorithm x type x shape ((count, bucket, segment_values)); roundings, ops, in
+    place, bits, seeds and rotation blocks rotate through the cases, so each value of each
+    appears with every algorithm and type. Shapes of several segments run on 1, 2 and 3
+    lanes (pipelined segments) and on the default (0: one lane on host buffers, two on device
+    buffers), each shape on each in turn through the algorithms and types."""
     combos = list(itertools.product(("nearest", "stochastic"), ("sum", "avg"), (False, True)))
     cases = []
     for i, (algo, dtype, (count, bucket, segment_values)) in enumerate(
             itertools.product(("ring", "tree", "sra", "auto"), ("float32", "float16", "bfloat16"),
                               shapes)):
         rounding, op, inplace = combos[(i * 5) % len(combos)]
-        # Shapes of several segments run on 1, 2 and 3 lanes (pipelined segments) and on
-        # the default (0: one lane on host buffers, two on device buffers), each shape on
-        # each in turn through the algorithms and types.
-        lanes = (0, 1, 2, 3)[i // len(shapes) % 4]
         cases.append(Case(algo, dtype, count, rounding, op, inplace, bits=1 + (i * 3) % 8,
                           bucket=bucket, segment_values=segment_values,
-                          seed=(1000 + i) * 0x9E3779B97F4A7C15 % 2**64, lanes=lanes))
+                          seed=(first_seed + i) * 0x9E3779B97F4A7C15 % 2**64,
+                          lanes=(0, 1, 2, 3)[i // len(shapes) % 4],
+                          rotation_block=blocks[i % len(blocks)]))
+    return cases
+
+
+def matrix_cases():
+    """swept_cases() over the shapes of docs/allreduce.md's corners; then NaN/Inf inputs,
+    then the tree in several pieces."""
+    cases = swept_cases([(0, 128, 0), (1, 128, 0), (300, 128, 0), (7919, 100, 0),
+                         (300007, 128, 0), (5003, 64, 1000), (1000, 128, 5), (2049, 1, 700)],
+                        first_seed=1000)
     for i, (algo, dtype) in enumerate(itertools.product(("ring", "tree", "sra", "auto"),
                                                         ("float32", "float16", "bfloat16"))):
         cases.append(Case(algo, dtype, 4099, ("nearest", "stochastic")[i % 2], ("sum", "avg")[
@@ -349,21 +355,9 @@ def rotated_cases():
     """docs/rotation.md: every algorithm x type x shape with a Hadamard rotation (tails that
     are not a whole block, several segments on 1..3 lanes), roundings, ops, in place, bits and
     blocks rotating through the cases; then NaN/Inf inputs, whose blocks decode to NaN."""
-    shapes = [  # (count, bucket, segment_values)
-        (0, 128, 0), (1, 128, 0), (300, 128, 0), (7919, 100, 0), (70001, 128, 0),
-        (5003, 64, 1000), (2049, 1, 700)]
-    combos = list(itertools.product(("nearest", "stochastic"), ("sum", "avg"), (False, True)))
-    blocks = (256, 2, 64, 4096, 8, 1024, 16)
-    cases = []
-    for i, (algo, dtype, (count, bucket, segment_values)) in enumerate(
-            itertools.product(("ring", "tree", "sra", "auto"), ("float32", "float16", "bfloat16"),
-                              shapes)):
-        rounding, op, inplace = combos[(i * 5) % len(combos)]
-        cases.append(Case(algo, dtype, count, rounding, op, inplace, bits=1 + (i * 3) % 8,
-                          bucket=bucket, segment_values=segment_values,
-                          seed=(4000 + i) * 0x9E3779B97F4A7C15 % 2**64,
-                          lanes=(0, 1, 2, 3)[i // len(shapes) % 4],
-                          rotation_block=blocks[i % len(blocks)]))
+    cases = swept_cases([(0, 128, 0), (1, 128, 0), (300, 128, 0), (7919, 100, 0),
+                         (70001, 128, 0), (5003, 64, 1000), (2049, 1, 700)],
+                        first_seed=4000, blocks=(256, 2, 64, 4096, 8, 1024, 16))
     for i, (algo, dtype) in enumerate(itertools.product(("ring", "tree", "sra"),
                                                         ("float32", "bfloat16"))):
         cases.append(Case(algo, dtype, 4099, ("nearest", "stochastic")[i % 2], ("sum", "avg")[
