@@ -40,12 +40,22 @@ def test_allgather_and_alltoall_match_the_emulator(kind, nprocs):
     run_check(nprocs, kind)
 
 
+@pytest.mark.parametrize("nprocs", [1, 2, 3, 5, 8])
+def test_rotated_collectives_match_the_emulator(nprocs):
+    """docs/rotation.md: reduce-scatter (ring, SRA), allgather and all-to-all interleaved, each
+    over the shapes and settings above with rotation blocks 2..4096 (tails that are not a
+    whole block, counts 0 and 1, several segments on 1 or 2 lanes, NaN/Inf inputs): bit for
+    bit the emulator's rotation="hadamard", the all-to-all's own chunk exact."""
+    run_check(nprocs, "rotated")
+
+
 @pytest.mark.parametrize("nprocs", [1, 2, 5])
 def test_steps_and_groups_per_call(nprocs):
     """One segment: reduce-scatter SRA 3 compute steps (encode of the N-1 pieces,
     reduction, store) and ring 2(N-1) + 1, avg one more; allgather 2 (encode, decodes);
-    all-to-all 3 (encodes, copy of its own chunk, decodes), 2 in place; N - 1 real NCCL
-    groups each, on every rank."""
+    all-to-all 3 (encodes, copy of its own chunk, decodes), 2 in place; a rotated call two
+    more (its pieces rotated in and back out; an all-to-all alone rotates nothing); N - 1
+    real NCCL groups each, on every rank."""
     run_check(nprocs, "counts")
 
 

@@ -43,7 +43,6 @@ ncclResult_t check_gather_config(const char* fn, size_t count, ncclDataType_t ty
                      "%s: algo = %d; an allgather or all-to-all has one algorithm (every rank "
                      "sends its bytes straight to the others): pass qncclAlgoAuto (0)",
                      fn, (int)config->algo);
-  QNCCL_CHECK(check_no_rotation(fn, *config));
   return check_no_error_feedback(fn, *config);
 }
 
@@ -67,10 +66,12 @@ ncclResult_t run_allgather(const void* sendbuff, void* recvbuff, size_t sendcoun
   return guarded_call("allgather", state, lockstep, lane, [&](Segment& s) {
     QNCCL_CHECK(begin_call(s, "allgather", comm, stream, config, datatype, ncclSum));
     s.chunk_stride = sendcount;
+    s.chunked_y = true;  // a rotation's pieces: one in, the N chunks out
     WorkspaceSize need;
     need.wire_bytes = (size_t)s.nranks *
                       compressed_bytes(std::min(sendcount, segment_values(config)),
                                        config.codec.bits, config.codec.bucketSize);
+    add_rotation(need, sendcount, config, (size_t)s.nranks);
     const QuantizedCall call = {
         "allgather", qncclAlgoAuto, direct_allgather, need, sendbuff, recvbuff, sendcount,
         sendcount * s.type_size, &config};

@@ -313,7 +313,8 @@ ncclResult_t check_no_error_feedback(const char* fn, const qncclAllReduceConfig_
 ncclResult_t check_no_rotation(const char* fn, const qncclAllReduceConfig_t& config) {
   if (config.codec.rotation == qncclRotationNone) return ncclSuccess;
   return set_error(ncclInvalidArgument,
-                   "%s: codec.rotation = %d: only the allreduce rotates yet (docs/rotation.md); "
+                   "%s: codec.rotation = %d: sends and receives do not rotate yet "
+                   "(docs/rotation.md); "
                    "allowed here: qncclRotationNone (0)",
                    fn, (int)config.codec.rotation);
 }

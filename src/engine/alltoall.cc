@@ -57,10 +57,13 @@ ncclResult_t run_alltoall(const void* sendbuff, void* recvbuff, size_t count,
   return guarded_call("all-to-all", state, lockstep, lane, [&](Segment& s) {
     QNCCL_CHECK(begin_call(s, "all-to-all", comm, stream, config, datatype, ncclSum));
     s.chunk_stride = count;
+    // a rotation's pieces: the N chunks in and out, but its own, copied exactly
+    s.chunked_x = s.chunked_y = s.own_exact = true;
     WorkspaceSize need;
     need.wire_bytes = 2 * (size_t)s.nranks *
                       compressed_bytes(std::min(count, segment_values(config)),
                                        config.codec.bits, config.codec.bucketSize);
+    add_rotation(need, count, config, (size_t)s.nranks);
     const QuantizedCall call = {
         "all-to-all", qncclAlgoAuto, direct_alltoall, need, sendbuff, recvbuff, count,
         count * s.type_size * (size_t)s.nranks, &config};

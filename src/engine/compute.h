@@ -60,15 +60,19 @@ struct Compute {
   /* Error feedback's capture: `e` holds D(Q(v)) on entry and gets
    * (v[i] - e[i]) * scale in float32, or 0 where that is not finite. */
   ncclResult_t (*residual)(const Compute& c, const float* v, float* e, size_t n, float scale);
-  /* z = the forward rotation of src (`n` values of `type`, one segment) in
-   * blocks of `block` with the signs of `seed` (docs/rotation.md), float32;
-   * `signs`: min(n, block) values of working memory. */
-  ncclResult_t (*rotate)(const Compute& c, const void* src, ncclDataType_t type, size_t n,
-                         size_t block, uint64_t seed, uint32_t* signs, float* z);
-  /* dst (`type`) = the inverse rotation of z, which it overwrites, with the
-   * signs rotate() left in `signs` for the same n, block and seed. */
-  ncclResult_t (*unrotate)(const Compute& c, float* z, size_t n, size_t block,
-                           const uint32_t* signs, void* dst, ncclDataType_t type);
+  /* zs[i] = the forward rotation of srcs[i] (counts[i] values of `type`, a
+   * piece of one segment: docs/rotation.md) in blocks of `block` with the
+   * signs of `seed`, float32, for i < n, in one step; `signs`: working
+   * memory of min(largest count, block) masks, which it leaves there. */
+  ncclResult_t (*rotate)(const Compute& c, const void* const* srcs, const size_t* counts, int n,
+                         ncclDataType_t type, size_t block, uint64_t seed, uint32_t* signs,
+                         float* const* zs);
+  /* dsts[i] (`type`) = the inverse rotation of zs[i] (counts[i] values,
+   * which it overwrites) for i < n, in one step, with the signs rotate()
+   * left in `signs` for the same block and seed. */
+  ncclResult_t (*unrotate)(const Compute& c, float* const* zs, const size_t* counts, int n,
+                           size_t block, const uint32_t* signs, void* const* dsts,
+                           ncclDataType_t type);
 };
 
 /* The host compute, on the host codec of this process (fails as

@@ -134,16 +134,16 @@ ncclResult_t residual(const Compute& c, const float* v, float* e, size_t n, floa
               launch("qnccl_residual", blocks_for(n), c.stream, v, e, n, scale));
 }
 
-/* The rotation's kernels are not written yet: the allreduce refuses a
- * rotated call on device buffers before it issues anything (allreduce.cc),
- * so these are never reached; they fail rather than compute wrong bytes. */
-ncclResult_t rotate(const Compute&, const void*, ncclDataType_t, size_t, size_t, uint64_t,
-                    uint32_t*, float*) {
+/* The rotation's kernels are not written yet: a rotated call on device
+ * buffers is refused before it issues anything (run_on_device), so these
+ * are never reached; they fail rather than compute wrong bytes. */
+ncclResult_t rotate(const Compute&, const void* const*, const size_t*, int, ncclDataType_t, size_t,
+                    uint64_t, uint32_t*, float* const*) {
   return set_error(ncclInvalidUsage, "a rotation on device buffers is not in this build yet");
 }
 
-ncclResult_t unrotate(const Compute&, float*, size_t, size_t, const uint32_t*, void*,
-                      ncclDataType_t) {
+ncclResult_t unrotate(const Compute&, float* const*, const size_t*, int, size_t, const uint32_t*,
+                      void* const*, ncclDataType_t) {
   return set_error(ncclInvalidUsage, "a rotation on device buffers is not in this build yet");
 }
 

@@ -82,16 +82,20 @@ ncclResult_t residual(const Compute&, const float* v, float* e, size_t n, float 
   return ncclSuccess;
 }
 
-ncclResult_t rotate(const Compute& c, const void* src, ncclDataType_t type, size_t n,
-                    size_t block, uint64_t seed, uint32_t* signs, float* z) {
-  rotation_masks(rotation_key(seed), std::min(n, block), signs);
-  c.codec->rotate(src, type, n, block, signs, z);
+ncclResult_t rotate(const Compute& c, const void* const* srcs, const size_t* counts, int n,
+                    ncclDataType_t type, size_t block, uint64_t seed, uint32_t* signs,
+                    float* const* zs) {
+  size_t largest = 0;
+  for (int i = 0; i < n; i++) largest = std::max(largest, counts[i]);
+  rotation_masks(rotation_key(seed), std::min(largest, block), signs);
+  for (int i = 0; i < n; i++) c.codec->rotate(srcs[i], type, counts[i], block, signs, zs[i]);
   return ncclSuccess;
 }
 
-ncclResult_t unrotate(const Compute& c, float* z, size_t n, size_t block, const uint32_t* signs,
-                      void* dst, ncclDataType_t type) {
-  c.codec->unrotate(z, n, block, signs, dst, type);
+ncclResult_t unrotate(const Compute& c, float* const* zs, const size_t* counts, int n,
+                      size_t block, const uint32_t* signs, void* const* dsts,
+                      ncclDataType_t type) {
+  for (int i = 0; i < n; i++) c.codec->unrotate(zs[i], counts[i], block, signs, dsts[i], type);
   return ncclSuccess;
 }
 

@@ -150,10 +150,17 @@ class Segment {
    * algorithm reads each index's input once, before quantizing it once. */
   float* residual = nullptr;
   WorkArea<float> fed_input;
-  /* docs/rotation.md: a rotated call's block (0: none). Each segment is
-   * rotated into the workspace, the algorithm runs on it as float32, and
-   * the result is rotated back into the output (run_segment). */
-  size_t rotation = 0;  // z = x + e of one input range, quantized as float32
+  /* docs/rotation.md: a rotated call's block (0: none). Each segment's
+   * pieces are rotated into the workspace, the algorithm runs on them as
+   * float32, and the result's pieces are rotated back into the output
+   * (run_segment). x and y each hold one piece (an allreduce's buffers, a
+   * reduce-scatter's output, an allgather's input) or the N chunks of
+   * chunk_stride values (`chunked_x`: a reduce-scatter's and an
+   * all-to-all's input; `chunked_y`: an allgather's and an all-to-all's
+   * output); `own_exact`: this rank's own chunk is copied bit for bit, never
+   * rotated (an all-to-all's). */
+  size_t rotation = 0;
+  bool chunked_x = false, chunked_y = false, own_exact = false;
 
   /* The operations of a point-to-point call (run_sendrecv), in issue order. */
   const std::vector<P2pOp>* p2p = nullptr;
@@ -204,6 +211,14 @@ class Segment {
   /* output(r) = input(r) bit for bit (an all-to-all's own chunk); nothing
    * when they are the same memory (in place). */
   void copy_own(Range r);
+  /* docs/rotation.md: zs[i] = the rotation of srcs[i] (counts[i] values of
+   * `type`) for i < n, in one step, leaving the signs' masks of the block
+   * (min(largest count, rotation) of them) in `signs`; unrotate() is its
+   * inverse, storing into dsts[i] in `type`. */
+  void rotate(const void* const* srcs, const size_t* counts, int n, ncclDataType_t type,
+              uint32_t* signs, float* const* zs);
+  void unrotate(float* const* zs, const size_t* counts, int n, const uint32_t* signs,
+                void* const* dsts, ncclDataType_t type) const;
   /* A piece of some buffer of a point-to-point call: `count` values of
    * `type` at `values`, quantized on the stream of (segment, step), its
    * bytes at `wire`. */
@@ -323,9 +338,12 @@ WorkspaceSize hier_workspace_size(qncclAlgo_t inter, size_t count,
                                   const qncclAllReduceConfig_t& config, int local_ranks,
                                   int nodes);
 
-/* A rotated allreduce's additions to `size` (docs/rotation.md): its
- * segment rotated, and the signs of one block; none without a rotation. */
-void add_rotation(WorkspaceSize& size, size_t count, const qncclAllReduceConfig_t& config);
+/* A rotated call's additions to `size` (docs/rotation.md): its first
+ * segment's `pieces` pieces of `count` values each (the allreduce's one, a
+ * chunked collective's N) rotated, and the signs of one block; none
+ * without a rotation. */
+void add_rotation(WorkspaceSize& size, size_t count, const qncclAllReduceConfig_t& config,
+                  size_t pieces = 1);
 
 /* The size to grow to: at least double, so the buffers outgrown on the way
  * add up to less than the current one. */
@@ -518,8 +536,8 @@ ncclResult_t guarded_call(const char* what, CommState& state, Lockstep* lockstep
 /* A reduce-scatter's, allgather's or all-to-all's config asking for error
  * feedback: an error naming `fn`. */
 ncclResult_t check_no_error_feedback(const char* fn, const qncclAllReduceConfig_t& config);
-/* ncclInvalidArgument unless the config rotates nothing (the collectives
- * but the allreduce do not rotate yet). */
+/* ncclInvalidArgument unless the config rotates nothing (sends and
+ * receives do not rotate yet). */
 ncclResult_t check_no_rotation(const char* fn, const qncclAllReduceConfig_t& config);
 /* The communicator checks of a call whose buffers hold a chunk of `count`
  * values (`count_name` in messages) per rank: non-NULL, of the real NCCL,

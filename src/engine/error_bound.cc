@@ -116,34 +116,33 @@ double error_bound(qncclAlgo_t algo, ncclDataType_t type, bool average,
   return (before + last + store_error(type, result_max)) * kDoubleMargin;
 }
 
-/* A rotated allreduce's bound (docs/rotation.md, "Error bound"), for
- * inputs at most A in magnitude, in blocks of at most b = 2^k values: a
- * rotated input is 2^-ceil(k/2) times a sum of b inputs, so at most
- * A' = 2^floor(k/2) A, and its float32 butterfly is off by at most
- * gamma_k A' (gamma_k = k u / (1 - k u) >= (1 + u)^k - 1). The call then
- * errs, in the rotated domain, by at most the unrotated float32 bound for
- * inputs of A' (1 + gamma_k) plus the ranks' forward roundings (avg: their
- * mean); rotating back maps a block's errors e to at most
- * 2^-floor(k/2) sum |e| <= 2^ceil(k/2) max |e| per value, and its own
- * butterfly adds gamma_k 2^ceil(k/2) Y for rotated results of at most Y.
- * The bound grows with the block, so the largest one a value can be in
- * bounds every value of the call. */
-double rotated_error_bound(qncclAlgo_t algo, ncclDataType_t type, bool average,
-                           const qncclCodecConfig_t& codec, int nranks, double a, size_t block) {
+/* A rotated call's bound (docs/rotation.md, "Error bound"), for inputs at
+ * most A in magnitude, in blocks of at most b = 2^k values: a rotated input
+ * is 2^-ceil(k/2) times a sum of b inputs, so at most A' = 2^floor(k/2) A,
+ * and its float32 butterfly is off by at most gamma_k A' (gamma_k =
+ * k u / (1 - k u) >= (1 + u)^k - 1). The call then errs, in the rotated
+ * domain, by at most inner(float32, A' (1 + gamma_k)), its unrotated bound
+ * for such inputs, plus the forward roundings of the `summed` ranks whose
+ * rotated inputs a result adds (avg: their mean); rotating back maps a
+ * block's errors e to at most 2^-floor(k/2) sum |e| <= 2^ceil(k/2) max |e|
+ * per value, and its own butterfly adds gamma_k 2^ceil(k/2) Y for rotated
+ * results of at most Y. The bound grows with the block, so the largest one
+ * a value can be in bounds every value of the call. */
+template <typename Inner>
+double rotated_bound(ncclDataType_t type, bool average, int summed, double a, size_t block,
+                     Inner inner) {
   int k = 0;
   while (((size_t)2 << k) <= block) k++;
-  const double n = nranks, gamma = k * kUnit / (1 - k * kUnit);
+  const double n = summed, terms = average ? 1 : n, gamma = k * kUnit / (1 - k * kUnit);
   if (!(ldexp(n * a, k) <= FLT_MAX)) return HUGE_VAL;  // a butterfly's sum could overflow
   const double rotated = ldexp(a, k / 2);  // A'
   // each rank's forward rotation: its butterfly, and its scale where the
   // result is subnormal (2^-149 at most)
-  const double forward =
-      (gamma * rotated + 0x1p-149) * (average ? 1 : n) * pow(1 + kUnit, n - 1);
-  const double inside =
-      error_bound(algo, ncclFloat32, average, codec, nranks, rotated * (1 + gamma)) + forward;
-  const double result = (average ? 1 : n) * rotated * (1 + gamma) * pow(1 + kUnit, n) + inside;
+  const double forward = (gamma * rotated + 0x1p-149) * terms * pow(1 + kUnit, n - 1);
+  const double inside = inner(ncclFloat32, rotated * (1 + gamma)) + forward;
+  const double result = terms * rotated * (1 + gamma) * pow(1 + kUnit, n) + inside;
   const double error = ldexp(inside + gamma * result, (k + 1) / 2) + 0x1p-149;
-  const double result_max = (average ? 1 : n) * a + error;
+  const double result_max = terms * a + error;
   return (error + store_error(type, result_max)) * kDoubleMargin;
 }
 
@@ -151,6 +150,28 @@ double rotated_error_bound(qncclAlgo_t algo, ncclDataType_t type, bool average,
  * the data type. */
 double direct_bound(ncclDataType_t type, const qncclCodecConfig_t& codec, double a) {
   return (quantization_alpha(codec) * a + kCodecTiny + store_error(type, a)) * kDoubleMargin;
+}
+
+/* The largest rotation block a value of a call can be in (0: none): the
+ * config's, or the largest power of two in the longest segment of a piece
+ * of `count` values if that is shorter. */
+size_t largest_block(const qncclAllReduceConfig_t& config, size_t count) {
+  const size_t block = rotation_block(config.codec);
+  if (block == 0 || count == 0) return 0;
+  const size_t longest = std::min(count, segment_values(config));
+  size_t largest = 1;
+  while (largest * 2 <= std::min(longest, block)) largest *= 2;
+  return largest;
+}
+
+/* The bound of a call of `type` on pieces of `count` values whose
+ * unrotated bound is inner(type, a) for inputs of magnitude at most a,
+ * rotated or not as `config` says (a result adds `summed` ranks' inputs). */
+template <typename Inner>
+double call_bound(const qncclAllReduceConfig_t& config, size_t count, ncclDataType_t type,
+                  bool average, int summed, double a, Inner inner) {
+  const size_t block = largest_block(config, count);
+  return block != 0 ? rotated_bound(type, average, summed, a, block, inner) : inner(type, a);
 }
 
 ncclResult_t check_bound_args(const char* fn, int nranks, double inputAbsMax, double* bound) {
@@ -184,16 +205,11 @@ ncclResult_t allreduce_error_bound(const char* fn, size_t count, ncclDataType_t 
                      "which nranks does not give; qnccl.emulate.allreduce(..., nodes=...) "
                      "reports it",
                      fn);
-  const size_t block = rotation_block(config->codec);
-  if (block != 0 && count > 0) {  // the largest block: of the longest segment, at most `block`
-    const size_t longest = std::min(count, segment_values(*config));
-    size_t largest = 1;
-    while (largest * 2 <= std::min(longest, block)) largest *= 2;
-    *bound = rotated_error_bound(algo, datatype, op == ncclAvg, config->codec, nranks,
-                                 inputAbsMax, largest);
-    return ncclSuccess;
-  }
-  *bound = error_bound(algo, datatype, op == ncclAvg, config->codec, nranks, inputAbsMax);
+  const bool average = op == ncclAvg;
+  *bound = call_bound(*config, count, datatype, average, nranks, inputAbsMax,
+                      [&](ncclDataType_t type, double a) {
+                        return error_bound(algo, type, average, config->codec, nranks, a);
+                      });
   return ncclSuccess;
 }
 
@@ -207,16 +223,25 @@ ncclResult_t collective_error_bound(const char* fn, qncclCollective_t collective
     case qncclCollReduceScatter: {
       QNCCL_CHECK(check_reduce_scatter_config(fn, count, datatype, op, config));
       QNCCL_CHECK(check_bound_args(fn, nranks, inputAbsMax, bound));
-      *bound = error_bound(reduce_scatter_algo(config->algo, nranks), datatype, op == ncclAvg,
-                           config->codec, nranks, inputAbsMax, false);
+      const qncclAlgo_t algo = reduce_scatter_algo(config->algo, nranks);
+      const bool average = op == ncclAvg;
+      *bound = call_bound(*config, count, datatype, average, nranks, inputAbsMax,
+                          [&](ncclDataType_t type, double a) {
+                            return error_bound(algo, type, average, config->codec, nranks, a,
+                                               false);
+                          });
       return ncclSuccess;
     }
     case qncclCollAllGather:
     case qncclCollAllToAll:
     case qncclCollSendRecv:
       QNCCL_CHECK(check_gather_config(fn, count, datatype, config));
+      if (collective == qncclCollSendRecv) QNCCL_CHECK(check_no_rotation(fn, *config));
       QNCCL_CHECK(check_bound_args(fn, nranks, inputAbsMax, bound));
-      *bound = direct_bound(datatype, config->codec, inputAbsMax);
+      *bound = call_bound(*config, count, datatype, false, 1, inputAbsMax,
+                          [&](ncclDataType_t type, double a) {
+                            return direct_bound(type, config->codec, a);
+                          });
       return ncclSuccess;
   }
   return set_error(ncclInvalidArgument,

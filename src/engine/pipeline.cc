@@ -28,6 +28,78 @@ void Segments::place(Segment& s, size_t g) const {
 
 namespace {
 
+/* What a rotated segment changes while its algorithm runs. */
+struct Domain {
+  const char* x;
+  char* y;
+  ncclDataType_t input_type, type;
+  size_t input_size, type_size, chunk_stride;
+};
+
+Domain domain_of(const Segment& s) {
+  return {s.x, s.y, s.input_type, s.type, s.input_size, s.type_size, s.chunk_stride};
+}
+
+void enter(Segment& s, const Domain& d) {
+  s.x = d.x;
+  s.y = d.y;
+  s.input_type = d.input_type;
+  s.type = d.type;
+  s.input_size = d.input_size;
+  s.type_size = d.type_size;
+  s.chunk_stride = d.chunk_stride;
+}
+
+/* docs/rotation.md, "Collectives": the segment's pieces are rotated into
+ * the workspace (N pieces of its `count` values, in rank order, or one),
+ * the algorithm runs there as a float32 call (in place where x and y share
+ * a piece, as the API allows), and the result's pieces are rotated back
+ * into the output; an all-to-all's own chunk is copied exactly instead. */
+ncclResult_t run_rotated(Segment& s, Algorithm run, Workspace& w) {
+  const size_t m = s.count;
+  const int n = s.nranks, r = s.rank;
+  const bool chunked = s.chunked_x || s.chunked_y;
+  float* z = w.rotated.data();
+  w.rotated.resize((chunked ? (size_t)n : 1) * m);
+  w.signs.resize(std::min(m, s.rotation));
+  const size_t own = chunked ? (size_t)r * m : 0;  // a single piece's place among N
+  std::vector<const void*> in;
+  std::vector<void*> out;
+  std::vector<float*> zin, zout;
+  for (int k = 0; k < n; k++) {
+    if (s.own_exact && k == r) continue;
+    if (s.chunked_x) {
+      in.push_back(s.input(s.piece(k)));
+      zin.push_back(z + (size_t)k * m);
+    }
+    if (s.chunked_y) {
+      out.push_back(s.output(s.piece(k)));
+      zout.push_back(z + (size_t)k * m);
+    }
+  }
+  if (!s.chunked_x) {
+    in.push_back(s.x);
+    zin.push_back(z + own);
+  }
+  if (!s.chunked_y) {
+    out.push_back(s.y);
+    zout.push_back(z + own);
+  }
+  const std::vector<size_t> counts((size_t)n, m);
+  s.rotate(in.data(), counts.data(), (int)in.size(), s.input_type, w.signs.data(), zin.data());
+  if (s.status != ncclSuccess) return s.status;
+  const Domain outside = domain_of(s);
+  enter(s, Domain{reinterpret_cast<const char*>(s.chunked_x ? z : z + own),
+                  reinterpret_cast<char*>(s.chunked_y ? z : z + own), ncclFloat32, ncclFloat32,
+                  sizeof(float), sizeof(float), chunked ? m : 0});
+  ncclResult_t res = run(s, w);
+  enter(s, outside);
+  QNCCL_CHECK(res);
+  if (s.own_exact) s.copy_own(s.piece(r));
+  s.unrotate(zout.data(), counts.data(), (int)out.size(), w.signs.data(), out.data(), s.type);
+  return s.status;
+}
+
 /* Segment g of the call: placed, then run. */
 ncclResult_t run_segment(Segment& s, const Segments& segs, size_t g, Algorithm run,
                          Workspace& w) {
@@ -36,33 +108,7 @@ ncclResult_t run_segment(Segment& s, const Segments& segs, size_t g, Algorithm r
     QNCCL_CHECK(run(s, w));
     return s.status;
   }
-  // docs/rotation.md: the algorithm runs in place on the segment rotated
-  // into the workspace, float32 in and out; the result is rotated back.
-  const char* x = s.x;
-  char* y = s.y;
-  const ncclDataType_t input_type = s.input_type, type = s.type;
-  const size_t input_size = s.input_size, type_size = s.type_size;
-  float* z = w.rotated.data();
-  w.rotated.resize(s.count);
-  w.signs.resize(std::min(s.count, s.rotation));
-  s.compute_steps->fetch_add(1, std::memory_order_relaxed);
-  QNCCL_CHECK(s.compute.rotate(s.compute, x, input_type, s.count, s.rotation, s.params.seed,
-                               w.signs.data(), z));
-  s.x = reinterpret_cast<const char*>(z);
-  s.y = reinterpret_cast<char*>(z);
-  s.input_type = s.type = ncclFloat32;
-  s.input_size = s.type_size = sizeof(float);
-  ncclResult_t res = run(s, w);
-  if (res == ncclSuccess) res = s.status;
-  s.x = x;
-  s.y = y;
-  s.input_type = input_type;
-  s.type = type;
-  s.input_size = input_size;
-  s.type_size = type_size;
-  QNCCL_CHECK(res);
-  s.compute_steps->fetch_add(1, std::memory_order_relaxed);
-  return s.compute.unrotate(s.compute, z, s.count, s.rotation, w.signs.data(), y, type);
+  return run_rotated(s, run, w);
 }
 
 }  // namespace

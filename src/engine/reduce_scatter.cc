@@ -18,7 +18,6 @@ ncclResult_t check_reduce_scatter_config(const char* fn, size_t recvcount, ncclD
                      "%s: algo = %d has no reduce-scatter; allowed: qncclAlgoAuto (0), "
                      "qncclAlgoRing (1), qncclAlgoSra (3)",
                      fn, (int)config->algo);
-  QNCCL_CHECK(check_no_rotation(fn, *config));
   return check_no_error_feedback(fn, *config);
 }
 
@@ -48,6 +47,7 @@ ncclResult_t run_reduce_scatter(const void* sendbuff, void* recvbuff, size_t rec
   return guarded_call("reduce-scatter", state, lockstep, lane, [&](Segment& s) {
     QNCCL_CHECK(begin_call(s, "reduce-scatter", comm, stream, config, datatype, op));
     s.chunk_stride = recvcount;
+    s.chunked_x = true;  // a rotation's pieces: the N chunks in, one out
     const qncclAlgo_t algo = reduce_scatter_algo(config.algo, s.nranks);
     const QuantizedCall call = {
         "reduce-scatter",

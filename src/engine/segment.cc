@@ -79,6 +79,7 @@ WorkspaceSize reduce_scatter_workspace_size(qncclAlgo_t algo, size_t recvcount,
   size.acc_values = values;
   const size_t slot = compressed_bytes(values, config.codec.bits, config.codec.bucketSize);
   size.wire_bytes = (algo == qncclAlgoSra ? 2 * (size_t)nranks : 2) * slot;
+  add_rotation(size, recvcount, config, (size_t)nranks);
   return size;
 }
 
@@ -97,11 +98,13 @@ WorkspaceSize hier_workspace_size(qncclAlgo_t inter, size_t count,
   return size;
 }
 
-void add_rotation(WorkspaceSize& size, size_t count, const qncclAllReduceConfig_t& config) {
+void add_rotation(WorkspaceSize& size, size_t count, const qncclAllReduceConfig_t& config,
+                  size_t pieces) {
   const size_t block = rotation_block(config.codec);
   if (block == 0) return;
-  size.rotated_values = std::min(count, segment_values(config));
-  size.sign_values = std::min(size.rotated_values, block);
+  const size_t segment = std::min(count, segment_values(config));
+  size.rotated_values = pieces * segment;
+  size.sign_values = std::min(segment, block);
 }
 
 void Workspace::assign(void* base, const WorkspaceSize& size, size_t lane) {
@@ -214,6 +217,18 @@ void Segment::store_result(float* acc) {
 void Segment::copy_own(Range r) {
   if (status == ncclSuccess && input(r) != output(r))
     record(compute.copy(compute, input(r), output(r), r.size() * type_size));
+}
+
+void Segment::rotate(const void* const* srcs, const size_t* counts, int n, ncclDataType_t t,
+                     uint32_t* signs, float* const* zs) {
+  if (status == ncclSuccess && n > 0)
+    record(compute.rotate(compute, srcs, counts, n, t, rotation, params.seed, signs, zs));
+}
+
+void Segment::unrotate(float* const* zs, const size_t* counts, int n, const uint32_t* signs,
+                       void* const* dsts, ncclDataType_t t) const {
+  if (status == ncclSuccess && n > 0)
+    record(compute.unrotate(compute, zs, counts, n, rotation, signs, dsts, t));
 }
 
 void Segment::encode_pieces(const std::vector<Piece>& pieces) {

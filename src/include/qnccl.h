@@ -220,8 +220,11 @@ ncclResult_t qncclAllReduceWorkspaceSize(size_t count, ncclDataType_t datatype,
  * exact[i] is the sum (or average) of the inputs in exact arithmetic. Covers
  * the quantizations and every float32 rounding on the way, the final
  * rounding to float16/bfloat16 included, for both rounding modes
- * (docs/allreduce.md, "Error bound"). It depends on count only through the
- * algorithm auto picks. *bound is +infinity when a partial sum or the result
+ * (docs/allreduce.md, "Error bound"); a rotated config's bound
+ * (docs/rotation.md, "Error bound") is a worst case about 2^ceil(k/2) times
+ * larger, k = log2 of the largest rotation block a value can be in. It
+ * depends on count only through the algorithm auto picks and, rotated, that
+ * block. *bound is +infinity when a partial sum or the result
  * could overflow its type (the call may then return infinities or NaNs).
  * Fails for config->errorFeedback = 1: a call then also returns earlier
  * calls' residuals, so no bound follows from its inputs alone (the sum over
@@ -306,7 +309,9 @@ typedef struct {
  * reductions; config->algo as the call resolves it) when every input is
  * finite and in [-inputAbsMax, inputAbsMax]. A reduce-scatter's is the
  * allreduce's without the owner's final quantization; an allgather's,
- * all-to-all's or send's is one quantization and the store into the type. */
+ * all-to-all's or send's is one quantization and the store into the type;
+ * rotated (not for sends, which do not rotate yet), each is bounded in the
+ * rotated domain and mapped back as qncclAllReduceErrorBound's. */
 ncclResult_t qncclCollectiveErrorBound(qncclCollective_t collective, size_t count,
                                        ncclDataType_t datatype, ncclRedOp_t op,
                                        const qncclAllReduceConfig_t* config, int nranks,

@@ -18,10 +18,16 @@ alltoall       (allgather: sendbuff = recvbuff + rank * sendcount; all-to-all: s
                recvbuff) or not, interleaved with reduce-scatters and allreduces: bit for bit
                qnccl.emulate.allgather / alltoall; every allgather output is the same bytes
                on every rank.
+rotated        the three kinds interleaved with a Hadamard rotation (docs/rotation.md): the
+               same shapes (tails that are not a whole block, several segments, counts 0
+               and 1), types, roundings, ops, in place or not, bits, lanes and specials,
+               blocks 2..4096: bit for bit the emulator's rotation="hadamard"; an
+               all-to-all's own chunk still exact.
 counts         the compute steps and real NCCL groups one call of one segment costs each
                rank (qncclCommGetStats): reduce-scatter ring and SRA x sum/avg, allgather,
-               all-to-all in place and not, against docs/collectives.md; each call also
-               matches the emulator.
+               all-to-all in place and not, each also rotated (two steps more: the
+               rotation of the pieces in and of the pieces out), against
+               docs/collectives.md; each call also matches the emulator.
 interposed     ncclReduceScatter, ncclAllGather, ncclAlltoAll and ncclAllReduce through
                libqnccl's interposed entry points under the QNCCL_* environment of the job:
                the collectives QNCCL_COLLECTIVES names, bit for bit the emulator at
@@ -40,7 +46,8 @@ policy         (QNCCL_COLLECTIVES=none) a communicator's own policy through qncc
                (qnccl.comm.quantization), 0 (exact) and None (the environment again), what
                get_quantization reports, and bad arguments' messages.
 misuse         reduce-scatter: algo tree or hier, op ncclMax; allgather and all-to-all: algo
-               other than auto; all three: errorFeedback 1, overlapping buffers that are
+               other than auto; all three: errorFeedback 1, a rotation block that is not a
+               power of two, overlapping buffers that are
                not in place: ncclInvalidArgument naming the argument and what is allowed,
                on every rank, without counting as a call (a valid stochastic call then
                matches the emulator's call 0).
@@ -110,6 +117,8 @@ def emulated(kind, inputs, case, call, bits=None):
     kw = dict(bits=case.bits if bits is None else bits, bucket_size=case.bucket,
               rounding=case.rounding, seed=case.seed, call=call,
               segment_values=case.segment_values, dtype=case.dtype)
+    if case.rotation_block:
+        kw.update(rotation="hadamard", rotation_block=case.rotation_block)
     if kind == "ar":
         return emulate.allreduce(inputs, algo=case.algo, op=case.op, **kw)
     if kind == "rs":
@@ -154,8 +163,9 @@ SHAPES = [(0, 128, 0), (1, 128, 0), (300, 128, 0), (7919, 64, 0), (5003, 128, 96
           (1000, 1, 0)]
 
 
-def mixed_cases(kind, algos, seed):
-    """kind's calls over SHAPES x algos x types with varied settings, other kinds between."""
+def mixed_cases(kind, algos, seed, blocks=(0,)):
+    """kind's calls over SHAPES x algos x types with varied settings, other kinds between;
+    rotation blocks (0: none) rotate through the calls of `kind`."""
     rng = np.random.default_rng(seed)
     calls = []
     for i, ((count, bucket, seg), algo, dtype) in enumerate(itertools.product(
@@ -163,14 +173,16 @@ def mixed_cases(kind, algos, seed):
         case = Case(algo, dtype, count, rounding=("stochastic", "nearest")[i % 2],
                     op=("sum", "avg")[i // 2 % 2], inplace=i % 3 == 1,
                     bits=int(rng.integers(1, 9)), bucket=bucket, segment_values=seg,
-                    seed=int(rng.integers(0, 2**64, dtype=np.uint64)), lanes=1 + (i % 4 == 3))
+                    seed=int(rng.integers(0, 2**64, dtype=np.uint64)), lanes=1 + (i % 4 == 3),
+                    rotation_block=blocks[i % len(blocks)])
         calls.append((kind, case))
         if i % 7 == 0:  # the call counter is shared by every kind
             calls.append(("ar", Case("sra", dtype, 3000, seed=i, bucket=bucket)))
         if i % 5 == 2 and kind != "rs":
             calls.append(("rs", Case("auto", dtype, 500, seed=i, bucket=bucket)))
     for algo in algos:  # NaN and Inf: their buckets decode to NaN, the rest stays
-        calls.append((kind, Case(algo, "float32", 700, data="special", seed=7, bucket=32)))
+        calls.append((kind, Case(algo, "float32", 700, data="special", seed=7, bucket=32,
+                                 rotation_block=max(blocks))))
     return calls
 
 
@@ -192,18 +204,32 @@ def alltoall(comm, failures):
     return len(calls)
 
 
+ROTATION_BLOCKS = (256, 2, 64, 4096, 8, 1024, 16)
+
+
+def rotated(comm, failures):
+    calls = (mixed_cases("rs", ("ring", "sra"), 20261128, ROTATION_BLOCKS)
+             + mixed_cases("ag", ("auto",), 20261129, ROTATION_BLOCKS[3:] + ROTATION_BLOCKS[:3])
+             + mixed_cases("a2a", ("auto",), 20261130, ROTATION_BLOCKS[5:] + ROTATION_BLOCKS[:5]))
+    run(comm, calls, failures)
+    return len(calls)
+
+
 def expected_counts(kind, case):
-    """(compute steps, groups) of one call of one segment (docs/collectives.md)."""
+    """(compute steps, groups) of one call of one segment (docs/collectives.md); a rotated
+    one rotates its pieces in and back out in one step each (docs/rotation.md), but an
+    all-to-all alone, whose one chunk is its own, copied exactly."""
     n = NRANKS
+    rotation = 2 * (case.rotation_block > 0 and (kind != "a2a" or n > 1))
     if kind == "ag":  # the encode, the decodes of all N pieces
-        return 2, n - 1
+        return 2 + rotation, n - 1
     if kind == "a2a":  # the N-1 encodes in one step, the copy (not in place), the decodes
-        return 2 * (n > 1) + (not case.inplace), n - 1
+        return 2 * (n > 1) + (not case.inplace) + rotation, n - 1
     if case.algo == "sra":  # the N-1 encodes in one step (none alone), the reduction, the store
         steps = (1 if n > 1 else 0) + 2
     else:  # N-1 hops of encode and reduction (alone: the widening), the store
         steps = 2 * (n - 1) + (1 if n == 1 else 0) + 1
-    return steps + (case.op == "avg"), n - 1
+    return steps + (case.op == "avg") + rotation, n - 1
 
 
 def counts(comm, failures):
@@ -213,6 +239,7 @@ def counts(comm, failures):
     cases += [("ag", Case("auto", "float32", 4096, seed=44)),
               ("a2a", Case("auto", "float32", 4096, seed=45)),
               ("a2a", Case("auto", "float32", 4096, seed=46, inplace=True))]
+    cases += [(kind, dataclasses.replace(case, rotation_block=64)) for kind, case in cases]
     for i, (kind, case) in enumerate(cases):
         before = qnccl.comm.stats(comm)
         run(comm, [(kind, case)], failures, first_call=i)
@@ -244,9 +271,8 @@ def misuse(comm, failures):
              "errorFeedback = 1; error feedback applies to allreduce only: pass 0")
             for kind in ("rs", "ag", "a2a")]
     bad += [(kind, Case("auto", "float32", n), "rotation",
-             "codec.rotation = 1: only the allreduce rotates yet (docs/rotation.md); allowed "
-             "here: qncclRotationNone (0)")
-            for kind in ("rs", "ag", "a2a")]
+             "rotationBlock = 48; allowed: 0 (the default, 256) or a power of two from 2 to "
+             "16384") for kind in ("rs", "ag", "a2a")]
     lines = []
     for kind, case, op, want in bad:
         x = rank_input(whole(kind, case), RANK)
@@ -255,6 +281,7 @@ def misuse(comm, failures):
         config.errorFeedback = op == "feedback"
         if op == "rotation":
             config.codec.rotation = lib.qncclRotationHadamard
+            config.codec.rotationBlock = 48
         args = [ffi.from_buffer(send), ffi.from_buffer(recv), n, lib.ncclFloat32]
         if kind == "rs":
             args.append(lib.ncclMax if op == "max" else lib.ncclSum)
@@ -560,13 +587,14 @@ def dtype_name(values):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("program", choices=("reducescatter", "allgather", "alltoall", "counts",
-                                            "misuse", "interposed", "sendrecv", "policy"))
+    parser.add_argument("program", choices=("reducescatter", "allgather", "alltoall", "rotated",
+                                            "counts", "misuse", "interposed", "sendrecv",
+                                            "policy"))
     args = parser.parse_args()
     comm = init_comm()
     failures = Failures()
     programs = {"reducescatter": reducescatter, "allgather": allgather, "alltoall": alltoall,
-                "counts": counts, "misuse": misuse, "interposed": interposed,
+                "rotated": rotated, "counts": counts, "misuse": misuse, "interposed": interposed,
                 "sendrecv": sendrecv, "policy": policy}
     return finish(comm, failures, args.program, programs[args.program](comm, failures))
 
