@@ -46,9 +46,11 @@ ifneq ($(strip $(SANITIZE)),)
   ifeq ($(SIMDEV_SANITIZED),)
     CUDA := 0
   endif
-  # a report needs files and lines only: line tables (-g1) compile a fifth faster than -g
-  CXXFLAGS := $(patsubst -g,-g1,$(CXXFLAGS)) -fsanitize=$(SANITIZE) -fno-sanitize-recover=all \
-              -fno-omit-frame-pointer
+  # a report needs files and lines only: line tables (-g1) compile a fifth faster than -g;
+  # -O1, as the sanitizers' documentation advises, compiles the host codec's instantiations
+  # three times faster than -O3
+  CXXFLAGS := $(patsubst -O3,-O1,$(patsubst -g,-g1,$(CXXFLAGS))) -fsanitize=$(SANITIZE) \
+              -fno-sanitize-recover=all -fno-omit-frame-pointer
   SAN_LDFLAGS := -fsanitize=$(SANITIZE)
 endif
 # -Bsymbolic-functions: calls between our own exported functions stay inside

@@ -35,8 +35,9 @@ SIMDEV_KFLAGS := -std=c++17 -O2 -g1 -fPIC -ffp-contract=off -fno-fast-math \
                  -DQNCCL_WITH_CUDA $(SIMDEV_INCLUDES) -Isrc/include -Isrc
 ifneq ($(strip $(SANITIZE)),)
   # (saturating conversions are defined on the GPU: UBSan must not call them overflow)
-  SIMDEV_KFLAGS += -fsanitize=$(SANITIZE) -fno-sanitize=float-cast-overflow \
-                   -fno-sanitize-recover=all -fno-omit-frame-pointer
+  SIMDEV_KFLAGS := $(patsubst -O2,-O1,$(SIMDEV_KFLAGS)) -fsanitize=$(SANITIZE) \
+                   -fno-sanitize=float-cast-overflow -fno-sanitize-recover=all \
+                   -fno-omit-frame-pointer
 endif
 SIMDEV_CUDART_REAL = $(CUDA_ROOT)/cuda_runtime/lib/libcudart.so.12
 
