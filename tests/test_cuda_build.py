@@ -66,8 +66,10 @@ KERNELS = {
        for m in ("store", "accumulate")}
     | {f"qnccl_{k}_{t}_{b}" for k in ("reduce", "decode_many") for t in TYPES
        for b in range(1, 9)},
-    "engine": {f"qnccl_{k}_{t}" for k in ("widen", "narrow") for t in TYPES}
-    | {"qnccl_divide", "qnccl_residual", "qnccl_set_calls", "qnccl_take_call"},
+    "engine": {f"qnccl_{k}_{t}" for k in ("widen", "narrow", "rotate", "unrotate",
+                                           "unrotate_stage") for t in TYPES}
+    | {"qnccl_divide", "qnccl_residual", "qnccl_set_calls", "qnccl_take_call",
+       "qnccl_rotation_masks", "qnccl_rotate_stage"},
 }
 
 

@@ -10,6 +10,7 @@ there.
   of test_allreduce.py) on 1, 2, 3, 4 and 8 ranks; the hierarchical algorithm on two
   emulated nodes; error feedback call after call;
 - reduce-scatter, allgather and all-to-all, and quantized grouped sends and receives;
+- rotated (docs/rotation.md): the allreduce, error feedback and the other collectives;
 - the interposer: a plain NCCL program's collectives under a policy, PyTorch's
   ProcessGroupNCCL pattern (nonblocking communicators, watchdog, coalesced buckets,
   PreMulSum, abort), an FSDP step of a C program of the CUDA runtime API;
@@ -78,10 +79,22 @@ def test_communicators_count_their_own_calls():
     run_check(3, "allreduce_check.py", "calls")
 
 
-def test_rotation_on_device_buffers_is_refused_alike_on_every_rank():
-    """docs/rotation.md: the kernels do not rotate yet; every rank answers ncclInvalidUsage
-    with a message before anything is issued, and the next call is the communicator's first."""
-    run_check(3, "allreduce_check.py", "rotated")
+@pytest.mark.parametrize("nprocs", [1, 3, 4])
+def test_rotated_allreduce(nprocs):
+    """docs/rotation.md on the device: test_allreduce.py's rotated matrix (every algorithm
+    and type, tails that are not a whole block, blocks of 2 to 16384: those past a warp's
+    tile of 1024 take their stages across tiles), bit for bit the emulator."""
+    run_check(nprocs, "allreduce_check.py", "rotated")
+
+
+@pytest.mark.parametrize("nprocs", [2, 5])
+def test_rotated_collectives(nprocs):
+    run_check(nprocs, "collectives_check.py", "rotated")
+
+
+def test_rotated_error_feedback():
+    """Residuals in the rotated domain, in device memory, call after call."""
+    run_check(3, "error_feedback_check.py", "rotated")
 
 
 @pytest.mark.parametrize("nprocs", [2, 4])

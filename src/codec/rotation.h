@@ -58,8 +58,14 @@ QNCCL_HD float rotation_scale(size_t size, bool forward) {
   int k = 0;
   while (((size_t)1 << k) < size) ++k;
   const int e = forward ? (k + 1) / 2 : k / 2;
-  return 1.0f / (float)(1u << e);  // exact: a power of two, e <= 7 for blocks <= 2^14
+  return bits_float((uint32_t)(127 - e) << 23);  // 2^-e, from its exponent: no division
 }
+
+/* The device's rotation (engine/compute_kernels.cu): a warp takes a tile of
+ * this many values through shared memory, eight warps to a CUDA block; the
+ * stages of larger blocks run one launch each. */
+constexpr size_t kDeviceRotationTile = 1024;
+constexpr unsigned kDeviceRotationWarps = 8;
 
 /* Values per tile of a rotated host quantize or dequantize of `count`
  * values in buckets of `bucket` and blocks of `block`: whole blocks, whole

@@ -119,14 +119,6 @@ ncclResult_t run_on_device(Segment& s, int device, const QuantizedCall& c, CommS
                      "must be",
                      c.what, (uintptr_t)sendbuff % s.type_size != 0 ? "sendbuff" : "recvbuff",
                      s.type_size);
-  if (s.rotation != 0) {
-    s.refused = true;  // before anything is issued or counted
-    return set_error(ncclInvalidUsage,
-                     "quantized %s: a rotation (codec.rotation = qncclRotationHadamard) on "
-                     "device buffers is not in this build yet; pass host buffers, or "
-                     "qncclRotationNone",
-                     c.what);
-  }
   DeviceScope scope;  // the buffers' device, for the call
   QNCCL_CHECK(scope.enter(c.what, device));
   // Before any NCCL work of the call (a communicator the interposer adopted

@@ -14,6 +14,7 @@
 
 #include "codec/codec_math.h"
 #include "codec/cuda_module.h"
+#include "codec/rotation.h"
 #include "common/error.h"
 #include "engine/comm_state.h"
 #include "engine/compute.h"
@@ -87,8 +88,9 @@ ncclResult_t reduce(const Compute& c, const void* src, size_t n, ncclDataType_t 
 /* Launches qnccl_<kernel>_<type> over n values with `args`, once `buffer`
  * (`which`, of `type` elements) is known to be aligned to them. */
 template <class... Args>
-ncclResult_t launch_typed(const char* kernel, ncclDataType_t type, const void* buffer,
-                          const char* which, size_t n, cudaStream_t stream, Args... args) {
+ncclResult_t launch_typed_grid(const char* kernel, ncclDataType_t type, const void* buffer,
+                               const char* which, unsigned grid, cudaStream_t stream,
+                               Args... args) {
   ncclResult_t res = ncclInvalidArgument;
   dispatch_float_type(type, [&](auto t) {
     using Type = decltype(t);
@@ -98,9 +100,15 @@ ncclResult_t launch_typed(const char* kernel, ncclDataType_t type, const void* b
     }
     char name[32];
     snprintf(name, sizeof name, "qnccl_%s_%s", kernel, Type::kName);
-    res = launch(name, blocks_for(n), stream, args...);
+    res = launch(name, grid, stream, args...);
   });
   return res;
+}
+
+template <class... Args>
+ncclResult_t launch_typed(const char* kernel, ncclDataType_t type, const void* buffer,
+                          const char* which, size_t n, cudaStream_t stream, Args... args) {
+  return launch_typed_grid(kernel, type, buffer, which, blocks_for(n), stream, args...);
 }
 
 ncclResult_t widen(const Compute& c, const void* src, size_t n, ncclDataType_t type,
@@ -134,17 +142,58 @@ ncclResult_t residual(const Compute& c, const float* v, float* e, size_t n, floa
               launch("qnccl_residual", blocks_for(n), c.stream, v, e, n, scale));
 }
 
-/* The rotation's kernels are not written yet: a rotated call on device
- * buffers is refused before it issues anything (run_on_device), so these
- * are never reached; they fail rather than compute wrong bytes. */
-ncclResult_t rotate(const Compute&, const void* const*, const size_t*, int, ncclDataType_t, size_t,
-                    uint64_t, uint32_t*, float* const*) {
-  return set_error(ncclInvalidUsage, "a rotation on device buffers is not in this build yet");
+/* docs/rotation.md (compute_kernels.cu): the table of sign masks first, as
+ * the host makes it; then per piece a kernel runs every stage below a
+ * warp's tile, and one launch each the stages of blocks larger than that. */
+unsigned rotation_grid(size_t n) {
+  const size_t tiles = (n + kDeviceRotationTile - 1) / kDeviceRotationTile;
+  const size_t blocks = (tiles + kDeviceRotationWarps - 1) / kDeviceRotationWarps;
+  return (unsigned)(blocks < kMaxBlocks ? blocks : kMaxBlocks);
 }
 
-ncclResult_t unrotate(const Compute&, float* const*, const size_t*, int, size_t, const uint32_t*,
-                      void* const*, ncclDataType_t) {
-  return set_error(ncclInvalidUsage, "a rotation on device buffers is not in this build yet");
+ncclResult_t rotate(const Compute& c, const void* const* srcs, const size_t* counts, int n,
+                    ncclDataType_t type, size_t block, uint64_t seed, uint32_t* signs,
+                    float* const* zs) {
+  size_t largest = 0;
+  for (int i = 0; i < n; i++) largest = counts[i] > largest ? counts[i] : largest;
+  const size_t masks = largest < block ? largest : block;
+  if (masks == 0) return ncclSuccess;
+  QNCCL_CHECK(step("rotating on the device",
+                   launch("qnccl_rotation_masks", blocks_for(masks), c.stream, signs, masks,
+                          seed)));
+  const uint32_t* table = signs;
+  for (int i = 0; i < n; i++) {
+    const size_t m = counts[i];
+    if (m == 0) continue;
+    float* z = zs[i];
+    QNCCL_CHECK(step("rotating on the device",
+                     launch_typed_grid("rotate", type, srcs[i], "input", rotation_grid(m),
+                                       c.stream, srcs[i], m, block, table, z)));
+    for (size_t h = kDeviceRotationTile; h < rotation_block_at(0, m, block); h *= 2)
+      QNCCL_CHECK(step("rotating on the device",
+                       launch("qnccl_rotate_stage", blocks_for(m / 2), c.stream, z, m, block,
+                              table, h)));
+  }
+  return ncclSuccess;
+}
+
+ncclResult_t unrotate(const Compute& c, float* const* zs, const size_t* counts, int n,
+                      size_t block, const uint32_t* signs, void* const* dsts,
+                      ncclDataType_t type) {
+  for (int i = 0; i < n; i++) {
+    const size_t m = counts[i];
+    if (m == 0) continue;
+    float* z = zs[i];
+    void* out = dsts[i];
+    QNCCL_CHECK(step("rotating back on the device",
+                     launch_typed_grid("unrotate", type, out, "output", rotation_grid(m),
+                                       c.stream, z, m, block, signs, out)));
+    for (size_t h = kDeviceRotationTile; h < rotation_block_at(0, m, block); h *= 2)
+      QNCCL_CHECK(step("rotating back on the device",
+                       launch_typed("unrotate_stage", type, out, "output", m / 2, c.stream, z,
+                                    m, block, signs, h, out)));
+  }
+  return ncclSuccess;
 }
 
 }  // namespace

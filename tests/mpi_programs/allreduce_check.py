@@ -363,32 +363,18 @@ def rotated_cases():
         cases.append(Case(algo, dtype, 4099, ("nearest", "stochastic")[i % 2], ("sum", "avg")[
             i // 2 % 2], inplace=bool(i % 3), bits=4, bucket=32, seed=5000 + i, data="special",
                           rotation_block=256))
+    # the largest block: two whole ones, then tails of 4096, 2048, 1024, 512 and 7 smaller
+    # (on the device, blocks past a warp's tile of 1024 take stages across tiles)
+    for i, dtype in enumerate(("float32", "float16")):
+        cases.append(Case(("ring", "sra")[i], dtype, 2 * 16384 + 7807, "stochastic",
+                          ("sum", "avg")[i], bits=3, seed=5100 + i, rotation_block=16384))
     return cases
 
 
 def rotated(comm, failures):
     cases = rotated_cases()
-    if MEMORY.device_mode:
-        return refused_on_device(comm, failures, cases[4])
     run_cases(comm, cases, failures)
     return len(cases)
-
-
-def refused_on_device(comm, failures, case):
-    """The kernels do not rotate yet: a rotated call on device buffers fails on every rank
-    alike with ncclInvalidUsage and a message, before anything is issued or counted, and the
-    communicator goes on (the next call is call 0)."""
-    result, message, _, _ = call_allreduce(comm, case, rank_input(case, RANK))
-    lines = []
-    if (result != lib.ncclInvalidUsage
-            or "on device buffers is not in this build yet" not in message):
-        lines.append(f"returned {result} ({message!r}); expected ncclInvalidUsage saying a "
-                     f"rotation on device buffers is not in this build yet")
-    for rank, rank_lines in enumerate(COMM.gather(lines, root=0) or []):
-        for line in rank_lines:
-            failures.add(f"{case} rank {rank}", line)
-    run_cases(comm, [dataclasses.replace(case, rotation_block=0)], failures, first_call=0)
-    return 2
 
 
 def check_auto_algo(failures):
@@ -560,10 +546,7 @@ def hier_cases():
     for i, dtype in enumerate(("float32", "float16", "bfloat16")):
         cases.append(Case("auto", dtype, 40000 + i, op=("sum", "avg")[i % 2], seed=4000 + i))
     # Rotated (docs/rotation.md): the stages run on the rotated float32 values, the exact
-    # one inside a node too, whatever the buffers' type. Host buffers: the kernels do not
-    # rotate yet (rotated() checks the refusal on device buffers).
-    if MEMORY.device_mode:
-        return cases
+    # one inside a node too, whatever the buffers' type.
     rotated_shapes = [(7919, 100, 0), (5003, 64, 1000), (301, 16, 0)]
     for i, (inter, dtype, intra) in enumerate(
             itertools.product(("ring", "tree", "sra"), ("float32", "float16", "bfloat16"),
