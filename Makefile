@@ -226,8 +226,9 @@ setup:
 	@bash scripts/setup.sh
 
 # Both build on every core first (the CUDA and per-ISA objects are slow alone). The tests
-# run a file per worker, JOBS (at least 2) at a time: most of them wait on MPI ranks, which
-# leaves a core idle; those marked serial (they assert times) then run alone.
+# run a file per worker, JOBS (at least 2) at a time, the longest files first
+# (tests/conftest.py): most of them wait on MPI ranks, which leaves a core idle; those
+# marked serial (they assert times) then run alone.
 TEST_WORKERS = $(shell echo $$(( $(JOBS) > 2 ? $(JOBS) : 2 )))
 # (each phase's end time in the log: CI's whole run must stay under 40 minutes)
 test: setup
@@ -235,7 +236,8 @@ test: setup
 	@$(MAKE) --no-print-directory -j$(JOBS) all
 	@$(MAKE) --no-print-directory simdev
 	@date '+make test: %T builds done'
-	$(PYTHON) -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=25 -m "not serial" tests
+	$(PYTHON) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25 \
+	  -m "not serial" tests
 	$(PYTHON) -m pytest -m serial tests
 	@date '+make test: %T tests done'
 	@$(MAKE) --no-print-directory sanitize

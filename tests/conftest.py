@@ -35,7 +35,19 @@ def cuda_device_count():
     return count.value
 
 
+# `make test` runs a file per worker, two at a time, in the collected order (--dist loadfile
+# --no-loadscope-reorder). These files take minutes each (MPI jobs on the simulated GPU,
+# training runs, wheel builds, long transfers), longest first: started first, they cannot
+# leave one worker running alone after the other has run out of files.
+LONGEST_FILES = ("test_simdev_engine.py", "test_accuracy_bench.py", "test_package.py",
+                 "test_collectives.py", "test_host_backend.py", "test_allreduce.py",
+                 "test_torch_perf.py", "test_codec.py", "test_bench.py", "test_perf.py")
+
+
 def pytest_collection_modifyitems(config, items):
+    # a stable sort: each file's tests stay together and in their order
+    items.sort(key=lambda item: (LONGEST_FILES.index(item.path.name)
+                                 if item.path.name in LONGEST_FILES else len(LONGEST_FILES)))
     gpu_items = [item for item in items if "gpu" in item.keywords]
     if gpu_items and cuda_device_count() == 0:
         skip = pytest.mark.skip(reason="needs a CUDA device")
