@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from . import __version__, _native
+from .emulate import rotation
 from .comm import COLLECTIVES
 
 REPO = _native.SOURCE_TREE  # the benchmarks and perf binaries are the source tree's
@@ -57,6 +58,19 @@ def _rotation_block(text):
         raise argparse.ArgumentTypeError(
             f"a power of two from {rotation.MIN_BLOCK} to {rotation.MAX_BLOCK}, got {text!r}")
     return block
+
+
+def power_of_two_in(low, high):
+    """argparse type: a power of two in [low, high]."""
+    parse_int = int_in(low, high)
+
+    def parse(text):
+        value = parse_int(text)
+        if value & (value - 1):
+            raise argparse.ArgumentTypeError(f"must be a power of two in {low}..{high}, got "
+                                             f"{text!r}")
+        return value
+    return parse
 
 
 def int_in(low, high=None):
@@ -109,6 +123,12 @@ RUN_OPTIONS = (
                                                 help="values per bucket, >= 1 (default 128)")),
     ("--rounding", "QNCCL_ROUNDING", dict(choices=("stochastic", "nearest"),
                                           help="default stochastic")),
+    ("--rotation", "QNCCL_ROTATION", dict(choices=("none", "hadamard"),
+                                          help="default none; hadamard: rotated buckets "
+                                               "(docs/rotation.md)")),
+    ("--rotation-block", "QNCCL_ROTATION_BLOCK", dict(
+        type=power_of_two_in(rotation.MIN_BLOCK, rotation.MAX_BLOCK), metavar="N",
+        help="values per rotation block, a power of two 2..16384 (default 256)")),
     ("--algo", "QNCCL_ALGO", dict(choices=("auto", "rule", "ring", "tree", "sra", "hier"),
                                   help="default auto: measured, exact or quantized and the "
                                        "algorithm per size (docs/tuning.md); rule: fixed "
@@ -307,6 +327,7 @@ def nccl_wheel():
 
 
 _ROUNDING_NAMES = {0: "nearest", 1: "stochastic"}
+_ROTATION_NAMES = {0: "none", 1: "hadamard"}
 _ALGO_NAMES = {0: "auto", 1: "ring", 2: "tree", 3: "sra", 4: "hier"}
 _DEBUG_NAMES = {0: "WARN", 1: "INFO", 2: "TRACE"}
 
@@ -319,6 +340,8 @@ def describe_env_config(config):
             else _ALGO_NAMES.get(allreduce.algo, allreduce.algo))
     return (f"bits={allreduce.codec.bits} bucket={allreduce.codec.bucketSize} "
             f"rounding={_ROUNDING_NAMES.get(allreduce.codec.rounding, allreduce.codec.rounding)} "
+            f"rotation={_ROTATION_NAMES.get(allreduce.codec.rotation, allreduce.codec.rotation)} "
+            f"rotation_block={allreduce.codec.rotationBlock or rotation.DEFAULT_BLOCK} "
             f"algo={algo} "
             f"inter_algo={_ALGO_NAMES.get(allreduce.interAlgo, allreduce.interAlgo)} "
             f"intra_bits={allreduce.intraBits} lanes={allreduce.lanes} "

@@ -53,8 +53,9 @@ def test_rotated_collectives_match_the_emulator(nprocs):
 def test_steps_and_groups_per_call(nprocs):
     """One segment: reduce-scatter SRA 3 compute steps (encode of the N-1 pieces,
     reduction, store) and ring 2(N-1) + 1, avg one more; allgather 2 (encode, decodes);
-    all-to-all 3 (encodes, copy of its own chunk, decodes), 2 in place; a rotated call two
-    more (its pieces rotated in and back out; an all-to-all alone rotates nothing); N - 1
+    all-to-all 3 (encodes, copy of its own chunk, decodes), 2 in place; a rotated call three
+    more (the signs' table, its pieces rotated in and back out; an all-to-all alone rotates
+    nothing); N - 1
     real NCCL groups each, on every rank."""
     run_check(nprocs, "counts")
 
@@ -66,7 +67,9 @@ def test_steps_and_groups_per_call(nprocs):
     {"QNCCL_COLLECTIVES": "reducescatter,allgather,alltoall", "QNCCL_ALLGATHER_BITS": "8",
      "QNCCL_ALLTOALL_BITS": "3"},
     {"QNCCL_COLLECTIVES": "none"},
-], ids=["default", "both-rs3", "reducescatter-only", "fsdp-ag8-a2a3", "none"])
+    {"QNCCL_COLLECTIVES": "allreduce,reducescatter,allgather,alltoall",
+     "QNCCL_ROTATION": "hadamard", "QNCCL_ROTATION_BLOCK": "64"},
+], ids=["default", "both-rs3", "reducescatter-only", "fsdp-ag8-a2a3", "none", "rotated"])
 def test_interposed_collectives_follow_the_policy(policy):
     """A plain NCCL program's ncclReduceScatter, ncclAllGather, ncclAlltoAll and
     ncclAllReduce through libqnccl: the collectives QNCCL_COLLECTIVES names are bit for bit
@@ -90,6 +93,15 @@ def test_quantized_sends_and_receives_match_the_emulator(nprocs):
     sends to one peer in a group with an allreduce, and lone sends between pairs of ranks,
     are emulate.sendrecv; calls below QNCCL_MIN_BYTES and to itself stay exact."""
     run_check(nprocs, "sendrecv", env={"QNCCL_COLLECTIVES": "sendrecv,allreduce"})
+
+
+@pytest.mark.parametrize("nprocs", [2, 3, 8])
+def test_rotated_sends_and_receives_match_the_emulator(nprocs):
+    """The same under QNCCL_ROTATION=hadamard (blocks of 64): each message's segments rotated
+    by the sender, rotated back by the receiver (docs/rotation.md), bit for bit the
+    emulator's rotation="hadamard"."""
+    run_check(nprocs, "sendrecv", env={"QNCCL_COLLECTIVES": "sendrecv,allreduce",
+                                       "QNCCL_ROTATION": "hadamard", "QNCCL_ROTATION_BLOCK": "64"})
 
 
 def test_sends_and_receives_outside_the_policy_are_exact():

@@ -417,7 +417,8 @@ def env_config(capi):
     return cli.describe_env_config(config)
 
 
-DEFAULTS = ("bits=4 bucket=128 rounding=stochastic algo=auto inter_algo=auto intra_bits=0 "
+DEFAULTS = ("bits=4 bucket=128 rounding=stochastic rotation=none rotation_block=256 algo=auto "
+            "inter_algo=auto intra_bits=0 "
             "lanes=0 segment_values=0 min_bytes=65536 seed=0 warmup=0 enable=1 error_feedback=0 "
             f"error_feedback_max_bytes={4 << 30} debug=WARN "
             "collectives=allreduce")
@@ -434,6 +435,10 @@ def test_default_configuration(capi):
     ("QNCCL_BUCKET_SIZE", "1", "bucket=1"),
     ("QNCCL_BUCKET_SIZE", "4096", "bucket=4096"),
     ("QNCCL_ROUNDING", "nearest", "rounding=nearest"),
+    ("QNCCL_ROTATION", "hadamard", "rotation=hadamard"),
+    ("QNCCL_ROTATION", "none", "rotation=none"),
+    ("QNCCL_ROTATION_BLOCK", "2", "rotation_block=2"),
+    ("QNCCL_ROTATION_BLOCK", "16K", f"rotation_block={16 << 10}"),
     ("QNCCL_ALGO", "auto", "algo=auto"),
     ("QNCCL_ALGO", "rule", "algo=rule"),
     ("QNCCL_ALGO", "sra", "algo=sra"),
@@ -490,6 +495,8 @@ ALLOWED = {
     "QNCCL_BITS": r"1 ?\.\. ?8",
     "QNCCL_BUCKET_SIZE": r">= ?1",
     "QNCCL_ROUNDING": r"stochastic.*nearest|nearest.*stochastic",
+    "QNCCL_ROTATION": r"none or hadamard",
+    "QNCCL_ROTATION_BLOCK": r"a power of two from 2 to 16384",
     "QNCCL_ALGO": r"auto.*ring.*tree.*sra.*hier",
     "QNCCL_INTER_ALGO": r"auto.*ring.*tree.*sra",
     "QNCCL_INTRA_BITS": r"0 \(exact\) or 1\.\.8",
@@ -517,6 +524,8 @@ ALLOWED = {
     ("QNCCL_BITS", "-1"),
     ("QNCCL_BUCKET_SIZE", "0"), ("QNCCL_BUCKET_SIZE", "-5"), ("QNCCL_BUCKET_SIZE", "12abc"),
     ("QNCCL_ROUNDING", "round"),
+    ("QNCCL_ROTATION", "walsh"), ("QNCCL_ROTATION_BLOCK", "0"), ("QNCCL_ROTATION_BLOCK", "1"),
+    ("QNCCL_ROTATION_BLOCK", "48"), ("QNCCL_ROTATION_BLOCK", "32K"),
     ("QNCCL_ALGO", "butterfly"),
     ("QNCCL_INTER_ALGO", "hier"), ("QNCCL_INTER_ALGO", "fast"),
     ("QNCCL_INTRA_BITS", "9"), ("QNCCL_INTRA_BITS", "-1"), ("QNCCL_INTRA_BITS", "exact"),
@@ -555,6 +564,7 @@ def test_run_flags_set_the_variables():
     """Each flag sets its variable (overriding the environment), values in the
     library's syntax; variables without a flag pass through untouched."""
     args = parse_run("--bits", "3", "--bucket-size", "256", "--rounding", "nearest",
+                     "--rotation", "hadamard", "--rotation-block", "1024",
                      "--algo", "tree", "--inter-algo", "ring", "--intra-bits", "6",
                      "--lanes", "3", "--segment-values", "64K", "--collectives", "allreduce,reducescatter",
                      "--allreduce-bits", "5", "--reducescatter-bits", "2",
@@ -567,7 +577,7 @@ def test_run_flags_set_the_variables():
     assert args.cmd == ["--", "prog", "--bits", "7"]
     assert {k: v for k, v in env.items() if k.startswith("QNCCL_")} == {
         "QNCCL_BITS": "3", "QNCCL_BUCKET_SIZE": "256", "QNCCL_ROUNDING": "nearest",
-        "QNCCL_ALGO": "tree", "QNCCL_INTER_ALGO": "ring", "QNCCL_INTRA_BITS": "6",
+        "QNCCL_ROTATION": "hadamard", "QNCCL_ROTATION_BLOCK": "1024", "QNCCL_ALGO": "tree", "QNCCL_INTER_ALGO": "ring", "QNCCL_INTRA_BITS": "6",
         "QNCCL_LANES": "3", "QNCCL_SEGMENT_VALUES": "65536", "QNCCL_COLLECTIVES": "allreduce,reducescatter",
         "QNCCL_ALLREDUCE_BITS": "5", "QNCCL_REDUCESCATTER_BITS": "2",
         "QNCCL_ALLGATHER_BITS": "8", "QNCCL_ALLTOALL_BITS": "6", "QNCCL_SENDRECV_BITS": "1",
@@ -587,6 +597,9 @@ def test_run_flags_set_the_variables():
     (["--bucket-size", "0"], r"--bucket-size: must be an integer >= 1"),
     (["--rounding", "up"], r"--rounding: invalid choice: 'up' \(choose from '?stochastic'?, "
                            r"'?nearest'?\)"),
+    (["--rotation", "walsh"], r"--rotation: invalid choice: 'walsh'"),
+    (["--rotation-block", "48"], r"--rotation-block: must be a power of two in 2\.\.16384"),
+    (["--rotation-block", "1"], r"--rotation-block: must be an integer in 2\.\.16384"),
     (["--algo", "butterfly"], r"--algo: invalid choice: 'butterfly' \(choose from '?auto'?, "
                               r"'?rule'?, '?ring'?, '?tree'?, '?sra'?, '?hier'?\)"),
     (["--inter-algo", "hier"], r"--inter-algo: invalid choice: 'hier'"),

@@ -92,6 +92,13 @@ def test_rotated_collectives(nprocs):
     run_check(nprocs, "collectives_check.py", "rotated")
 
 
+def test_rotated_sends_and_receives():
+    """Interposed under QNCCL_ROTATION=hadamard: sends rotated on the device, receives
+    rotated back there."""
+    run_check(3, "collectives_check.py", "sendrecv", QNCCL_COLLECTIVES="sendrecv,allreduce",
+              QNCCL_ROTATION="hadamard", QNCCL_ROTATION_BLOCK="2048")
+
+
 def test_rotated_error_feedback():
     """Residuals in the rotated domain, in device memory, call after call."""
     run_check(3, "error_feedback_check.py", "rotated")

@@ -11,6 +11,8 @@ const char* name(Var var) {
     case Var::kBits: return "QNCCL_BITS";
     case Var::kBucketSize: return "QNCCL_BUCKET_SIZE";
     case Var::kRounding: return "QNCCL_ROUNDING";
+    case Var::kRotation: return "QNCCL_ROTATION";
+    case Var::kRotationBlock: return "QNCCL_ROTATION_BLOCK";
     case Var::kAlgo: return "QNCCL_ALGO";
     case Var::kInterAlgo: return "QNCCL_INTER_ALGO";
     case Var::kIntraBits: return "QNCCL_INTRA_BITS";

@@ -12,6 +12,8 @@ enum class Var {
   kBits,              // QNCCL_BITS
   kBucketSize,        // QNCCL_BUCKET_SIZE
   kRounding,          // QNCCL_ROUNDING
+  kRotation,          // QNCCL_ROTATION: none | hadamard (docs/rotation.md)
+  kRotationBlock,     // QNCCL_ROTATION_BLOCK: values per rotation block
   kAlgo,              // QNCCL_ALGO
   kInterAlgo,         // QNCCL_INTER_ALGO: hierarchical, between nodes
   kIntraBits,         // QNCCL_INTRA_BITS: hierarchical, inside a node (0: exact)

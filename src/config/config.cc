@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -56,6 +57,19 @@ ncclResult_t read_unsigned(Var var, uint64_t lo, uint64_t hi, bool suffixes, con
   return ncclSuccess;
 }
 
+/* QNCCL_ROTATION_BLOCK: a power of two in the codec's range. */
+ncclResult_t read_rotation_block(size_t* out) {
+  char allowed[96];
+  snprintf(allowed, sizeof allowed, "a power of two from %d to %d (values per rotation block)",
+           QNCCL_MIN_ROTATION_BLOCK, QNCCL_MAX_ROTATION_BLOCK);
+  uint64_t v = *out;
+  QNCCL_CHECK(read_unsigned(Var::kRotationBlock, QNCCL_MIN_ROTATION_BLOCK,
+                            QNCCL_MAX_ROTATION_BLOCK, true, allowed, &v));
+  if ((v & (v - 1)) != 0) return bad(Var::kRotationBlock, env::get(Var::kRotationBlock), allowed);
+  *out = (size_t)v;
+  return ncclSuccess;
+}
+
 template <class Enum>
 ncclResult_t read_choice(Var var, const char* const* names, const char* allowed, Enum* out) {
   const char* text = env::get(var);
@@ -67,6 +81,7 @@ ncclResult_t read_choice(Var var, const char* const* names, const char* allowed,
 }
 
 const char* const kRoundings[] = {"nearest", "stochastic", nullptr};
+const char* const kRotations[] = {"none", "hadamard", nullptr};  // qncclRotation_t's order
 const char* const kAlgos[] = {"auto", "ring", "tree", "sra", "hier", nullptr};
 /* QNCCL_ALGO's words: kAlgos, then "rule" (auto by its fixed rules, unmeasured). */
 const char* const kAlgoWords[] = {"auto", "ring", "tree", "sra", "hier", "rule", nullptr};
@@ -162,6 +177,9 @@ ncclResult_t config_from_env(qncclEnvConfig_t* config) {
   c.allreduce.codec.bucketSize = (size_t)v;
   QNCCL_CHECK(read_choice(Var::kRounding, kRoundings, "stochastic or nearest",
                           &c.allreduce.codec.rounding));
+  QNCCL_CHECK(read_choice(Var::kRotation, kRotations, "none or hadamard",
+                          &c.allreduce.codec.rotation));
+  QNCCL_CHECK(read_rotation_block(&c.allreduce.codec.rotationBlock));
   int algo = (int)c.allreduce.algo;
   QNCCL_CHECK(read_choice(Var::kAlgo, kAlgoWords, "auto, rule, ring, tree, sra or hier", &algo));
   c.allreduce.algo = algo == kRuleWord ? qncclAlgoAuto : (qncclAlgo_t)algo;

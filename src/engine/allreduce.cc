@@ -302,15 +302,6 @@ ncclResult_t check_no_error_feedback(const char* fn, const qncclAllReduceConfig_
                    "%s: errorFeedback = 1; error feedback applies to allreduce only: pass 0", fn);
 }
 
-ncclResult_t check_no_rotation(const char* fn, const qncclAllReduceConfig_t& config) {
-  if (config.codec.rotation == qncclRotationNone) return ncclSuccess;
-  return set_error(ncclInvalidArgument,
-                   "%s: codec.rotation = %d: sends and receives do not rotate yet "
-                   "(docs/rotation.md); "
-                   "allowed here: qncclRotationNone (0)",
-                   fn, (int)config.codec.rotation);
-}
-
 ncclResult_t check_chunked_comm(const char* fn, ncclComm_t comm, size_t count,
                                 const char* count_name, int* nranks, int* rank) {
   if (comm == nullptr) return set_error(ncclInvalidArgument, "%s: comm is NULL", fn);

@@ -60,16 +60,18 @@ struct Compute {
   /* Error feedback's capture: `e` holds D(Q(v)) on entry and gets
    * (v[i] - e[i]) * scale in float32, or 0 where that is not finite. */
   ncclResult_t (*residual)(const Compute& c, const float* v, float* e, size_t n, float scale);
+  /* signs[j] = the sign mask of value j of a segment (docs/rotation.md) with
+   * the signs of `seed`, j < n: the table rotate() and unrotate() read. */
+  ncclResult_t (*rotation_signs)(const Compute& c, uint64_t seed, size_t n, uint32_t* signs);
   /* zs[i] = the forward rotation of srcs[i] (counts[i] values of `type`, a
    * piece of one segment: docs/rotation.md) in blocks of `block` with the
-   * signs of `seed`, float32, for i < n, in one step; `signs`: working
-   * memory of min(largest count, block) masks, which it leaves there. */
+   * table `signs` (min(largest count, block) masks), float32, for i < n, in
+   * one step. */
   ncclResult_t (*rotate)(const Compute& c, const void* const* srcs, const size_t* counts, int n,
-                         ncclDataType_t type, size_t block, uint64_t seed, uint32_t* signs,
+                         ncclDataType_t type, size_t block, const uint32_t* signs,
                          float* const* zs);
   /* dsts[i] (`type`) = the inverse rotation of zs[i] (counts[i] values,
-   * which it overwrites) for i < n, in one step, with the signs rotate()
-   * left in `signs` for the same block and seed. */
+   * which it overwrites) for i < n, in one step, with the same table. */
   ncclResult_t (*unrotate)(const Compute& c, float* const* zs, const size_t* counts, int n,
                            size_t block, const uint32_t* signs, void* const* dsts,
                            ncclDataType_t type);

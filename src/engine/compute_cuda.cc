@@ -142,37 +142,38 @@ ncclResult_t residual(const Compute& c, const float* v, float* e, size_t n, floa
               launch("qnccl_residual", blocks_for(n), c.stream, v, e, n, scale));
 }
 
-/* docs/rotation.md (compute_kernels.cu): the table of sign masks first, as
- * the host makes it; then per piece a kernel runs every stage below a
- * warp's tile, and one launch each the stages of blocks larger than that. */
+/* docs/rotation.md (compute_kernels.cu): the table of sign masks, as the
+ * host makes it; per piece a kernel runs every stage below a warp's tile,
+ * and one launch each the stages of blocks larger than that. */
+static_assert(kBlockThreads == 32 * kDeviceRotationWarps,
+              "compute_kernels.cu's rotation gives each warp of a block its tile");
+
 unsigned rotation_grid(size_t n) {
   const size_t tiles = (n + kDeviceRotationTile - 1) / kDeviceRotationTile;
   const size_t blocks = (tiles + kDeviceRotationWarps - 1) / kDeviceRotationWarps;
   return (unsigned)(blocks < kMaxBlocks ? blocks : kMaxBlocks);
 }
 
+ncclResult_t rotation_signs(const Compute& c, uint64_t seed, size_t n, uint32_t* signs) {
+  if (n == 0) return ncclSuccess;
+  return step("making the rotation's signs on the device",
+              launch("qnccl_rotation_masks", blocks_for(n), c.stream, signs, n, seed));
+}
+
 ncclResult_t rotate(const Compute& c, const void* const* srcs, const size_t* counts, int n,
-                    ncclDataType_t type, size_t block, uint64_t seed, uint32_t* signs,
+                    ncclDataType_t type, size_t block, const uint32_t* signs,
                     float* const* zs) {
-  size_t largest = 0;
-  for (int i = 0; i < n; i++) largest = counts[i] > largest ? counts[i] : largest;
-  const size_t masks = largest < block ? largest : block;
-  if (masks == 0) return ncclSuccess;
-  QNCCL_CHECK(step("rotating on the device",
-                   launch("qnccl_rotation_masks", blocks_for(masks), c.stream, signs, masks,
-                          seed)));
-  const uint32_t* table = signs;
   for (int i = 0; i < n; i++) {
     const size_t m = counts[i];
     if (m == 0) continue;
     float* z = zs[i];
     QNCCL_CHECK(step("rotating on the device",
                      launch_typed_grid("rotate", type, srcs[i], "input", rotation_grid(m),
-                                       c.stream, srcs[i], m, block, table, z)));
+                                       c.stream, srcs[i], m, block, signs, z)));
     for (size_t h = kDeviceRotationTile; h < rotation_block_at(0, m, block); h *= 2)
       QNCCL_CHECK(step("rotating on the device",
                        launch("qnccl_rotate_stage", blocks_for(m / 2), c.stream, z, m, block,
-                              table, h)));
+                              signs, h)));
   }
   return ncclSuccess;
 }
@@ -199,9 +200,9 @@ ncclResult_t unrotate(const Compute& c, float* const* zs, const size_t* counts, 
 }  // namespace
 
 Compute device_compute(cudaStream_t stream) {
-  return Compute{"device", nullptr, stream, quantize, quantize_many, dequantize, decode_many,
-                 reduce,   widen,   divide, narrow,   copy,          residual,   rotate,
-                 unrotate};
+  return Compute{"device",    nullptr,  stream,   quantize, quantize_many, dequantize,
+                 decode_many, reduce,   widen,    divide,   narrow,        copy,
+                 residual,    rotation_signs,     rotate,   unrotate};
 }
 
 ncclResult_t stream_capturing(int device, cudaStream_t stream, bool* capturing) {

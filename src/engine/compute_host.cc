@@ -82,12 +82,14 @@ ncclResult_t residual(const Compute&, const float* v, float* e, size_t n, float 
   return ncclSuccess;
 }
 
+ncclResult_t rotation_signs(const Compute&, uint64_t seed, size_t n, uint32_t* signs) {
+  rotation_masks(rotation_key(seed), n, signs);
+  return ncclSuccess;
+}
+
 ncclResult_t rotate(const Compute& c, const void* const* srcs, const size_t* counts, int n,
-                    ncclDataType_t type, size_t block, uint64_t seed, uint32_t* signs,
+                    ncclDataType_t type, size_t block, const uint32_t* signs,
                     float* const* zs) {
-  size_t largest = 0;
-  for (int i = 0; i < n; i++) largest = std::max(largest, counts[i]);
-  rotation_masks(rotation_key(seed), std::min(largest, block), signs);
   for (int i = 0; i < n; i++) c.codec->rotate(srcs[i], type, counts[i], block, signs, zs[i]);
   return ncclSuccess;
 }
@@ -104,9 +106,9 @@ ncclResult_t unrotate(const Compute& c, float* const* zs, const size_t* counts, 
 ncclResult_t host_compute(Compute* compute) {
   const HostCodec* codec;
   QNCCL_CHECK(host_codec(&codec));
-  *compute = Compute{"host",   codec,  nullptr, quantize, quantize_many, dequantize, decode_many,
-                     reduce,   widen,  divide,  narrow,   copy,          residual,   rotate,
-                     unrotate};
+  *compute = Compute{"host",         codec,    nullptr,  quantize, quantize_many, dequantize,
+                     decode_many,    reduce,   widen,    divide,   narrow,        copy,
+                     residual,       rotation_signs,     rotate,   unrotate};
   return ncclSuccess;
 }
 

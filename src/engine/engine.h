@@ -153,7 +153,7 @@ class Segment {
   /* docs/rotation.md: a rotated call's block (0: none). Each segment's
    * pieces are rotated into the workspace, the algorithm runs on them as
    * float32, and the result's pieces are rotated back into the output
-   * (run_segment). x and y each hold one piece (an allreduce's buffers, a
+   * (run_rotated, pipeline.cc). x and y each hold one piece (an allreduce's buffers, a
    * reduce-scatter's output, an allgather's input) or the N chunks of
    * chunk_stride values (`chunked_x`: a reduce-scatter's and an
    * all-to-all's input; `chunked_y`: an allgather's and an all-to-all's
@@ -211,12 +211,14 @@ class Segment {
   /* output(r) = input(r) bit for bit (an all-to-all's own chunk); nothing
    * when they are the same memory (in place). */
   void copy_own(Range r);
-  /* docs/rotation.md: zs[i] = the rotation of srcs[i] (counts[i] values of
-   * `type`) for i < n, in one step, leaving the signs' masks of the block
-   * (min(largest count, rotation) of them) in `signs`; unrotate() is its
-   * inverse, storing into dsts[i] in `type`. */
+  /* docs/rotation.md: rotation_signs() makes the table of the first n sign
+   * masks (n: the largest piece's count, at most `rotation`), one step;
+   * rotate() sets zs[i] = the rotation of srcs[i] (counts[i] values of
+   * `type`) with it for i < n, one step; unrotate() is its inverse, storing
+   * into dsts[i] in `type`. */
+  void rotation_signs(size_t n, uint32_t* signs);
   void rotate(const void* const* srcs, const size_t* counts, int n, ncclDataType_t type,
-              uint32_t* signs, float* const* zs);
+              const uint32_t* signs, float* const* zs);
   void unrotate(float* const* zs, const size_t* counts, int n, const uint32_t* signs,
                 void* const* dsts, ncclDataType_t type) const;
   /* A piece of some buffer of a point-to-point call: `count` values of
@@ -311,7 +313,7 @@ struct WorkspaceSize {
   size_t acc_values = 0;
   size_t fed_input_values = 0;  // error feedback: Segment::fed_input
   size_t stage_values = 0;      // hierarchical: a stage's float32 result
-  size_t rotated_values = 0;    // a rotated call: its segment, rotated (docs/rotation.md)
+  size_t rotated_values = 0;    // a rotated call: its pieces, rotated (docs/rotation.md)
   size_t sign_values = 0;       // and the signs' masks of one block
   size_t wire_bytes = 0;
   size_t lanes = 1;             // pipelined segments: one workspace per lane
@@ -536,9 +538,6 @@ ncclResult_t guarded_call(const char* what, CommState& state, Lockstep* lockstep
 /* A reduce-scatter's, allgather's or all-to-all's config asking for error
  * feedback: an error naming `fn`. */
 ncclResult_t check_no_error_feedback(const char* fn, const qncclAllReduceConfig_t& config);
-/* ncclInvalidArgument unless the config rotates nothing (sends and
- * receives do not rotate yet). */
-ncclResult_t check_no_rotation(const char* fn, const qncclAllReduceConfig_t& config);
 /* The communicator checks of a call whose buffers hold a chunk of `count`
  * values (`count_name` in messages) per rank: non-NULL, of the real NCCL,
  * and not too many values for its ranks; gives its shape. */

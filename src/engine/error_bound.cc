@@ -236,7 +236,6 @@ ncclResult_t collective_error_bound(const char* fn, qncclCollective_t collective
     case qncclCollAllToAll:
     case qncclCollSendRecv:
       QNCCL_CHECK(check_gather_config(fn, count, datatype, config));
-      if (collective == qncclCollSendRecv) QNCCL_CHECK(check_no_rotation(fn, *config));
       QNCCL_CHECK(check_bound_args(fn, nranks, inputAbsMax, bound));
       *bound = call_bound(*config, count, datatype, false, 1, inputAbsMax,
                           [&](ncclDataType_t type, double a) {

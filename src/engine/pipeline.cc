@@ -59,8 +59,8 @@ ncclResult_t run_rotated(Segment& s, Algorithm run, Workspace& w) {
   const size_t m = s.count;
   const int n = s.nranks, r = s.rank;
   const bool chunked = s.chunked_x || s.chunked_y;
-  float* z = w.rotated.data();
   w.rotated.resize((chunked ? (size_t)n : 1) * m);
+  float* z = w.rotated.data();
   w.signs.resize(std::min(m, s.rotation));
   const size_t own = chunked ? (size_t)r * m : 0;  // a single piece's place among N
   std::vector<const void*> in;
@@ -86,6 +86,8 @@ ncclResult_t run_rotated(Segment& s, Algorithm run, Workspace& w) {
     zout.push_back(z + own);
   }
   const std::vector<size_t> counts((size_t)n, m);
+  if (!in.empty())  // (an all-to-all on one rank rotates nothing: its own chunk is copied)
+    s.rotation_signs(std::min(m, s.rotation), w.signs.data());
   s.rotate(in.data(), counts.data(), (int)in.size(), s.input_type, w.signs.data(), zin.data());
   if (s.status != ncclSuccess) return s.status;
   const Domain outside = domain_of(s);

@@ -219,10 +219,15 @@ void Segment::copy_own(Range r) {
     record(compute.copy(compute, input(r), output(r), r.size() * type_size));
 }
 
-void Segment::rotate(const void* const* srcs, const size_t* counts, int n, ncclDataType_t t,
-                     uint32_t* signs, float* const* zs) {
+void Segment::rotation_signs(size_t n, uint32_t* signs) {
   if (status == ncclSuccess && n > 0)
-    record(compute.rotate(compute, srcs, counts, n, t, rotation, params.seed, signs, zs));
+    record(compute.rotation_signs(compute, params.seed, n, signs));
+}
+
+void Segment::rotate(const void* const* srcs, const size_t* counts, int n, ncclDataType_t t,
+                     const uint32_t* signs, float* const* zs) {
+  if (status == ncclSuccess && n > 0)
+    record(compute.rotate(compute, srcs, counts, n, t, rotation, signs, zs));
 }
 
 void Segment::unrotate(float* const* zs, const size_t* counts, int n, const uint32_t* signs,

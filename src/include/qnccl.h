@@ -310,8 +310,8 @@ typedef struct {
  * finite and in [-inputAbsMax, inputAbsMax]. A reduce-scatter's is the
  * allreduce's without the owner's final quantization; an allgather's,
  * all-to-all's or send's is one quantization and the store into the type;
- * rotated (not for sends, which do not rotate yet), each is bounded in the
- * rotated domain and mapped back as qncclAllReduceErrorBound's. */
+ * rotated, each is bounded in the rotated domain and mapped back as
+ * qncclAllReduceErrorBound's. */
 ncclResult_t qncclCollectiveErrorBound(qncclCollective_t collective, size_t count,
                                        ncclDataType_t datatype, ncclRedOp_t op,
                                        const qncclAllReduceConfig_t* config, int nranks,

@@ -570,7 +570,6 @@ ncclResult_t point_to_point(bool send, void* buffer, size_t count, ncclDataType_
       return fail(ncclInvalidArgument);
     }
     if (check_gather_config(fn, count, type, &d.config) != ncclSuccess ||
-        check_no_rotation(fn, d.config) != ncclSuccess ||
         check_buffers(fn, buffer, 0, buffer, count * float_type_size(type), buffer, "itself") !=
             ncclSuccess)
       return fail(ncclInvalidArgument);

@@ -15,6 +15,7 @@
 #include <sstream>
 #include <thread>
 
+#include "codec/codec.h"
 #include "config/config.h"
 #include "engine/report.h"
 #include "shim/shim.h"
@@ -194,12 +195,12 @@ std::string tune_file_key(qncclCollective_t kind, ncclDataType_t type, int size_
   char key[320];
   snprintf(key, sizeof key,
            "%s %s class=%d ranks=%d nodes=%d local=%d memory=%s bits=%d bucket=%zu rounding=%s "
-           "feedback=%d inter=%s intra=%d lanes=%d segment=%zu",
+           "feedback=%d inter=%s intra=%d lanes=%d segment=%zu rotation=%zu",
            collective_word(kind), short_type_name(type), size_class, ranks, nodes, local_ranks,
            device ? "device" : "host", config.codec.bits, config.codec.bucketSize,
            rounding_name(config.codec.rounding), config.errorFeedback,
            algo_name(config.interAlgo), config.intraBits, config.lanes,
-           config.segmentValues);
+           config.segmentValues, rotation_block(config.codec));
   return key;
 }
 

@@ -496,9 +496,9 @@ def calls(comm, failures):
 
 def expected_counts(algo, op, rank, nranks, rotated=False):
     """(compute steps, groups) of one call of one segment whose chunks all hold values, on
-    `rank` (docs/allreduce.md, "Steps per call"); a rotated call rotates the segment in and
-    out: two steps more (docs/rotation.md)."""
-    n, avg, rotation = nranks, op == "avg", 2 * rotated
+    `rank` (docs/allreduce.md, "Steps per call"); a rotated call makes the signs' table and
+    rotates the segment in and out: three steps more (docs/rotation.md)."""
+    n, avg, rotation = nranks, op == "avg", 3 * rotated
     if algo == "ring":  # n-1 steps of encode and reduce; the result; n-1 decodes
         return 2 * (n - 1) + 2 + avg + (n - 1) + rotation, 2 * (n - 1)
     if algo == "sra":  # one encode of the n-1 chunks; one reduce; the result; one decode

@@ -25,11 +25,12 @@ rotated        the three kinds interleaved with a Hadamard rotation (docs/rotati
                all-to-all's own chunk still exact.
 counts         the compute steps and real NCCL groups one call of one segment costs each
                rank (qncclCommGetStats): reduce-scatter ring and SRA x sum/avg, allgather,
-               all-to-all in place and not, each also rotated (two steps more: the
-               rotation of the pieces in and of the pieces out), against
+               all-to-all in place and not, each also rotated (three steps more: the
+               signs' table, the rotation of the pieces in and of the pieces out), against
                docs/collectives.md; each call also matches the emulator.
 interposed     ncclReduceScatter, ncclAllGather, ncclAlltoAll and ncclAllReduce through
-               libqnccl's interposed entry points under the QNCCL_* environment of the job:
+               libqnccl's interposed entry points under the QNCCL_* environment of the job
+               (QNCCL_ROTATION and QNCCL_ROTATION_BLOCK included):
                the collectives QNCCL_COLLECTIVES names, bit for bit the emulator at
                QNCCL_<NAME>_BITS (else QNCCL_BITS), also inside a group of all four kinds on
                two communicators at once; the others, and calls below QNCCL_MIN_BYTES,
@@ -217,10 +218,11 @@ def rotated(comm, failures):
 
 def expected_counts(kind, case):
     """(compute steps, groups) of one call of one segment (docs/collectives.md); a rotated
-    one rotates its pieces in and back out in one step each (docs/rotation.md), but an
-    all-to-all alone, whose one chunk is its own, copied exactly."""
+    one makes the signs' table and rotates its pieces in and back out, one step each
+    (docs/rotation.md), but an all-to-all alone, whose one chunk is its own, copied
+    exactly."""
     n = NRANKS
-    rotation = 2 * (case.rotation_block > 0 and (kind != "a2a" or n > 1))
+    rotation = 3 * (case.rotation_block > 0 and (kind != "a2a" or n > 1))
     if kind == "ag":  # the encode, the decodes of all N pieces
         return 2 + rotation, n - 1
     if kind == "a2a":  # the N-1 encodes in one step, the copy (not in place), the decodes
@@ -320,6 +322,14 @@ def misuse(comm, failures):
     return len(bad) + len(overlaps) + 1
 
 
+def env_rotation():
+    """The rotation block the job's QNCCL_ROTATION and QNCCL_ROTATION_BLOCK ask for (0:
+    none)."""
+    if os.environ.get("QNCCL_ROTATION", "none") != "hadamard":
+        return 0
+    return int(os.environ.get("QNCCL_ROTATION_BLOCK", "256"))
+
+
 def interposed(comm, failures):
     """Calls through libqnccl's ncclReduceScatter/ncclAllGather/ncclAlltoAll/ncclAllReduce
     (what LD_PRELOAD gives a plain NCCL program), checked against the emulator or the real
@@ -376,7 +386,8 @@ def interposed(comm, failures):
                     inputs = [rank_input(whole(kind, case), r) for r in range(NRANKS)]
                     own = int(os.environ.get(f"QNCCL_{name.upper()}_BITS", bits))
                     env = dataclasses.replace(case, bucket=128, seed=0, rounding="stochastic",
-                                              segment_values=0)  # the QNCCL_* defaults
+                                              segment_values=0,  # the QNCCL_* defaults
+                                              rotation_block=env_rotation())
                     expected = emulated(kind, inputs, env, calls[c], bits=own)
                     wants = [bits_of(e).tobytes() for e in expected]
                 else:
@@ -398,6 +409,8 @@ def sendrecv(comm, failures):
     bits = int(os.environ.get("QNCCL_SENDRECV_BITS", os.environ.get("QNCCL_BITS", "4")))
     min_bytes = int(os.environ.get("QNCCL_MIN_BYTES", 64 << 10))
     kw = dict(bits=bits, bucket_size=128, rounding="stochastic", seed=0)
+    if env_rotation():
+        kw.update(rotation="hadamard", rotation_block=env_rotation())
     right, left = (RANK + 1) % NRANKS, (RANK - 1) % NRANKS
     p2p_calls = 0  # this rank's quantized point-to-point calls so far
     checked = 0
