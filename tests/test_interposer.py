@@ -252,7 +252,8 @@ def test_info_lines(preloaded):
     and its statistics at ncclCommDestroy."""
     output = preloaded.output
     configs = re.findall(
-        rf"{INFO}/{NRANKS}: bits=4 bucket=64 rounding=stochastic algo=rule inter_algo=auto "
+        rf"{INFO}/{NRANKS}: bits=4 bucket=64 rounding=stochastic rotation=none "
+        rf"rotation_block=256 algo=rule inter_algo=auto "
         rf"intra_bits=0 lanes=0 segment_values=0 min_bytes={MIN_BYTES} "
         rf"seed={SEED} warmup=0 error_feedback=0 error_feedback_max_bytes={4 << 30} enable=1 "
         rf"collectives=allreduce nccl=(\S+)$",

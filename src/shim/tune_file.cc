@@ -71,7 +71,7 @@ class FileLock {
 bool key_well_formed(const std::string& key) {
   static const char* const fields[] = {"class=", "ranks=", "nodes=", "local=", "memory=",
                                        "bits=", "bucket=", "rounding=", "feedback=", "inter=",
-                                       "intra=", "lanes=", "segment="};
+                                       "intra=", "lanes=", "segment=", "rotation="};
   std::istringstream in(key);
   std::string collective, type, word;
   if (!(in >> collective >> type)) return false;

@@ -316,7 +316,7 @@ def others_section():
 TUNE_COUNT = 4096  # 16 KiB of float32: size class 14
 TUNE_KEY = (f"allreduce float32 class=14 ranks=4 nodes=1 local=4 "
             f"memory={'device' if MEMORY.device_mode else 'host'} bits=4 bucket=128 "
-            f"rounding=stochastic feedback=0 inter=auto intra=0 lanes=0 segment=0")
+            f"rounding=stochastic feedback=0 inter=auto intra=0 lanes=0 segment=0 rotation=0")
 HEADER = "qnccl-tune-file 1 libqnccl "
 
 
