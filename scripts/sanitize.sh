@@ -6,7 +6,9 @@
 # backend in build/simdev-asan/product); `make sanitize` builds them first. pytest and every
 # MPI rank preload the sanitizer's runtime (Python itself is not instrumented; mpirun does
 # not); a report fails its process, so the test fails with the report in its output. Each
-# runs a test file per worker, two at a time (pytest-xdist), as `make test` does.
+# runs its tests two at a time (pytest-xdist), the tests, not the files, going to the workers:
+# a few long tests make these selections (under ThreadSanitizer the hierarchical one takes
+# half the run), and a file per worker left one worker idle behind them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-.venv/bin/python}
@@ -24,7 +26,7 @@ run() {  # run BUILD LIBRARY PRELOAD PYTEST-ARGS...: BUILD's host backend and he
   echo "[sanitize] $library: ${*}"
   QNCCL_TEST_BUILD=$PWD/$build QNCCL_TEST_RANK_PRELOAD=$preload LD_PRELOAD=$preload \
     QNCCL_LIB=$PWD/$library QNCCL_CDEF=$PWD/$build/include/qnccl_cdef.h \
-    "$PYTHON" -m pytest -p no:cacheprovider -q -n 2 --dist loadfile "$@"
+    "$PYTHON" -m pytest -p no:cacheprovider -q -n 2 --dist load "$@"
 }
 
 # ThreadSanitizer: nonblocking communicators (progress and watchdog threads,
@@ -32,7 +34,8 @@ run() {  # run BUILD LIBRARY PRELOAD PYTEST-ARGS...: BUILD's host backend and he
 # groups over two communicators in lock-step), a fault on one rank, the
 # pipelined segments of hierarchical and flat calls (lanes on their own
 # threads, moving together or in turn), groups of every quantized collective
-# on two communicators, a group's quantized sends and receives.
+# on two communicators, a group's quantized sends and receives. The longest first
+# (the hierarchical matrix, then the process groups), so that neither worker ends alone.
 # Open MPI's races are suppressed by the frames of its libraries (scripts/tsan.supp),
 # among them its copies into a request's buffer, made on whichever thread drives
 # MPI's progress: the owner frees or reads the buffer after MPI_Test said done, a
@@ -44,7 +47,7 @@ run() {  # run BUILD LIBRARY PRELOAD PYTEST-ARGS...: BUILD's host backend and he
 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 report_signal_unsafe=0 history_size=7 \
 suppressions=$PWD/scripts/tsan.supp" \
   run build/tsan build/tsan/lib/libqnccl.so "$(runtime libtsan.so)" \
-  tests/test_host_backend.py tests/test_interposer.py tests/test_hierarchical.py \
+  tests/test_hierarchical.py tests/test_interposer.py tests/test_host_backend.py \
   tests/test_allreduce.py tests/test_collectives.py \
   -k "nonblocking or another_thread or process_group or fault_on_one_rank or host_ids or \
 each_communicator_counts or (interposed and (both or fsdp)) or (quantized_sends and 3)"
@@ -70,12 +73,12 @@ UBSAN_OPTIONS="print_stacktrace=1 halt_on_error=1" \
 # ASan and UBSan look for; the three orders look for results that depend on the order,
 # which `make test` checks in the plain simulated build (each order takes 80 s under
 # ASan). The simulator's own SIGSEGV handler turns a kernel's fault into CUDA's error, so
-# ASan leaves SIGSEGV to it. The tests, not the files, go to the workers.
+# ASan leaves SIGSEGV to it. The tests, not the files, go to the workers, the kernels' first.
 echo "[sanitize] build/simdev-asan: the simulated GPU"
 ASAN_OPTIONS="detect_leaks=0 verify_asan_link_order=0 abort_on_error=1 handle_segv=0 \
 allow_user_segv_handler=1" \
 UBSAN_OPTIONS="print_stacktrace=1 halt_on_error=1" \
 QNCCL_TEST_SIMDEV=$PWD/build/simdev-asan LD_PRELOAD="$(runtime libasan.so)" \
-  "$PYTHON" -m pytest -p no:cacheprovider -q -n 2 --dist load tests/test_simdev_runtime.py \
-  tests/test_simdev_kernels.py -k "not device_path and not misaligned and \
+  "$PYTHON" -m pytest -p no:cacheprovider -q -n 2 --dist load tests/test_simdev_kernels.py \
+  tests/test_simdev_runtime.py -k "not device_path and not misaligned and \
 not (host_codec and (forward or reverse))"

@@ -45,9 +45,11 @@ LONGEST_FILES = ("test_simdev_engine.py", "test_accuracy_bench.py", "test_packag
 
 
 def pytest_collection_modifyitems(config, items):
-    # a stable sort: each file's tests stay together and in their order
-    items.sort(key=lambda item: (LONGEST_FILES.index(item.path.name)
-                                 if item.path.name in LONGEST_FILES else len(LONGEST_FILES)))
+    # a stable sort: each file's tests stay together and in their order (a run that sends
+    # tests, not files, to its workers, as make sanitize's do, keeps the order it was given)
+    if config.getoption("dist", "no") == "loadfile":
+        items.sort(key=lambda item: (LONGEST_FILES.index(item.path.name)
+                                     if item.path.name in LONGEST_FILES else len(LONGEST_FILES)))
     gpu_items = [item for item in items if "gpu" in item.keywords]
     if gpu_items and cuda_device_count() == 0:
         skip = pytest.mark.skip(reason="needs a CUDA device")
