@@ -5,10 +5,11 @@ An MLP of about 8M parameters (4 x Linear(1408, 1408)) trains on a synthetic reg
 with DistributedDataParallel on N gloo processes inside perf/netlab (a loopback `tc` limits to
 --rate, MPI launches the ranks, gloo talks TCP): with no hook, with PyTorch's own
 fp16_compress_hook, bf16_compress_hook and PowerSGD (rank 2, error feedback, after 2 plain
-steps, its buckets one at a time), and with qnccl.torch's SRA hook at 8 and 4 bits (bucket
-128). Every job starts from the same weights and sees the same data; it prints seconds per
-step (the median over the timed steps of the slowest rank's step) and the final training loss
-(the mean over the last 5 steps).
+steps, its buckets one at a time), and with qnccl.torch's SRA hook (bucket 128) at 8 and 4
+bits, and at 3 and 2 bits rotated in blocks of 256 (docs/rotation.md). Every job starts from
+the same weights and sees the same data; it prints seconds per step (the median over the timed
+steps of the slowest rank's step) and the final training loss (the mean over the last 5
+steps).
 
     .venv/bin/python perf/torch_ddp_bench.py                    # 4 ranks, 1 Gbit/s, ~3 min
     .venv/bin/python perf/torch_ddp_bench.py --steps 30         # the README's table, ~8 min
@@ -35,10 +36,16 @@ sys.path.insert(0, str(REPO))
 from qnccl.bench import MPI_ENV  # noqa: E402
 from gloo_ranks import rendezvous_port  # noqa: E402  (this file's folder)
 
-HOOKS = ("none", "fp16", "bf16", "powersgd", "qnccl8", "qnccl4")
+# qnccl.torch's hook settings (bucket 128): "r", rotated in blocks of 256 (docs/rotation.md)
+QNCCL_HOOKS = {"qnccl8": {"bits": 8}, "qnccl4": {"bits": 4},
+               "qnccl3r": {"bits": 3, "rotation": "hadamard", "rotation_block": 256},
+               "qnccl2r": {"bits": 2, "rotation": "hadamard", "rotation_block": 256}}
+HOOKS = ("none", "fp16", "bf16", "powersgd", *QNCCL_HOOKS)
 NAMES = {"none": "DDP, no hook", "fp16": "PyTorch fp16_compress_hook",
          "bf16": "PyTorch bf16_compress_hook", "powersgd": "PyTorch PowerSGD, rank 2 (buckets one at a time)",
-         "qnccl8": "qnccl.torch sra_hook, 8 bits", "qnccl4": "qnccl.torch sra_hook, 4 bits"}
+         "qnccl8": "qnccl.torch sra_hook, 8 bits", "qnccl4": "qnccl.torch sra_hook, 4 bits",
+         "qnccl3r": "qnccl.torch sra_hook, 3 bits, rotated",
+         "qnccl2r": "qnccl.torch sra_hook, 2 bits, rotated"}
 WIDTH, LAYERS, BATCH = 1408, 4, 64  # about 8M parameters; per-rank batch
 LR = 0.02
 LAST = 5  # steps the final loss is averaged over
@@ -104,8 +111,8 @@ def rank_job(args):
         state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=2,
                                             start_powerSGD_iter=2)
         ddp.register_comm_hook(state, one_bucket_at_a_time(powerSGD_hook.powerSGD_hook))
-    elif args.hook.startswith("qnccl"):
-        state = qnccl.torch.QuantizedHookState(net, bits=int(args.hook[5:]), bucket_size=128)
+    elif args.hook in QNCCL_HOOKS:
+        state = qnccl.torch.QuantizedHookState(net, bucket_size=128, **QNCCL_HOOKS[args.hook])
         ddp.register_comm_hook(state, qnccl.torch.sra_hook)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=LR, momentum=0.9)
     teacher = torch.Generator().manual_seed(7)

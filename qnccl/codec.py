@@ -3,6 +3,8 @@
     q = qnccl.codec.quantize(x, bits=4, bucket_size=128)   # a QuantizedArray
     y = qnccl.codec.dequantize(q)                          # shape and dtype of x
     qnccl.codec.dequantize_accumulate(q, acc)              # acc += y, in place
+    z = qnccl.codec.rotate(x, seed=7, rotation_block=256)  # float32, rotated (docs/rotation.md)
+    x2 = qnccl.codec.unrotate(z, seed=7, rotation_block=256)
 
 Arrays of float32, float16 or bfloat16 values: numpy arrays (bfloat16 as
 ml_dtypes.bfloat16, or uint16 bits with dtype="bfloat16"; CPU objects with
@@ -32,7 +34,8 @@ from .emulate import rotation as _rotation
 
 _NCCL_TYPE_NAMES = {"float32": "ncclFloat32", "float16": "ncclFloat16", "bfloat16": "ncclBfloat16"}
 _ROUNDING_NAMES = {"nearest": "qncclRoundNearest", "stochastic": "qncclRoundStochastic"}
-_ROTATION_NAMES = {"none": "qncclRotationNone", "hadamard": "qncclRotationHadamard"}
+_ROTATION_NAMES = {"none": "qncclRotationNone", "hadamard": "qncclRotationHadamard",
+                   "prerotated": "qncclRotationPrerotated"}
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -49,7 +52,9 @@ class QuantizedArray:
     seed: int
     stream: int
     wire_version: int = _emulator.WIRE_VERSION
-    rotation: str = "none"  # "hadamard": rotated before quantizing (docs/rotation.md)
+    # "hadamard": rotated before quantizing; "prerotated": rotated by the caller, on the uniform
+    # grid (docs/rotation.md)
+    rotation: str = "none"
     rotation_block: int = _rotation.DEFAULT_BLOCK
 
     @property
@@ -187,9 +192,11 @@ def quantize(array, bits=4, bucket_size=128, rounding="stochastic", seed=0, stre
     stochastic rounding are a pure function of (seed, stream, element index):
     give independent calls different streams. dtype: "bfloat16" or "float16"
     for arrays of uint16 bits; otherwise it must agree with the array or be None.
-    rotation: "none" or "hadamard" (docs/rotation.md: the array rotated in blocks of
+    rotation: "none", "hadamard" (docs/rotation.md: the array rotated in blocks of
     rotation_block values (0: 256), signs from `seed`, every bucket on the uniform grid; the
-    QuantizedArray remembers it, and dequantize rotates back). Host arrays only, so far.
+    QuantizedArray remembers it, and dequantize rotates back; host arrays only, so far) or
+    "prerotated" (values the caller rotated, qnccl.emulate.rotation: the uniform grid, nothing
+    rotated here nor by dequantize; device arrays too).
     """
     rotation_block = rotation_block or _rotation.DEFAULT_BLOCK  # 0: the default, as in C
     config = _config(bits, bucket_size, rounding, seed, rotation, rotation_block)
@@ -224,6 +231,68 @@ def dequantize(q, dtype=None, out=None):
                                    _ptr(dst), getattr(lib, _NCCL_TYPE_NAMES[name]),
                                    _stream(dst)))
     return out
+
+
+def _rotation_config(seed, rotation_block):
+    """The codec config of qncclRotate / qncclUnrotate (bits and bucket size unused); a
+    rotation_block of 0 is the default, as in C."""
+    return _config(4, 128, "nearest", seed, "hadamard", rotation_block or _rotation.DEFAULT_BLOCK)
+
+
+def rotate(array, seed=0, rotation_block=_rotation.DEFAULT_BLOCK, dtype=None, out=None):
+    """The forward rotation of `array` (docs/rotation.md): its values rotated as one segment in
+    blocks of rotation_block (a power of two, 2..16384), with the signs of `seed`, as float32
+    values in a new array of its shape or in `out` (C-contiguous, writable, as many float32
+    values; the array itself when it is float32: in place). The values a collective quantizes
+    with rotation="prerotated"; qnccl.emulate.rotation.rotate computes the same bytes. Host
+    arrays."""
+    config = _rotation_config(seed, rotation_block)
+    src = _memory(array, "array", False)
+    name = _arrays.codec_type(src, dtype)
+    if out is None:
+        out = _arrays.empty(src, src.shape, "float32")
+    dst = _float32_output(out, src)
+    lib = _lib.lib()
+    _lib.check(lib.qncclRotate(_ptr(src), src.count, getattr(lib, _NCCL_TYPE_NAMES[name]),
+                               config, _lib.ffi().cast("float*", dst.address), _stream(src)))
+    return out
+
+
+def unrotate(values, seed=0, rotation_block=_rotation.DEFAULT_BLOCK, dtype=None, out=None):
+    """The inverse of rotate(values, seed, rotation_block): float32 `values` rotated back, into
+    a new array of `dtype` (float32, the default, float16 or bfloat16) and their shape, or into
+    `out` (C-contiguous, writable, as many values of float32, float16 or bfloat16, uint16 bits
+    of `dtype`; `values` itself when float32: in place). Every NaN comes out as the canonical
+    one. Host arrays."""
+    config = _rotation_config(seed, rotation_block)
+    src = _memory(values, "values", False)
+    if src.numpy_dtype != np.float32:
+        raise ValueError(f"values must be float32 (rotate's output), got {src.numpy_dtype}")
+    if out is None:  # of the type asked for (bfloat16 as uint16 bits without ml_dtypes)
+        name = "float32" if dtype is None else dtype
+        if name not in _emulator.DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(_emulator.DTYPES)}, got {dtype!r}")
+        out = _arrays.empty(src, src.shape, name)
+        dst = _memory(out, "out", writable=True)
+    else:
+        dst = _memory(out, "out", writable=True)
+        if dst.count != src.count:
+            raise ValueError(f"out holds {dst.count} values; values has {src.count}")
+        name = _arrays.codec_type(dst, dtype)
+    lib = _lib.lib()
+    _lib.check(lib.qncclUnrotate(_lib.ffi().cast("float*", src.address), src.count, config,
+                                 _ptr(dst), getattr(lib, _NCCL_TYPE_NAMES[name]), _stream(dst)))
+    return out
+
+
+def _float32_output(out, src):
+    """The memory of rotate's `out`: writable float32, as many values as the input."""
+    dst = _memory(out, "out", writable=True)
+    if dst.numpy_dtype != np.float32:
+        raise ValueError(f"out must be a float32 array, got {dst.numpy_dtype}")
+    if dst.count != src.count:
+        raise ValueError(f"out holds {dst.count} values; the array has {src.count}")
+    return dst
 
 
 def dequantize_accumulate(q, acc):

@@ -167,7 +167,9 @@ def allreduce(comm, sendbuff, recvbuff, count, dtype, op="sum", *, bits=4, bucke
     torch.cuda.current_stream().cuda_stream) and the call returns once the work is enqueued.
     With error_feedback the residual of (comm, sendbuff, count, dtype) is read and rewritten
     (residual() reads it). rotation="hadamard" rotates each segment in blocks of
-    `rotation_block` values first and back at the end (docs/rotation.md; host buffers).
+    `rotation_block` values first and back at the end (docs/rotation.md; host and device
+    buffers); "prerotated" takes values the caller rotated (qnccl.codec.rotate) onto the
+    uniform grid, rotating nothing.
     Raises QncclError with the library's message on bad arguments."""
     from .codec import _c_value, _config  # the codec's argument checks, in one place
     if dtype not in _NCCL_TYPES:

@@ -20,6 +20,7 @@ from conftest import (DTYPES, F32_MAX, F32_TINY, from_float32, make_values, spec
                       widen)
 from qnccl import QncclError, codec
 from qnccl.emulate import codec as emu
+from qnccl.emulate import rotation as rot
 
 ROUNDINGS = ("nearest", "stochastic")
 CANONICAL_NAN = {"float32": 0x7FC00000, "float16": 0x7E00, "bfloat16": 0x7FC0}
@@ -132,7 +133,7 @@ def test_rotated_codec_rotates_back_and_keeps_nans_canonical():
 
 
 @pytest.mark.parametrize("rotation,block,match", [
-    ("hadamrd", 256, "rotation must be one of none, hadamard"),
+    ("hadamrd", 256, "rotation must be one of none, hadamard, prerotated"),
     ("hadamard", 100, r"rotation_block must be a power of two in \[2, 16384\]")])
 def test_rotated_codec_refuses_bad_settings(rotation, block, match):
     with pytest.raises(ValueError, match=match):
@@ -150,8 +151,99 @@ def test_rotated_codec_bad_config_through_the_c_api():
     config.rotationBlock = 0
     config.rotation = 7
     assert lib.qncclCompressedSize(8, config, size) != 0
-    assert ("rotation = 7 is unknown; allowed: qncclRotationNone (0) or qncclRotationHadamard "
-            "(1)") in ffi.string(lib.qncclGetLastError()).decode()
+    assert ("rotation = 7 is unknown; allowed: qncclRotationNone (0), qncclRotationHadamard "
+            "(1) or qncclRotationPrerotated (2)") in ffi.string(lib.qncclGetLastError()).decode()
+
+
+@pytest.mark.parametrize("block", [2, 256, 16384])
+@pytest.mark.parametrize("count", [0, 1, 7, 4099, 65537])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rotate_and_unrotate_match_the_emulator(rng, dtype, count, block):
+    """qncclRotate / qncclUnrotate (docs/rotation.md): the buffer rotated as one segment (a tail
+    of binary blocks) into float32 and back into its type, every NaN the canonical one; the
+    emulator's bits, out of place and, for float32, in place."""
+    x = make_values(rng, count, dtype, 128, specials=True)
+    where = f"{dtype} count={count} block={block}"
+    z = codec.rotate(x, seed=77, rotation_block=block, dtype=dtype)
+    want = rot.rotate(emu.as_float32(x, dtype)[0], block, 77)
+    want[np.isnan(want)] = emu._NAN32
+    assert_same_bytes(z, want, f"rotate {where}")
+    back = codec.unrotate(z, seed=77, rotation_block=block, dtype=dtype)
+    assert_same_bytes(back, emu.from_float32(rot.unrotate(want, block, 77), dtype),
+                      f"unrotate {where}")
+    if dtype == "float32":
+        w = x.copy()
+        assert codec.rotate(w, seed=77, rotation_block=block, out=w) is w
+        assert_same_bytes(w, want, f"rotate in place {where}")
+        codec.unrotate(w, seed=77, rotation_block=block, out=w)
+        assert_same_bytes(w, back, f"unrotate in place {where}")
+
+
+@pytest.mark.parametrize("bits, bucket, rounding", [(4, 128, "stochastic"), (3, 100, "nearest")])
+def test_prerotated_values_quantize_as_the_rotated_codec_does(rng, bits, bucket, rounding):
+    """rotation="prerotated" is the rotated codec without its rotations: quantizing rotate(x)
+    so gives the bytes of quantizing x with rotation="hadamard", and rotating the decoded
+    values back gives its values (the emulator's bytes too); unrotated values take the cubic
+    grid unless told they are rotated."""
+    x = make_values(rng, 9000, "float32", bucket, specials=True)
+    kw = dict(seed=77, stream=5)
+    z = codec.rotate(x, seed=77, rotation_block=256)
+    q = codec.quantize(z, bits, bucket, rounding, rotation="prerotated", **kw)
+    whole = codec.quantize(x, bits, bucket, rounding, rotation="hadamard", rotation_block=256,
+                           **kw)
+    assert_same_bytes(q.data, whole.data, "prerotated against hadamard")
+    assert_same_bytes(q.data, emu.quantize(z, bits, bucket, rounding, rotation="prerotated",
+                                           **kw), "prerotated against the emulator")
+    y = codec.dequantize(q)
+    assert_same_bytes(y, emu.dequantize(q.data, z.size, bits, bucket, rotation="prerotated"),
+                      "prerotated dequantize against the emulator")
+    assert_same_bytes(codec.unrotate(y, seed=77, rotation_block=256), codec.dequantize(whole),
+                      "unrotate(prerotated decode) against the hadamard decode")
+    plain = codec.quantize(z, bits, bucket, rounding, **kw)  # the cubic grid where it applies
+    assert not np.array_equal(plain.data, q.data)
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda x: codec.rotate(x, rotation_block=48), "rotation_block must be a power of two"),
+    (lambda x: codec.rotate(x, out=np.zeros(7, np.float32)),
+     "out holds 7 values; the array has 8"),
+    (lambda x: codec.rotate(x, out=np.zeros(8, np.float64)), "out must be a float32 array"),
+    (lambda x: codec.unrotate(x.astype(np.float16)), "values must be float32"),
+    (lambda x: codec.unrotate(x, dtype="int8"), "dtype must be one of"),
+    (lambda x: codec.unrotate(x, out=np.zeros(9, np.float32)), "out holds 9 values"),
+])
+def test_rotate_and_unrotate_refuse_bad_arguments(call, match):
+    with pytest.raises(ValueError, match=match):
+        call(np.ones(8, np.float32))
+
+
+def test_rotate_and_unrotate_through_the_c_api_refuse_what_they_cannot_do():
+    lib, ffi = codec._lib.lib(), codec._lib.ffi()
+    config = ffi.new("qncclCodecConfig_t*", {"bits": 4, "bucketSize": 128, "rotation": 0})
+    x = np.ones(64, np.float32)
+    halves = np.zeros(64, np.uint16)
+    ptr = ffi.from_buffer
+    errors = []
+    for rotation, src, dst, dtype in (
+            (0, ptr(x), ffi.cast("float*", ptr(x)), lib.ncclFloat32),  # not a rotation
+            (1, ptr(halves), ffi.cast("float*", ptr(halves)), lib.ncclFloat16),  # overlap
+            (1, ptr(x), ffi.cast("float*", ptr(x)), lib.ncclInt32)):  # not a codec type
+        config.rotation = rotation
+        assert lib.qncclRotate(src, 32, dtype, config, dst, ffi.NULL) == lib.ncclInvalidArgument
+        errors.append(ffi.string(lib.qncclGetLastError()).decode())
+    assert "qncclRotate: rotation = 0; allowed: qncclRotationHadamard (1)" in errors[0]
+    assert "qncclRotate: src and dst overlap; pass separate buffers" in errors[1]
+    assert "qncclRotate: datatype = " in errors[2] and "allowed: ncclFloat32" in errors[2]
+    config.rotation = 2
+    assert lib.qncclUnrotate(ffi.cast("float*", ptr(x)), 64, config, ptr(x), lib.ncclFloat32,
+                             ffi.NULL) == lib.ncclInvalidArgument
+    assert "qncclUnrotate: rotation = 2; allowed: qncclRotationHadamard (1)" in \
+        ffi.string(lib.qncclGetLastError()).decode()
+    config.rotation = 1
+    assert lib.qncclUnrotate(ffi.NULL, 64, config, ptr(x), lib.ncclFloat32,
+                             ffi.NULL) == lib.ncclInvalidArgument
+    assert "qncclUnrotate: src is NULL with count = 64" in \
+        ffi.string(lib.qncclGetLastError()).decode()
 
 
 def cubic_thresholds(p, bits):

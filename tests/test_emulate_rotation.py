@@ -147,7 +147,7 @@ def test_an_empty_segment_rotates_to_nothing():
 
 
 @pytest.mark.parametrize("rotation,block,match", [
-    ("hadamrd", 256, "rotation must be one of none, hadamard"),
+    ("hadamrd", 256, "rotation must be one of none, hadamard, prerotated"),
     ("hadamard", 100, r"power of two in \[2, 16384\]"),
     ("hadamard", 1, r"power of two in \[2, 16384\]"),
     ("hadamard", 1 << 15, r"power of two in \[2, 16384\]"),

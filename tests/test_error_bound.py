@@ -32,12 +32,15 @@ MAGNITUDES = {"float32": (1.0, 1536.0, 2.0**-120, 2.0**123),
 COUNT = 600
 
 
-def config(capi, algo, bits, bucket, rounding, segment_values=0, rotation_block=0):
+def config(capi, algo, bits, bucket, rounding, segment_values=0, rotation_block=0,
+           prerotated=False):
     ffi, lib = capi
     c = ffi.new("qncclAllReduceConfig_t*")
     if rotation_block:
         c.codec.rotation = lib.qncclRotationHadamard
         c.codec.rotationBlock = rotation_block
+    if prerotated:
+        c.codec.rotation = lib.qncclRotationPrerotated
     c.codec.bits = bits
     c.codec.bucketSize = bucket
     c.codec.rounding = lib.qncclRoundNearest if rounding == "nearest" else lib.qncclRoundStochastic
@@ -179,6 +182,37 @@ def test_rotated_bound_holds(capi, algo):
         assert err <= bound, f"error {err!r} > bound {bound!r} for {what}"
         worst = max(worst, err / bound)
     print(f"rotated {algo}: worst error / bound {worst:.3g}")
+    assert worst > 0.3
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_prerotated_bound_is_the_uniform_grids(capi, algo):
+    """qncclRotationPrerotated (values the caller rotated): the bound of the values as given on
+    the uniform grid, nothing rotated: at 1 bit (no cubic grid) the unrotated bound exactly,
+    at 4 bits a finer one than the cubic grid's; it holds against the emulator's prerotated
+    call for every (N, rounding, distribution)."""
+    rng = np.random.default_rng(300 + ALGOS.index(algo))
+    for n, op in itertools.product((1, 2, 5), OPS):
+        one = [error_bound(capi, COUNT, "float32", op,
+                           config(capi, algo, 1, 64, "nearest", prerotated=p), n, 1.0)
+               for p in (False, True)]
+        assert one[0] == one[1], (n, op, one)
+        four = [error_bound(capi, COUNT, "float32", op,
+                            config(capi, algo, 4, 64, "nearest", prerotated=p), n, 1.0)
+                for p in (False, True)]
+        assert four[1] < four[0], (n, op, four)
+    worst = 0.0
+    for (n, rounding), make in itertools.product(
+            itertools.product(RANKS, ROUNDINGS), DISTRIBUTIONS):
+        bits, bucket = int(rng.choice([2, 4])), int(rng.choice([7, 64]))
+        inputs, exact_inputs = rank_inputs(make(rng, n, COUNT, 1.0, bucket), "float32")
+        bound = error_bound(capi, COUNT, "float32", "sum",
+                            config(capi, algo, bits, bucket, rounding, prerotated=True), n, 1.0)
+        err = max_error(inputs, exact_inputs, "float32", "sum", algo=algo, bits=bits,
+                        bucket_size=bucket, rounding=rounding, seed=7, call=int(n),
+                        rotation="prerotated")
+        assert err <= bound, (n, rounding, make.__name__, bits, bucket, err, bound)
+        worst = max(worst, err / bound)
     assert worst > 0.3
 
 

@@ -140,7 +140,7 @@ def test_resets_and_lookups_check_their_arguments(capi):
     ({"error_feedback": 1}, "ValueError", "error_feedback must be True or False"),
     ({"bits": 9}, "QncclError", r"bits = 9 is out of range; allowed: 1\.\.8"),
     ({"lanes": -1}, "QncclError", r"lanes = -1; allowed: 0 \(auto"),
-    ({"rotation": "walsh"}, "ValueError", "rotation must be one of none, hadamard"),
+    ({"rotation": "walsh"}, "ValueError", "rotation must be one of none, hadamard, prerotated"),
     ({"rotation": "hadamard", "rotation_block": 3}, "ValueError",
      r"rotation_block must be a power of two in \[2, 16384\]"),
 ])

@@ -41,14 +41,17 @@ CONFIGS = [
     {"hook": "qnccl", "args": {"bits": 4, "bucket_size": 64, "rounding": "nearest",
                                "error_feedback": True, "adaptive": {"every": 2}},
      "scale": {"fc2.weight": 0.01}},
+    {"hook": "qnccl", "args": {"bits": 3, "bucket_size": 64, "rounding": "stochastic",
+                               "seed": 5, "rotation": "hadamard", "rotation_block": 64}},
 ]
 # per-layer widths, decided at the end of steps 2, 4, 6; fc2's small weights make fc1's
 # gradient small (it flows back through them), so fc1 needs fewer bits than fc2
 ADAPTIVE = 5
-QUANTIZING = [0, 1, 2, 3, ADAPTIVE]  # the configurations of qnccl's own SRA
+ROTATED = 6  # each group rotated in blocks of 64 (docs/rotation.md)
+QUANTIZING = [0, 1, 2, 3, ADAPTIVE, ROTATED]  # the configurations of qnccl's own SRA
 # The same hooks with the engine (libqnccl's qncclAllReduce on a host-backend communicator)
 # in place of the SRA over torch.distributed: config ENGINE[c] is CONFIGS[c]'s twin.
-ENGINE = {c: len(CONFIGS) + i for i, c in enumerate((0, 2, 3, ADAPTIVE))}
+ENGINE = {c: len(CONFIGS) + i for i, c in enumerate((0, 2, 3, ADAPTIVE, ROTATED))}
 CONFIGS += [dict(CONFIGS[c], engine=True) for c in ENGINE]
 # sra_hook registered as it is (the buckets overlap on its worker): DIRECT[c] is CONFIGS[c]'s.
 DIRECT = {c: len(CONFIGS) + i for i, c in enumerate((0, 2))}
@@ -145,7 +148,9 @@ def test_quantized_part_matches_emulator(records, c):
                     inputs.append(np.concatenate(parts))
                 want, bound = emulate_allreduce(
                     inputs, "sra", bits, bucket_size, args["rounding"], args.get("seed", 0),
-                    op="avg", call=call["call"] + g, return_bounds=True)
+                    op="avg", call=call["call"] + g, return_bounds=True,
+                    rotation=args.get("rotation", "none"),
+                    rotation_block=args.get("rotation_block", 256))
                 got = np.concatenate([e["grads"][n] for n in names])
                 assert np.array_equal(got.view(np.uint32), want[0].view(np.uint32)), \
                     (c, t, names)
@@ -296,6 +301,10 @@ def test_adaptive_widths_are_rank_0s_decision(records):
     ({"adaptive": {"choices": (2, 3)}, "min_numel": 0}, "adaptive: choices"),
     ({"adaptive": True, "per_layer": {"fc1": None}}, "per_layer and adaptive exclude"),
     ({"adaptive": True, "min_numel": 100}, "no parameter of 2 or more dimensions"),
+    ({"rotation": "prerotated"}, "rotation must be 'none' or 'hadamard', got 'prerotated'"),
+    ({"rotation": "hadamard", "rotation_block": 48}, "rotation_block must be a power of two"),
+    ({"rotation": "hadamard", "error_feedback": True}, "rotation and error_feedback exclude"),
+    ({"rotation": "hadamard", "adaptive": True, "min_numel": 0}, "rotation and adaptive exclude"),
 ])
 def test_bad_arguments(kwargs, word):
     with pytest.raises(ValueError, match=word):
@@ -424,6 +433,30 @@ def test_a_checkpoint_of_another_configuration_is_refused(change, message):
     _, other = small_state(**{"bits": 3, "error_feedback": True, "seed": 9, **change})
     with pytest.raises(ValueError, match=message):
         other.load_state_dict(state.state_dict())
+
+
+def test_a_checkpoint_keeps_its_rotation_and_an_older_one_had_none():
+    """The rotation is part of the configuration a checkpoint must match (its block only when
+    it rotates); a checkpoint from before rotations (no such keys) is an unrotated one."""
+    _, plain = small_state(bits=3, seed=9)
+    _, rotated = small_state(bits=3, seed=9, rotation="hadamard", rotation_block=64)
+    with pytest.raises(ValueError, match="rotation='none', this one 'hadamard'"):
+        rotated.load_state_dict(plain.state_dict())
+    _, other_block = small_state(bits=3, seed=9, rotation="hadamard", rotation_block=128)
+    with pytest.raises(ValueError, match="rotation_block=64, this one 128"):
+        other_block.load_state_dict(rotated.state_dict())
+    # unrotated, the block is unused: it does not matter
+    small_state(bits=3, seed=9, rotation_block=128)[1].load_state_dict(plain.state_dict())
+    older = plain.state_dict()
+    del older["config"]["rotation"], older["config"]["rotation_block"]
+    small_state(bits=3, seed=9)[1].load_state_dict(older)
+    with pytest.raises(ValueError, match="rotation='none', this one 'hadamard'"):
+        rotated.load_state_dict(older)
+    pickled = plain.__getstate__()  # torch.save(state) from before rotations
+    del pickled["rotation"], pickled["rotation_block"]
+    loaded = qtorch.QuantizedHookState.__new__(qtorch.QuantizedHookState)
+    loaded.__setstate__(pickled)
+    assert (loaded.rotation, loaded.rotation_block) == ("none", 256)
 
 
 def test_a_checkpoint_carries_the_adaptive_widths():

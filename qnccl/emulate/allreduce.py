@@ -180,7 +180,7 @@ class _Config:
 def rotated(rotation, block):
     """_Config's rotation fields for a call's rotation setting."""
     on = rotation == "hadamard"
-    return {"rotation_block": block if on else 0, "cubic": not on}
+    return {"rotation_block": block if on else 0, "cubic": rotation == "none"}
 
 
 def _stream_ranks(cfg, ranks):
@@ -296,7 +296,9 @@ def allreduce(inputs: Sequence[np.ndarray], algo: str = "auto", bits: int = 4,
                     "none", or "hadamard": every rank rotates its widened input in
                     blocks of rotation_block values (qnccl.emulate.rotation), the call
                     runs on the rotated values (residuals too), and the result is
-                    rotated back before its store into the output type
+                    rotated back before its store into the output type; or
+                    "prerotated": inputs the caller rotated, on the uniform grid, with
+                    nothing rotated
 
     Returns the list of the N ranks' outputs (each of the inputs' shape and
     dtype; identical, as every rank decodes the same bytes), and with

@@ -459,7 +459,8 @@ def quantize(array, bits, bucket_size, rounding, seed=0, stream=0, dtype=None, g
     `seed` and `stream` pick the random numbers of stochastic rounding
     (rng_uniform); nearest rounding ignores them. grid: GRIDS. rotation="hadamard":
     the values are first rotated as one segment in blocks of rotation_block, with the
-    signs of `seed`, and quantized on the uniform grid (docs/rotation.md).
+    signs of `seed`, and quantized on the uniform grid (docs/rotation.md); "prerotated":
+    the uniform grid alone (values the caller rotated).
     """
     check_config(bits, bucket_size, rounding)
     cubic = _cubic(grid)
@@ -467,7 +468,8 @@ def quantize(array, bits, bucket_size, rounding, seed=0, stream=0, dtype=None, g
     x, _ = as_float32(array, dtype)
     if block:
         from . import rotation as rot
-        x, cubic = rot.rotate(x, block, seed), False
+        x = rot.rotate(x, block, seed)
+    cubic = cubic and rotation == "none"
     count = x.size
     out = np.zeros(compressed_size(count, bits, bucket_size), np.uint8)
     if count == 0:
@@ -499,7 +501,7 @@ def decode(buf, count, bits, bucket_size, grid="auto", rotation="none", rotation
         chunk's values are then rotated back.
     """
     check_config(bits, bucket_size)
-    cubic = _cubic(grid)
+    cubic = _cubic(grid) and rotation == "none"
     block = _rotation(rotation, rotation_block)
     if block:
         from . import rotation as rot

@@ -77,6 +77,7 @@ class _Rotation:
 
     def __init__(self, rotation, block, seed):
         self.on, self.block, self.seed = rotation == "hadamard", block, seed
+        self.cubic = rotation == "none"  # "prerotated": the uniform grid, nothing rotated here
 
     def forward(self, x):
         return rot.rotate(np.ascontiguousarray(x), self.block, self.seed) if self.on else x
@@ -139,7 +140,7 @@ def reduce_scatter(inputs: Sequence[np.ndarray], algo: str = "auto", bits: int =
         raise ValueError(f"algo must be one of auto, {', '.join(REDUCE_SCATTER_ALGOS)}, got "
                          f"{algo!r}")
     cfg = _Config(n, bits, bucket_size, rounding, seed, call, op == "avg", False,
-                  cubic=not turn.on)
+                  cubic=turn.cubic)
     out = np.empty((n, count), F32)
     spans = segments(count, segment_values, bucket_size)
     for g, (a, b) in enumerate(spans):
@@ -165,7 +166,7 @@ def allgather(inputs: Sequence[np.ndarray], bits: int = 4, bucket_size: int = 12
     turn = _Rotation(rotation, rotation_block, seed)
     x, name, out_dtype, _ = _inputs(inputs, dtype)
     n, count = x.shape
-    cfg = _Config(n, bits, bucket_size, rounding, seed, call, False, False, cubic=not turn.on)
+    cfg = _Config(n, bits, bucket_size, rounding, seed, call, False, False, cubic=turn.cubic)
     out = np.empty((n, count), F32)
     for g, (a, b) in enumerate(segments(count, segment_values, bucket_size)):
         out[:, a:b] = turn.inverse(_quantize_pieces(cfg, turn.forward(x[:, a:b]), np.arange(n),
@@ -185,7 +186,7 @@ def alltoall(inputs: Sequence[np.ndarray], bits: int = 4, bucket_size: int = 128
     turn = _Rotation(rotation, rotation_block, seed)
     z, name, out_dtype, raw = _chunked(inputs, dtype, "count")
     n, _, count = z.shape
-    cfg = _Config(n, bits, bucket_size, rounding, seed, call, False, False, cubic=not turn.on)
+    cfg = _Config(n, bits, bucket_size, rounding, seed, call, False, False, cubic=turn.cubic)
     ranks, steps = direct_sends(n)
     y = np.empty((n, n, count), F32)  # [sender j, chunk k]
     for g, (a, b) in enumerate(segments(count, segment_values, bucket_size)):
@@ -216,7 +217,7 @@ def sendrecv(x: np.ndarray, rank: int, peer: int, nranks: int, call: int = 0, in
         raise ValueError("a send to the rank itself is not quantized: it is copied exactly")
     x1, name, out_dtype, _ = _inputs([x], dtype)
     cfg = _Config(nranks, bits, bucket_size, rounding, seed, P2P_CALL | call, False, False,
-                  cubic=not turn.on)
+                  cubic=turn.cubic)
     out = np.empty(x1.shape[1], F32)
     for g, (a, b) in enumerate(segments(x1.shape[1], segment_values, bucket_size)):
         out[a:b] = turn.inverse(_quantize_pieces(cfg, turn.forward(x1[:, a:b]), [rank],

@@ -28,7 +28,9 @@ import numpy as np
 from . import codec
 
 F32 = np.float32
-ROTATIONS = ("none", "hadamard")
+# "prerotated": the caller rotated the values (qnccl.torch's hook rotates each segment itself):
+# every bucket on the uniform grid, as a rotated call's, with nothing rotated here
+ROTATIONS = ("none", "hadamard", "prerotated")
 MIN_BLOCK, MAX_BLOCK = 2, 1 << 14
 DEFAULT_BLOCK = 256
 ROTATION_STREAM = 0x726F746174696F6E  # "rotation" in ASCII: the signs' random stream

@@ -11,10 +11,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..emulate.rotation import DEFAULT_BLOCK
 from . import engine
 
 CONFIG = ("bits", "bucket_size", "rounding", "min_numel", "error_feedback", "warmup_steps",
-          "seed", "adaptive")
+          "seed", "adaptive", "rotation", "rotation_block")
+# what a checkpoint made before a setting existed means by its absence
+CONFIG_BEFORE = {"adaptive": None, "rotation": "none", "rotation_block": DEFAULT_BLOCK}
 COUNTERS = ("input_bytes", "quantized_input_bytes", "quantized_bytes_sent", "exact_bytes")
 
 
@@ -38,9 +41,12 @@ def load_state_dict(state, saved):
     """QuantizedHookState.load_state_dict: `saved` into `state`, which must have been made
     with the same arguments for the same model (ValueError names what differs)."""
     config = saved["config"]
-    for key in CONFIG:  # (a checkpoint older than adaptive bits has none)
-        if config.get(key) != getattr(state, key):
-            raise ValueError(f"the checkpoint's hook state has {key}={config.get(key)!r}, this "
+    for key in CONFIG:
+        saved_value = config.get(key, CONFIG_BEFORE.get(key))
+        if key == "rotation_block" and state.rotation == "none":
+            continue  # unused unrotated (the rotations already matched)
+        if saved_value != getattr(state, key):
+            raise ValueError(f"the checkpoint's hook state has {key}={saved_value!r}, this "
                              f"one {getattr(state, key)!r}: make it with the checkpoint's "
                              "arguments")
     names = set(state._names.values()) if state._names is not None else None

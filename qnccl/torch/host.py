@@ -82,10 +82,12 @@ class Worker:
                 future.set_exception(error)
 
 
-def _quantized(data, count, bits, bucket_size):
+def _quantized(data, count, bits, bucket_size, grid):
+    """A received piece as the codec's QuantizedArray; grid: the codec's rotation setting of
+    its buckets ("none": the cubic grid where it applies; "prerotated": the uniform grid)."""
     return _codec.QuantizedArray(data=data, count=count, shape=(count,), dtype="float32",
                                  bits=bits, bucket_size=bucket_size, rounding="nearest",
-                                 seed=0, stream=0)
+                                 seed=0, stream=0, rotation=grid)
 
 
 # The tags of the hook's point-to-point messages: "QN" << 16, plus 2 per call and the phase.
@@ -102,20 +104,30 @@ def _sra(state, group, z, bits, bucket_size, residual):
 
     The pieces travel as point-to-point messages, each sent as soon as it is encoded and
     decoded in the fixed order of the algorithm once it has arrived, so that the codec of one
-    piece overlaps the transfer of another; the bytes are those of one all-to-all per phase."""
+    piece overlaps the transfer of another; the bytes are those of one all-to-all per phase.
+
+    With state.rotation (docs/rotation.md) each segment is rotated first, the algorithm runs on
+    the rotated values (every bucket on the uniform grid), and the segment's result is rotated
+    back: the engine's rotated allreduce, step for step."""
     n, r, peers, others = _ranks(group)
     call = state.calls
     state.calls += 1
     tag = _TAG + 2 * (call % _TAG_CALLS)  # + phase: calls in flight together never share one
+    rotated = state.rotation == "hadamard"
+    grid = "prerotated" if rotated else "none"
     out = np.empty_like(z)
     for g, (start, stop) in enumerate(_segments(z.size, 0, bucket_size)):
         bounds = _chunks(stop - start, n, bucket_size)
         sizes = [_codec.compressed_size(hi - lo, bits, bucket_size) if hi > lo else 0
                  for lo, hi in bounds]
+        zs = z[start:stop]  # the segment, and where its result goes
+        ys = out[start:stop]
+        if rotated:  # in place: z is this call's own copy of the gradients
+            _codec.rotate(zs, state.seed, state.rotation_block, out=zs)
 
         def q(values, step):
             return _codec.quantize(values, bits, bucket_size, state.rounding, state.seed,
-                                   _stream_id(call, g, r, step))
+                                   _stream_id(call, g, r, step), rotation=grid)
 
         def receive(size_of, phase):
             return _receive(group, peers, others, size_of, tag + phase,
@@ -129,7 +141,7 @@ def _sra(state, group, z, bits, bucket_size, residual):
             klo, khi = bounds[k]
             if khi == klo:
                 continue
-            values = z[start + klo:start + khi]
+            values = zs[klo:khi]
             qk = q(values, k)
             if residual is not None:
                 residual[start + klo:start + khi] = values - _codec.dequantize(qk)
@@ -138,16 +150,16 @@ def _sra(state, group, z, bits, bucket_size, residual):
         yield
         mine = None
         if hi > lo:
-            acc = z[start + lo:start + hi].copy()
+            acc = zs[lo:hi].copy()
             for j in range(n):  # the sum in increasing rank order, as every algorithm adds
                 if j != r:
                     _codec.dequantize_accumulate(
-                        _quantized(_arrived(inbox[j]), hi - lo, bits, bucket_size), acc)
+                        _quantized(_arrived(inbox[j]), hi - lo, bits, bucket_size, grid), acc)
             with np.errstate(invalid="ignore", over="ignore"):
                 acc /= _F32(n)
             mine = q(acc, n)
             result = _codec.dequantize(mine)
-            out[start + lo:start + hi] = result
+            ys[lo:hi] = result
             if residual is not None:
                 with np.errstate(invalid="ignore", over="ignore"):
                     residual[start + lo:start + hi] = (acc - result) * _F32(n)
@@ -162,8 +174,10 @@ def _sra(state, group, z, bits, bucket_size, residual):
         for k in others:
             if k in inbox:
                 klo, khi = bounds[k]
-                out[start + klo:start + khi] = _codec.dequantize(
-                    _quantized(_arrived(inbox[k]), khi - klo, bits, bucket_size))
+                ys[klo:khi] = _codec.dequantize(
+                    _quantized(_arrived(inbox[k]), khi - klo, bits, bucket_size, grid))
+        if rotated:
+            _codec.unrotate(ys, state.seed, state.rotation_block, out=ys)
         for work, _ in sent:
             work.wait()
     if residual is not None:  # docs/allreduce.md: a non-finite bucket leaves no residual, so

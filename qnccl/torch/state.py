@@ -7,10 +7,12 @@ import torch
 import torch.distributed as dist
 
 from .. import comm as _comm
+from ..emulate import rotation as _rotation
 from ..emulate.adaptive import AdaptiveBits as _AdaptiveBits
 from . import checkpoint, engine
 
 ROUNDINGS = ("stochastic", "nearest")
+ROTATIONS = ("none", "hadamard")
 
 
 def _int_arg(name, value, low, high=None):
@@ -58,7 +60,13 @@ class QuantizedHookState:
                     of the step (excludes per_layer)
     error_feedback  keep per-rank float32 residuals of what the quantizations dropped
     warmup_steps    the first K calls of each bucket index are exact (plain allreduce mean)
-    seed            the codec seed of stochastic rounding
+    seed            the codec seed of stochastic rounding, and of the rotation's signs
+    rotation        "none" or "hadamard": each quantized group rotated in blocks of
+                    rotation_block values (a power of two, 2..16384) before it is quantized,
+                    every bucket on the uniform grid, and rotated back after (docs/rotation.md;
+                    on both paths, the same bytes); excludes error_feedback (residuals would
+                    live in each group's rotated domain, which checkpoints and DDP's rebuilt
+                    buckets do not keep) and adaptive (its widths come from unrotated errors)
     comm            None, or an NCCL communicator (cffi ncclComm_t or its address) of the
                     process group's ranks in the same order, e.g. one of QNCCL's host backend:
                     CPU buckets then go through libqnccl's engine on it, as CUDA buckets go
@@ -77,7 +85,8 @@ class QuantizedHookState:
 
     def __init__(self, model, process_group=None, bits=4, bucket_size=128,
                  rounding="stochastic", min_numel=1024, per_layer=None, error_feedback=False,
-                 warmup_steps=0, seed=0, comm=None, adaptive=None):
+                 warmup_steps=0, seed=0, comm=None, adaptive=None, rotation="none",
+                 rotation_block=_rotation.DEFAULT_BLOCK):
         if not isinstance(model, torch.nn.Module):
             raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         self.bits = _int_arg("bits", bits, 1, 8)
@@ -91,6 +100,18 @@ class QuantizedHookState:
         if not isinstance(error_feedback, bool):
             raise ValueError(f"error_feedback must be True or False, got {error_feedback!r}")
         self.error_feedback = error_feedback
+        if rotation not in ROTATIONS:
+            raise ValueError(f"rotation must be 'none' or 'hadamard', got {rotation!r}")
+        _rotation.check(rotation, rotation_block)
+        if rotation != "none" and error_feedback:
+            raise ValueError("rotation and error_feedback exclude each other in the hook (its "
+                             "residuals would live in each group's rotated domain): pass "
+                             "rotation='none' or error_feedback=False")
+        if rotation != "none" and adaptive not in (None, False):
+            raise ValueError("rotation and adaptive exclude each other (adaptive widths come "
+                             "from unrotated errors on the cubic grid): pass rotation='none' "
+                             "or adaptive=None")
+        self.rotation, self.rotation_block = rotation, rotation_block
         if per_layer is not None and not callable(per_layer) and not isinstance(per_layer, dict):
             raise ValueError("per_layer must be None, a dict {name or module prefix: "
                              f"(bits, bucket_size) or None}} or a callable, got {per_layer!r}")
@@ -225,6 +246,8 @@ class QuantizedHookState:
         return checkpoint.pickled(self)
 
     def __setstate__(self, state):
+        # a state pickled before rotations existed was an unrotated one
+        self.__dict__.update({"rotation": "none", "rotation_block": _rotation.DEFAULT_BLOCK})
         self.__dict__.update(state)
 
     def report(self):

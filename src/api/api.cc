@@ -77,6 +77,18 @@ QNCCL_EXPORT ncclResult_t qncclDequantizeAccumulate(const void* src, size_t srcB
                           datatype, stream, true);
 }
 
+QNCCL_EXPORT ncclResult_t qncclRotate(const void* src, size_t count, ncclDataType_t datatype,
+                                      const qncclCodecConfig_t* config, float* dst,
+                                      cudaStream_t stream) {
+  return codec_rotate("qncclRotate", src, count, datatype, config, dst, stream);
+}
+
+QNCCL_EXPORT ncclResult_t qncclUnrotate(const float* src, size_t count,
+                                        const qncclCodecConfig_t* config, void* dst,
+                                        ncclDataType_t datatype, cudaStream_t stream) {
+  return codec_unrotate("qncclUnrotate", src, count, config, dst, datatype, stream);
+}
+
 // ---- allreduce -----------------------------------------------------------------------
 
 QNCCL_EXPORT ncclResult_t qncclAutoAlgo(size_t count, ncclDataType_t datatype, int nranks,

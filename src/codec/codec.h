@@ -129,6 +129,12 @@ ncclResult_t codec_quantize(const char* fn, const void* src, size_t count, ncclD
 ncclResult_t codec_dequantize(const char* fn, const void* src, size_t srcBytes, size_t count,
                               const qncclCodecConfig_t* config, void* dst, ncclDataType_t datatype,
                               cudaStream_t stream, bool accumulate);
+/* qncclRotate (src into the float32 values z) and qncclUnrotate (z into dst). */
+ncclResult_t codec_rotate(const char* fn, const void* src, size_t count, ncclDataType_t datatype,
+                          const qncclCodecConfig_t* config, float* z, cudaStream_t stream);
+ncclResult_t codec_unrotate(const char* fn, const float* z, size_t count,
+                            const qncclCodecConfig_t* config, void* dst, ncclDataType_t datatype,
+                            cudaStream_t stream);
 ncclResult_t host_codec_isa(const char* fn, const char** isa);
 ncclResult_t cuda_info(const char* fn, qncclCudaInfo_t* info);
 

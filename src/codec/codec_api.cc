@@ -3,6 +3,8 @@
  * buffers live. */
 #include <stdint.h>
 
+#include <string.h>
+
 #include <algorithm>
 #include <memory>
 #include <new>
@@ -30,10 +32,11 @@ ncclResult_t check_codec_config(const char* fn, const qncclCodecConfig_t* config
                      "%s: rounding = %d is unknown; allowed: qncclRoundNearest (0) or "
                      "qncclRoundStochastic (1)",
                      fn, (int)config->rounding);
-  if (config->rotation != qncclRotationNone && config->rotation != qncclRotationHadamard)
+  if (config->rotation != qncclRotationNone && config->rotation != qncclRotationHadamard &&
+      config->rotation != qncclRotationPrerotated)
     return set_error(ncclInvalidArgument,
-                     "%s: rotation = %d is unknown; allowed: qncclRotationNone (0) or "
-                     "qncclRotationHadamard (1)",
+                     "%s: rotation = %d is unknown; allowed: qncclRotationNone (0), "
+                     "qncclRotationHadamard (1) or qncclRotationPrerotated (2)",
                      fn, (int)config->rotation);
   const size_t block = config->rotationBlock;
   if (block != 0 && (block < QNCCL_MIN_ROTATION_BLOCK || block > QNCCL_MAX_ROTATION_BLOCK ||
@@ -47,7 +50,7 @@ ncclResult_t check_codec_config(const char* fn, const qncclCodecConfig_t* config
 }
 
 size_t rotation_block(const qncclCodecConfig_t& config) {
-  if (config.rotation == qncclRotationNone) return 0;
+  if (config.rotation != qncclRotationHadamard) return 0;
   return config.rotationBlock != 0 ? config.rotationBlock : QNCCL_DEFAULT_ROTATION_BLOCK;
 }
 
@@ -232,6 +235,99 @@ ncclResult_t codec_dequantize(const char* fn, const void* src, size_t srcBytes, 
   RotationMemory memory;
   QNCCL_CHECK(rotation_memory(fn, count, &p, &memory));
   host->dequantize(src, count, p, dst, datatype, accumulate);
+  return ncclSuccess;
+}
+
+namespace {
+
+/* qncclRotate's and qncclUnrotate's checks: a Hadamard config, the type, the
+ * count, the buffers (`forward`: src of `datatype`, dst float32; else the
+ * reverse; the same buffer only as float32), on the host. */
+ncclResult_t check_rotation_call(const char* fn, const void* src, size_t count,
+                                 ncclDataType_t datatype, const qncclCodecConfig_t* config,
+                                 const void* dst, bool forward) {
+  QNCCL_CHECK(check_codec_config(fn, config));
+  if (config->rotation != qncclRotationHadamard)
+    return set_error(ncclInvalidArgument,
+                     "%s: rotation = %d; allowed: qncclRotationHadamard (1), the rotation it "
+                     "computes",
+                     fn, (int)config->rotation);
+  QNCCL_CHECK(check_codec_type(fn, "datatype", datatype));
+  QNCCL_CHECK(check_count(fn, count));
+  if (count == 0) return ncclSuccess;
+  QNCCL_CHECK(check_buffer(fn, "src", src, count));
+  QNCCL_CHECK(check_buffer(fn, "dst", dst, count));
+  const size_t typed = count * float_type_size(datatype), f32 = count * sizeof(float);
+  const uintptr_t a = (uintptr_t)src, b = (uintptr_t)dst;
+  const size_t a_bytes = forward ? typed : f32, b_bytes = forward ? f32 : typed;
+  const bool in_place = a == b && datatype == ncclFloat32;
+  if (!in_place && a < b + b_bytes && b < a + a_bytes)
+    return set_error(ncclInvalidArgument,
+                     "%s: src and dst overlap; pass separate buffers, or one buffer for both "
+                     "with ncclFloat32 (in place)",
+                     fn);
+#ifdef QNCCL_WITH_CUDA
+  int device = -1;
+  QNCCL_CHECK(locate(fn, src, dst, &device));
+  if (device >= 0)
+    return set_error(ncclInvalidUsage,
+                     "%s: device buffers are not in this build yet; rotate host buffers", fn);
+#endif
+  return ncclSuccess;
+}
+
+/* The signs' masks of one block of a `count`-value segment. */
+ncclResult_t rotation_masks_of(const char* fn, const qncclCodecConfig_t* config, size_t count,
+                               std::unique_ptr<uint32_t[]>* masks) {
+  const size_t n = std::min(count, rotation_block(*config));
+  masks->reset(new (std::nothrow) uint32_t[n]);
+  if (*masks == nullptr)
+    return set_error(ncclSystemError, "%s: no memory for %zu sign masks", fn, n);
+  rotation_masks(rotation_key(config->seed), n, masks->get());
+  return ncclSuccess;
+}
+
+}  // namespace
+
+ncclResult_t codec_rotate(const char* fn, const void* src, size_t count, ncclDataType_t datatype,
+                          const qncclCodecConfig_t* config, float* z, cudaStream_t stream) {
+  (void)stream;
+  QNCCL_CHECK(check_rotation_call(fn, src, count, datatype, config, z, true));
+  if (count == 0) return ncclSuccess;
+  const HostCodec* host;
+  QNCCL_CHECK(host_codec(&host));
+  std::unique_ptr<uint32_t[]> masks;
+  QNCCL_CHECK(rotation_masks_of(fn, config, count, &masks));
+  host->rotate(src, datatype, count, rotation_block(*config), masks.get(), z);
+  for (size_t i = 0; i < count; i++)  // a NaN's bits as unrotate leaves them
+    if (z[i] != z[i]) z[i] = bits_float(kCanonicalNanF32);
+  return ncclSuccess;
+}
+
+ncclResult_t codec_unrotate(const char* fn, const float* z, size_t count,
+                            const qncclCodecConfig_t* config, void* dst, ncclDataType_t datatype,
+                            cudaStream_t stream) {
+  (void)stream;
+  QNCCL_CHECK(check_rotation_call(fn, z, count, datatype, config, dst, false));
+  if (count == 0) return ncclSuccess;
+  const HostCodec* host;
+  QNCCL_CHECK(host_codec(&host));
+  std::unique_ptr<uint32_t[]> masks;
+  QNCCL_CHECK(rotation_masks_of(fn, config, count, &masks));
+  // the inverse runs in place in float32: in dst itself when it is float32, else in a copy
+  std::unique_ptr<float[]> copy;
+  float* work = static_cast<float*>(dst);
+  if (datatype != ncclFloat32) {
+    copy.reset(new (std::nothrow) float[count]);
+    if (copy == nullptr)
+      return set_error(ncclSystemError,
+                       "%s: no memory for %zu float32 values to rotate back in; rotate back a "
+                       "smaller buffer at a time, or into float32",
+                       fn, count);
+    work = copy.get();
+  }
+  if (work != z) memcpy(work, z, count * sizeof(float));
+  host->unrotate(work, count, rotation_block(*config), masks.get(), dst, datatype);
   return ncclSuccess;
 }
 

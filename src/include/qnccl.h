@@ -49,7 +49,10 @@ typedef enum {
 
 typedef enum {
   qncclRotationNone = 0,    /* quantize the values as they are */
-  qncclRotationHadamard = 1 /* a randomized Hadamard rotation first (docs/rotation.md) */
+  qncclRotationHadamard = 1, /* a randomized Hadamard rotation first (docs/rotation.md) */
+  qncclRotationPrerotated = 2 /* the caller rotated the values (a collective's rotated domain,
+                                 e.g. qnccl.torch's hook): the uniform grid, as Hadamard's,
+                                 but nothing rotated here or when decoded */
 } qncclRotation_t;
 
 #define QNCCL_MIN_ROTATION_BLOCK 2
@@ -96,6 +99,22 @@ ncclResult_t qncclDequantize(const void* src, size_t srcBytes, size_t count,
 ncclResult_t qncclDequantizeAccumulate(const void* src, size_t srcBytes, size_t count,
                                        const qncclCodecConfig_t* config, void* acc,
                                        ncclDataType_t datatype, cudaStream_t stream);
+
+/* The rotation on its own (docs/rotation.md), for callers that keep values in
+ * the rotated domain and quantize them with qncclRotationPrerotated:
+ * qncclRotate writes the forward rotation of `count` values of `datatype` at
+ * src, rotated as one segment in blocks of config->rotationBlock with the
+ * signs of config->seed, as `count` float32 values at dst; qncclUnrotate
+ * rotates `count` float32 values at src back into dst, stored as `datatype`.
+ * Both write every NaN as the canonical one (a NaN poisons its block). The
+ * config's rotation must be the Hadamard one; its bits and bucketSize are
+ * unused, but checked as for qncclQuantize. In place (dst == src) for ncclFloat32; otherwise the
+ * buffers must not overlap. Host buffers (device ones: ncclInvalidUsage, not
+ * in this build yet); `stream` is ignored. */
+ncclResult_t qncclRotate(const void* src, size_t count, ncclDataType_t datatype,
+                         const qncclCodecConfig_t* config, float* dst, cudaStream_t stream);
+ncclResult_t qncclUnrotate(const float* src, size_t count, const qncclCodecConfig_t* config,
+                           void* dst, ncclDataType_t datatype, cudaStream_t stream);
 
 /* ---- Quantized allreduce (docs/allreduce.md) ----------------------------- */
 

@@ -134,6 +134,7 @@ class Case:
     intra_bits: int = 0  # hier: inside a node
     lanes: int = 0  # of a flat call's pipeline (0: auto, one lane on host buffers)
     rotation_block: int = 0  # a Hadamard rotation in blocks of this (0: none)
+    prerotated: bool = False  # qncclRotationPrerotated: the uniform grid, nothing rotated
 
     def __str__(self):
         hier = f" inter={self.inter} intra_bits={self.intra_bits}" if NODES is not None else ""
@@ -142,7 +143,8 @@ class Case:
                 f"bucket={self.bucket} segmentValues={self.segment_values} lanes={self.lanes} "
                 f"seed={self.seed} "
                 f"data={self.data}"
-                + (f" rotation_block={self.rotation_block}" if self.rotation_block else ""))
+                + (f" rotation_block={self.rotation_block}" if self.rotation_block else "")
+                + (" prerotated" if self.prerotated else ""))
 
 
 def rank_input(case, rank):
@@ -195,6 +197,8 @@ def make_config(case):
     if case.rotation_block:
         config.codec.rotation = lib.qncclRotationHadamard
         config.codec.rotationBlock = case.rotation_block
+    if case.prerotated:
+        config.codec.rotation = lib.qncclRotationPrerotated
     return config
 
 
@@ -284,6 +288,8 @@ def check_case(case, call, outputs, send_ok, failures):
 
 def rotation_of(case):
     """The emulator's rotation keywords for `case`."""
+    if case.prerotated:
+        return {"rotation": "prerotated"}
     if not case.rotation_block:
         return {}
     return {"rotation": "hadamard", "rotation_block": case.rotation_block}
@@ -368,6 +374,12 @@ def rotated_cases():
     for i, dtype in enumerate(("float32", "float16")):
         cases.append(Case(("ring", "sra")[i], dtype, 2 * 16384 + 7807, "stochastic",
                           ("sum", "avg")[i], bits=3, seed=5100 + i, rotation_block=16384))
+    # values the caller rotated (qncclRotationPrerotated): the uniform grid, nothing rotated
+    for i, (algo, dtype) in enumerate(itertools.product(("ring", "tree", "sra"),
+                                                        ("float32", "float16"))):
+        cases.append(Case(algo, dtype, 7919, ("nearest", "stochastic")[i % 2],
+                          ("sum", "avg")[i // 2 % 2], inplace=bool(i % 2), bits=(3, 4)[i % 2],
+                          bucket=100, seed=5200 + i, prerotated=True))
     return cases
 
 
@@ -426,8 +438,8 @@ MISUSE = [  # (argument, bad value, what the message must say: the argument and 
     ("algo", 7, r"algo = 7 .*allowed: .*qncclAlgoAuto.*qncclAlgoRing.*qncclAlgoTree"
                 r".*qncclAlgoSra"),
     ("lanes", 9, r"lanes = 9; allowed: 0 \(auto.*\) or 1\.\.8"),
-    ("rotation", 5, r"rotation = 5 is unknown; allowed: qncclRotationNone \(0\) or "
-                    r"qncclRotationHadamard \(1\)"),
+    ("rotation", 5, r"rotation = 5 is unknown; allowed: qncclRotationNone \(0\), "
+                    r"qncclRotationHadamard \(1\) or qncclRotationPrerotated \(2\)"),
     ("rotationBlock", 100, r"rotationBlock = 100; allowed: 0 \(the default, 256\) or a power of "
                            r"two"),
     ("op", "ncclMax", r"op = 2 .*allowed: ncclSum.*ncclAvg"),
