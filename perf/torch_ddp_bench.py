@@ -11,7 +11,7 @@ the same weights and sees the same data; it prints seconds per step (the median 
 steps of the slowest rank's step) and the final training loss (the mean over the last 5
 steps).
 
-    .venv/bin/python perf/torch_ddp_bench.py                    # 4 ranks, 1 Gbit/s, ~3 min
+    .venv/bin/python perf/torch_ddp_bench.py                    # 4 ranks, 1 Gbit/s, ~4 min
     .venv/bin/python perf/torch_ddp_bench.py --steps 30         # the README's table, ~8 min
     .venv/bin/python perf/torch_ddp_bench.py --rate 10gbit --steps 20
 
