@@ -4,7 +4,7 @@ real kernels:
 
 - codec_gpu_test: the CUDA codec against the host codec byte for byte, every bits value,
   buckets from 1 to 2^20 (powers of two, one pass; others, two), all three types, both
-  roundings, counts 0, 1, 9, 4099 and the prime 40009, misaligned pointers, a count whose
+  roundings, both grids (the cubic one, and a rotated call's uniform one: prerotated), counts 0, 1, 9, 4099 and the prime 40009, misaligned pointers, a count whose
   grid-stride loops wrap, device calls that return behind a held stream; once per lane
   order, since code that depends on an order the hardware does not promise gives
   different bytes under another;

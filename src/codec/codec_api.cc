@@ -276,9 +276,11 @@ ncclResult_t check_rotation_call(const char* fn, const void* src, size_t count,
   return ncclSuccess;
 }
 
-/* The signs' masks of one block of a `count`-value segment. */
-ncclResult_t rotation_masks_of(const char* fn, const qncclCodecConfig_t* config, size_t count,
-                               std::unique_ptr<uint32_t[]>* masks) {
+/* What qncclRotate and qncclUnrotate run with: the host codec and the
+ * signs' masks of one block of a `count`-value segment. */
+ncclResult_t rotation_of(const char* fn, const qncclCodecConfig_t* config, size_t count,
+                         const HostCodec** host, std::unique_ptr<uint32_t[]>* masks) {
+  QNCCL_CHECK(host_codec(host));
   const size_t n = std::min(count, rotation_block(*config));
   masks->reset(new (std::nothrow) uint32_t[n]);
   if (*masks == nullptr)
@@ -295,9 +297,8 @@ ncclResult_t codec_rotate(const char* fn, const void* src, size_t count, ncclDat
   QNCCL_CHECK(check_rotation_call(fn, src, count, datatype, config, z, true));
   if (count == 0) return ncclSuccess;
   const HostCodec* host;
-  QNCCL_CHECK(host_codec(&host));
   std::unique_ptr<uint32_t[]> masks;
-  QNCCL_CHECK(rotation_masks_of(fn, config, count, &masks));
+  QNCCL_CHECK(rotation_of(fn, config, count, &host, &masks));
   host->rotate(src, datatype, count, rotation_block(*config), masks.get(), z);
   for (size_t i = 0; i < count; i++)  // a NaN's bits as unrotate leaves them
     if (z[i] != z[i]) z[i] = bits_float(kCanonicalNanF32);
@@ -311,9 +312,8 @@ ncclResult_t codec_unrotate(const char* fn, const float* z, size_t count,
   QNCCL_CHECK(check_rotation_call(fn, z, count, datatype, config, dst, false));
   if (count == 0) return ncclSuccess;
   const HostCodec* host;
-  QNCCL_CHECK(host_codec(&host));
   std::unique_ptr<uint32_t[]> masks;
-  QNCCL_CHECK(rotation_masks_of(fn, config, count, &masks));
+  QNCCL_CHECK(rotation_of(fn, config, count, &host, &masks));
   // the inverse runs in place in float32: in dst itself when it is float32, else in a copy
   std::unique_ptr<float[]> copy;
   float* work = static_cast<float*>(dst);

@@ -1,8 +1,10 @@
 /* The CUDA codec against the host codec, through the public API: for every
- * configuration, qncclQuantize, qncclDequantize and qncclDequantizeAccumulate
- * run once on host buffers and once on device buffers, and must write the
- * same bytes. Device buffers get garbage first (the codec must write every
- * byte it owns, padding included) and guard bytes after (it must write none
+ * configuration (the cubic grid, or for half of them qncclRotationPrerotated:
+ * every bucket on the uniform grid, as a rotated call's), qncclQuantize,
+ * qncclDequantize and qncclDequantizeAccumulate run once on host buffers and
+ * once on device buffers, and must write the same bytes. Device buffers get
+ * garbage first (the codec must write every byte it owns, padding included)
+ * and guard bytes after (it must write none
  * past its end); every other configuration uses device pointers that are
  * not 16- or 8-byte aligned, for the kernels' unvectorized paths. Finally
  * the device calls must not wait for their stream.
@@ -270,13 +272,17 @@ void check_matrix(const std::vector<size_t>& counts, cudaStream_t stream, int* p
         for (int bits = QNCCL_MIN_BITS; bits <= QNCCL_MAX_BITS; ++bits) {
           for (size_t bucket : buckets) {
             for (int rounding = 0; rounding < 2; ++rounding, ++serial) {
-              const qncclCodecConfig_t cfg = {bits, bucket, (qncclRounding_t)rounding,
-                                              0x5eed0000ull + serial, qncclRotationNone, 0};
+              // every other bucket prerotated, flipping with bits: each bucket size takes
+              // both grids, the cubic one and a rotated call's uniform one
+              const bool rotated = (serial / 2 + (size_t)bits) % 2 == 1;
+              const qncclCodecConfig_t cfg = {
+                  bits, bucket, (qncclRounding_t)rounding, 0x5eed0000ull + serial,
+                  rotated ? qncclRotationPrerotated : qncclRotationNone, 0};
               const bool aligned = serial % 3 != 1;  // period 3: mixes with bits and rounding
               char name[160];
-              snprintf(name, sizeof name, "%s n=%zu %s bits=%d bucket=%zu %s%s", in.name, count,
+              snprintf(name, sizeof name, "%s n=%zu %s bits=%d bucket=%zu %s%s%s", in.name, count,
                        values, bits, bucket, rounding ? "stochastic" : "nearest",
-                       aligned ? "" : " unaligned");
+                       rotated ? " prerotated" : "", aligned ? "" : " unaligned");
               const bool ok = check_config(in, count, cfg, serial * 977, aligned, dsrc, dwire,
                                            dout, stream, name);
               ++*(ok ? passed : failed);
