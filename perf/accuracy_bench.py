@@ -165,6 +165,9 @@ def build_parser():
                    help="add rotated twins (randomized Hadamard in blocks of each of BLOCKS "
                         "values, docs/rotation.md) beside every configuration, e.g. 256 or "
                         "64,1024 (default: none)")
+    p.add_argument("--clip", action="store_true",
+                   help="with --rotation: a twin of each rotated configuration with clipped "
+                        "ranges (clip gaussian, docs/rotation.md)")
     p.add_argument("--optimizer", choices=("adam", "sgd"), default="adam",
                    help="adam (default; AdamW for the LM) or plain sgd")
     p.add_argument("--workers", type=int_in(1), default=min(2, os.cpu_count() or 1),
@@ -175,7 +178,10 @@ def build_parser():
 
 
 def parse_args(argv):
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.clip and not args.rotation:
+        parser.error("--clip clips rotated configurations' ranges: give --rotation BLOCKS too")
     preset = QUICK if args.quick else FULL
     args.seeds = args.seeds or preset["seeds"]
     args.sizes = {m: {"steps": args.steps or preset[m]["steps"], "test": preset[m]["test"]}
@@ -197,8 +203,12 @@ def configurations(args):
                 out.append({"bits": b, "algo": a, "error_feedback": ef})
                 if args.adaptive and 2 < b < 8:
                     out.append({"bits": b, "algo": a, "error_feedback": ef, "adaptive": True})
-                out += [{"bits": b, "algo": a, "error_feedback": ef, "rotation_block": block}
-                        for block in args.rotation]
+                for block in args.rotation:
+                    out.append({"bits": b, "algo": a, "error_feedback": ef,
+                                "rotation_block": block})
+                    if args.clip:
+                        out.append({"bits": b, "algo": a, "error_feedback": ef,
+                                    "rotation_block": block, "clip": "gaussian"})
     return out
 
 
@@ -224,7 +234,8 @@ def config_name(c):
         return "alltoall fwd uint{} bwd uint{}".format(*c["alltoall"])
     return (f"uint{c['bits']} {c['algo']}" + (" EF" if c["error_feedback"] else "")
             + (" adaptive" if c.get("adaptive") else "")
-            + (f" rot{c['rotation_block']}" if c.get("rotation_block") else ""))
+            + (f" rot{c['rotation_block']}" if c.get("rotation_block") else "")
+            + (" clip" if c.get("clip", "none") != "none" else ""))
 
 
 def jobs(args):
@@ -318,7 +329,8 @@ def train(job, settings):
                                       seed=job["seed"],
                                       error_feedback=c["error_feedback"], adaptive=policy,
                                       rotation="hadamard" if c.get("rotation_block") else "none",
-                                      rotation_block=c.get("rotation_block") or 256)
+                                      rotation_block=c.get("rotation_block") or 256,
+                                      clip=c.get("clip", "none"))
     eval_at = set(np.linspace(0, steps, EVALS + 1).round().astype(int).tolist())
     curve, grad_error, wire = [], 0.0, 0.0
     for step in range(steps + 1):
@@ -726,7 +738,7 @@ def main(argv=None):
                            "optimizer": args.optimizer,
                            "lr": {m: task_class(m).LR[args.optimizer] for m in args.model},
                            "bucket_size": args.bucket_size, "adaptive": args.adaptive,
-                           "rotation_blocks": list(args.rotation),
+                           "rotation_blocks": list(args.rotation), "clip": args.clip,
                            "rounding": args.rounding, "ranks": list(args.ranks),
                            "alltoall": [list(p) for p in args.alltoall],
                            "workers": args.workers},

@@ -3,11 +3,12 @@
 // memcpy of the same buffer in the same run. Single thread, public API only.
 //
 //   codec_bench [-b BITS[,BITS..]] [-B BUCKET[,BUCKET..]] [-n BYTES] [-r REPS]
-//               [--rotation BLOCK] [--json FILE]
+//               [--rotation BLOCK [--clip]] [--json FILE]
 //
 // --rotation adds each operation rotated (docs/rotation.md: a randomized
 // Hadamard rotation in blocks of BLOCK before quantizing, back after
-// decoding), so the rotation's cost reads beside the operation it wraps.
+// decoding), so the rotation's cost reads beside the operation it wraps;
+// --clip rotates them with their ranges clipped (qncclClipGaussian).
 // Lists in -b/-B sweep every combination. Each figure is the median of REPS
 // timed passes over the whole buffer, after one untimed warm-up pass.
 #include <qnccl.h>
@@ -28,13 +29,14 @@ namespace {
 
 const char kUsage[] =
     "usage: codec_bench [-b BITS] [-B BUCKET] [-n BYTES] [-r REPS] [--rotation BLOCK]\n"
-    "                   [--json FILE] [-h]\n"
+    "                   [--clip] [--json FILE] [-h]\n"
     "  -b BITS     bits per value, 1..8, or a comma list to sweep (default 4)\n"
     "  -B BUCKET   values per bucket, or a comma list to sweep (default 128)\n"
     "  -n BYTES    float32 input size, suffix K/M/G allowed, multiple of 4 (default 64M)\n"
     "  -r REPS     timed repetitions, the median is reported (default 7)\n"
     "  --rotation BLOCK  also each operation with a Hadamard rotation in blocks of BLOCK\n"
     "              (a power of two, 2..16384)\n"
+    "  --clip      the rotated operations with clipped ranges (qncclClipGaussian)\n"
     "  --json FILE also write the results as JSON\n"
     "GB/s = bytes of float32 input / time (1 GB = 1e9 bytes).\n";
 
@@ -108,11 +110,16 @@ int main(int argc, char** argv) {
   int reps = 7;
   std::string json_path;
   size_t rotation_block = 0;
+  bool clip = false;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg == "-h" || arg == "--help") {
       std::fputs(kUsage, stdout);
       return 0;
+    }
+    if (arg == "--clip") {
+      clip = true;
+      continue;
     }
     if (arg != "-b" && arg != "-B" && arg != "-n" && arg != "-r" && arg != "--json" &&
         arg != "--rotation")
@@ -131,6 +138,7 @@ int main(int argc, char** argv) {
         usage_error("--rotation must be a power of two from 2 to 16384");
     }
   }
+  if (clip && rotation_block == 0) usage_error("--clip clips rotated ranges: give --rotation too");
   for (size_t b : bits_list)
     if (b < QNCCL_MIN_BITS || b > QNCCL_MAX_BITS) usage_error("-b must be 1..8");
   if (bytes == 0 || bytes % sizeof(float) != 0) usage_error("-n must be a positive multiple of 4");
@@ -150,7 +158,8 @@ int main(int argc, char** argv) {
   auto add_codec = [&](int bits, size_t bucket, bool rotated) {
     Codec* c = &codecs.emplace_back();
     c->config = {bits, bucket, qncclRoundNearest, 1,
-                 rotated ? qncclRotationHadamard : qncclRotationNone, rotation_block};
+                 rotated ? qncclRotationHadamard : qncclRotationNone, rotation_block,
+                 rotated && clip ? qncclClipGaussian : qncclClipNone};
     size_t packed_bytes = 0;
     check(qncclCompressedSize(count, &c->config, &packed_bytes), "qncclCompressedSize");
     c->packed.resize(packed_bytes);
@@ -215,9 +224,9 @@ int main(int argc, char** argv) {
       return 1;
     }
     std::fprintf(f,
-                 "{\"bytes\": %zu, \"reps\": %d, \"rotation_block\": %zu, \"memcpy_gbps\": %.4f, "
-                 "\"results\": [",
-                 bytes, reps, rotation_block, memcpy_gbps);
+                 "{\"bytes\": %zu, \"reps\": %d, \"rotation_block\": %zu, \"clip\": %s, "
+                 "\"memcpy_gbps\": %.4f, \"results\": [",
+                 bytes, reps, rotation_block, clip ? "true" : "false", memcpy_gbps);
     for (size_t i = 1; i < ops.size(); ++i) {
       const Op& op = ops[i];
       std::fprintf(f,

@@ -11,7 +11,8 @@ with libqnccl.so), and its error is the relative L2 error of the averaged gradie
 
 Grids: the library rotates onto the uniform grid (a rotated bucket is close to Gaussian);
 the study also runs the two other pairings, the cubic grid rotated and the uniform grid
-unrotated, so that the table shows what the rotation and the grid each contribute.
+unrotated, so that the table shows what the rotation and the grid each contribute; and the
+best block once more with clipped ranges (clip="gaussian", docs/rotation.md "Clipped ranges").
 
     .venv/bin/python perf/rotation_study.py           # both models, about 5 min
     .venv/bin/python perf/rotation_study.py --quick   # under a minute
@@ -95,14 +96,16 @@ def snapshots(model, nranks, quick):
     return kept
 
 
-def error(grads, algo, bits, bucket, rounding, grid, block):
-    """Mean over the kept steps of the averaged gradient's relative L2 error."""
+def error(grads, algo, bits, bucket, rounding, grid, block, clip="none"):
+    """Mean over the kept steps of the averaged gradient's relative L2 error (clip: the
+    rotated buckets' ranges, docs/rotation.md "Clipped ranges")."""
     out = []
     for call, x in enumerate(grads):
         nranks, count = x.shape
         name = auto_algo(count, "float32", nranks) if algo == "auto" else algo
         cfg = _Config(nranks, bits, bucket, rounding, 7, call, True, False,
-                      rotation_block=block, cubic=grid == "cubic")
+                      rotation_block=block, cubic=grid == "cubic",
+                      clip=clip)
         y = run(x, name, cfg, 0)[0].astype(np.float64)
         exact = x.astype(np.float64).mean(axis=0)
         out.append(np.linalg.norm(y - exact) / np.linalg.norm(exact))
@@ -122,24 +125,29 @@ def study(args, model, grads):
             best = min(row["rotated"], key=row["rotated"].get)
             row["best_block"] = best
             row["reduction"] = 1 - row["rotated"][best] / row["cubic"]
+            row["clipped"] = error(grads, args.algo, bits, bucket, args.rounding, "uniform", best,
+                                   "gaussian")
+            row["clipped_reduction"] = 1 - row["clipped"] / row["cubic"]
             rows.append(row)
             print(f"{model} {bits} bits, bucket {bucket:4d}: cubic {row['cubic']:.4f}, "
                   f"rotated (block {best}) {row['rotated'][best]:.4f}, "
-                  f"{-100 * row['reduction']:+.0f}%", flush=True)
+                  f"{-100 * row['reduction']:+.0f}%, clipped {row['clipped']:.4f}, "
+                  f"{-100 * row['clipped_reduction']:+.0f}%", flush=True)
     return rows
 
 
 def markdown(model, rows, args):
     blocks = " | ".join(f"rot. {b}" for b in args.blocks)
     head = (f"| bits | bucket | wire bits/value | cubic (today) | uniform | {blocks} | "
-            "best rotated vs today | rot. cubic, best |")
+            "best rotated vs today | rot. cubic, best | best block clipped | clipped vs today |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         rot = " | ".join(f"{r['rotated'][b]:.4f}" for b in args.blocks)
         best_cubic = min(r["rotated_cubic"].values())
         lines.append(f"| {r['bits']} | {r['bucket']} | {r['wire_bits']:.3f} | {r['cubic']:.4f} "
                      f"| {r['uniform']:.4f} | {rot} | {-100 * r['reduction']:+.0f}% "
-                     f"(block {r['best_block']}) | {best_cubic:.4f} |")
+                     f"(block {r['best_block']}) | {best_cubic:.4f} | {r['clipped']:.4f} "
+                     f"| {-100 * r['clipped_reduction']:+.0f}% |")
     return "\n".join(lines)
 
 

@@ -6,10 +6,10 @@ with DistributedDataParallel on N gloo processes inside perf/netlab (a loopback 
 --rate, MPI launches the ranks, gloo talks TCP): with no hook, with PyTorch's own
 fp16_compress_hook, bf16_compress_hook and PowerSGD (rank 2, error feedback, after 2 plain
 steps, its buckets one at a time), and with qnccl.torch's SRA hook (bucket 128) at 8 and 4
-bits, and at 3 and 2 bits rotated in blocks of 256 (docs/rotation.md). Every job starts from
-the same weights and sees the same data; it prints seconds per step (the median over the timed
-steps of the slowest rank's step) and the final training loss (the mean over the last 5
-steps).
+bits, at 3 and 2 bits rotated in blocks of 256 (docs/rotation.md), and at 2 bits rotated with
+clipped ranges ("Clipped ranges" there). Every job starts from the same weights and sees the
+same data; it prints seconds per step (the median over the timed steps of the slowest rank's
+step) and the final training loss (the mean over the last 5 steps).
 
     .venv/bin/python perf/torch_ddp_bench.py                    # 4 ranks, 1 Gbit/s, ~4 min
     .venv/bin/python perf/torch_ddp_bench.py --steps 30         # the README's table, ~8 min
@@ -39,13 +39,16 @@ from gloo_ranks import rendezvous_port  # noqa: E402  (this file's folder)
 # qnccl.torch's hook settings (bucket 128): "r", rotated in blocks of 256 (docs/rotation.md)
 QNCCL_HOOKS = {"qnccl8": {"bits": 8}, "qnccl4": {"bits": 4},
                "qnccl3r": {"bits": 3, "rotation": "hadamard", "rotation_block": 256},
-               "qnccl2r": {"bits": 2, "rotation": "hadamard", "rotation_block": 256}}
+               "qnccl2r": {"bits": 2, "rotation": "hadamard", "rotation_block": 256},
+               "qnccl2rc": {"bits": 2, "rotation": "hadamard", "rotation_block": 256,
+                            "clip": "gaussian"}}
 HOOKS = ("none", "fp16", "bf16", "powersgd", *QNCCL_HOOKS)
 NAMES = {"none": "DDP, no hook", "fp16": "PyTorch fp16_compress_hook",
          "bf16": "PyTorch bf16_compress_hook", "powersgd": "PyTorch PowerSGD, rank 2 (buckets one at a time)",
          "qnccl8": "qnccl.torch sra_hook, 8 bits", "qnccl4": "qnccl.torch sra_hook, 4 bits",
          "qnccl3r": "qnccl.torch sra_hook, 3 bits, rotated",
-         "qnccl2r": "qnccl.torch sra_hook, 2 bits, rotated"}
+         "qnccl2r": "qnccl.torch sra_hook, 2 bits, rotated",
+         "qnccl2rc": "qnccl.torch sra_hook, 2 bits, rotated, clipped"}
 WIDTH, LAYERS, BATCH = 1408, 4, 64  # about 8M parameters; per-rank batch
 LR = 0.02
 LAST = 5  # steps the final loss is averaged over

@@ -129,6 +129,9 @@ RUN_OPTIONS = (
     ("--rotation-block", "QNCCL_ROTATION_BLOCK", dict(
         type=power_of_two_in(rotation.MIN_BLOCK, rotation.MAX_BLOCK), metavar="N",
         help="values per rotation block, a power of two 2..16384 (default 256)")),
+    ("--clip", "QNCCL_CLIP", dict(choices=("none", "gaussian"),
+                                  help="default none; gaussian: clipped ranges for rotated "
+                                       "buckets, with --rotation hadamard (docs/rotation.md)")),
     ("--algo", "QNCCL_ALGO", dict(choices=("auto", "rule", "ring", "tree", "sra", "hier"),
                                   help="default auto: measured, exact or quantized and the "
                                        "algorithm per size (docs/tuning.md); rule: fixed "
@@ -328,6 +331,7 @@ def nccl_wheel():
 
 _ROUNDING_NAMES = {0: "nearest", 1: "stochastic"}
 _ROTATION_NAMES = {0: "none", 1: "hadamard"}
+_CLIP_NAMES = {0: "none", 1: "gaussian"}
 _ALGO_NAMES = {0: "auto", 1: "ring", 2: "tree", 3: "sra", 4: "hier"}
 _DEBUG_NAMES = {0: "WARN", 1: "INFO", 2: "TRACE"}
 
@@ -342,6 +346,7 @@ def describe_env_config(config):
             f"rounding={_ROUNDING_NAMES.get(allreduce.codec.rounding, allreduce.codec.rounding)} "
             f"rotation={_ROTATION_NAMES.get(allreduce.codec.rotation, allreduce.codec.rotation)} "
             f"rotation_block={allreduce.codec.rotationBlock or rotation.DEFAULT_BLOCK} "
+            f"clip={_CLIP_NAMES.get(allreduce.codec.clip, allreduce.codec.clip)} "
             f"algo={algo} "
             f"inter_algo={_ALGO_NAMES.get(allreduce.interAlgo, allreduce.interAlgo)} "
             f"intra_bits={allreduce.intraBits} lanes={allreduce.lanes} "
@@ -502,8 +507,12 @@ def cmd_codec_bench(args):
     args.json.parent.mkdir(parents=True, exist_ok=True)
     cmd = [str(exe), "-b", ",".join(map(str, args.bits)), "-B", ",".join(map(str, args.bucket)),
            "-n", args.bytes, "-r", str(args.reps), "--json", str(args.json)]
+    if args.clip and not args.rotation:
+        print("qnccl codec-bench: --clip clips rotated buckets' ranges; give --rotation BLOCK "
+              "too", file=sys.stderr)
+        return 2
     if args.rotation:
-        cmd += ["--rotation", str(args.rotation)]
+        cmd += ["--rotation", str(args.rotation)] + (["--clip"] if args.clip else [])
     rc = subprocess.call(cmd)
     if rc == 0:
         print(f"results: {args.json}")
@@ -615,6 +624,8 @@ def build_parser():
     codec_bench.add_argument("--rotation", type=_rotation_block, default=0, metavar="BLOCK",
                              help="also run each operation with a Hadamard rotation in blocks "
                                   "of BLOCK values (docs/rotation.md), beside it")
+    codec_bench.add_argument("--clip", action="store_true",
+                             help="the rotated operations with clipped ranges (clip gaussian)")
     codec_bench.add_argument("--json", type=Path, default=BUILD / "bench" / "codec.json",
                              help="where to write the results (default build/bench/codec.json)")
     codec_bench.set_defaults(func=cmd_codec_bench)

@@ -34,6 +34,7 @@ from .emulate import rotation as _rotation
 
 _NCCL_TYPE_NAMES = {"float32": "ncclFloat32", "float16": "ncclFloat16", "bfloat16": "ncclBfloat16"}
 _ROUNDING_NAMES = {"nearest": "qncclRoundNearest", "stochastic": "qncclRoundStochastic"}
+_CLIP_NAMES = {"none": "qncclClipNone", "gaussian": "qncclClipGaussian"}
 _ROTATION_NAMES = {"none": "qncclRotationNone", "hadamard": "qncclRotationHadamard",
                    "prerotated": "qncclRotationPrerotated"}
 
@@ -56,6 +57,7 @@ class QuantizedArray:
     # grid (docs/rotation.md)
     rotation: str = "none"
     rotation_block: int = _rotation.DEFAULT_BLOCK
+    clip: str = "none"  # "gaussian": the rotated buckets' ranges were clipped
 
     @property
     def nbytes(self):
@@ -100,10 +102,11 @@ def _c_value(ctype, name, value):
 
 
 def _config(bits, bucket_size, rounding="nearest", seed=0, rotation="none",
-            rotation_block=_rotation.DEFAULT_BLOCK):
+            rotation_block=_rotation.DEFAULT_BLOCK, clip="none"):
     if rounding not in _ROUNDING_NAMES:
         raise ValueError(f"rounding must be 'nearest' or 'stochastic', got {rounding!r}")
     _rotation.check(rotation, rotation_block)
+    _emulator.check_clip(clip, rotation)
     config = _lib.ffi().new("qncclCodecConfig_t*")
     config.bits = _c_value("int", "bits", bits)
     config.bucketSize = _c_value("size_t", "bucket_size", bucket_size)
@@ -111,6 +114,7 @@ def _config(bits, bucket_size, rounding="nearest", seed=0, rotation="none",
     config.seed = _c_value("uint64_t", "seed", seed)
     config.rotation = getattr(_lib.lib(), _ROTATION_NAMES[rotation])
     config.rotationBlock = rotation_block
+    config.clip = getattr(_lib.lib(), _CLIP_NAMES[clip])
     return config
 
 
@@ -185,7 +189,7 @@ def _quantized_bytes(q):
 # ---- the codec ----------------------------------------------------------------
 
 def quantize(array, bits=4, bucket_size=128, rounding="stochastic", seed=0, stream=0, dtype=None,
-             rotation="none", rotation_block=_rotation.DEFAULT_BLOCK):
+             rotation="none", rotation_block=_rotation.DEFAULT_BLOCK, clip="none"):
     """Quantizes `array` (see the module doc for the types taken).
 
     rounding: "stochastic" (unbiased) or "nearest". The random numbers of
@@ -197,9 +201,11 @@ def quantize(array, bits=4, bucket_size=128, rounding="stochastic", seed=0, stre
     QuantizedArray remembers it, and dequantize rotates back; host arrays only, so far) or
     "prerotated" (values the caller rotated, qnccl.emulate.rotation: the uniform grid, nothing
     rotated here nor by dequantize; device arrays too).
+    clip: "none", or with a rotation "gaussian" (docs/rotation.md, "Clipped ranges": every
+    bucket's range cut where a Gaussian's quantizes best; dequantize needs nothing more).
     """
     rotation_block = rotation_block or _rotation.DEFAULT_BLOCK  # 0: the default, as in C
-    config = _config(bits, bucket_size, rounding, seed, rotation, rotation_block)
+    config = _config(bits, bucket_size, rounding, seed, rotation, rotation_block, clip)
     random_stream = _c_value("uint64_t", "stream", stream)
     src = _memory(array, "array", False)  # a non-contiguous input is copied
     name = _arrays.codec_type(src, dtype)
@@ -212,7 +218,7 @@ def quantize(array, bits=4, bucket_size=128, rounding="stochastic", seed=0, stre
     return QuantizedArray(data=data, count=src.count, shape=src.shape, dtype=name,
                           bits=config.bits, bucket_size=config.bucketSize, rounding=rounding,
                           seed=config.seed, stream=random_stream, rotation=rotation,
-                          rotation_block=rotation_block)
+                          rotation_block=rotation_block, clip=clip)
 
 
 def dequantize(q, dtype=None, out=None):

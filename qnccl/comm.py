@@ -158,7 +158,8 @@ def residual(comm, buffer, count=None, dtype=None):
 
 def allreduce(comm, sendbuff, recvbuff, count, dtype, op="sum", *, bits=4, bucket_size=128,
               rounding="stochastic", seed=0, algo="auto", error_feedback=False,
-              segment_values=0, lanes=0, stream=0, rotation="none", rotation_block=256):
+              segment_values=0, lanes=0, stream=0, rotation="none", rotation_block=256,
+              clip="none"):
     """qncclAllReduce: the sum ("sum") or average ("avg") of `count` values of `dtype`
     ("float32", "float16", "bfloat16") over the ranks of `comm`, every transfer quantized with
     `bits` bits, `bucket_size` values per bucket, `rounding` and `seed`, by `algo` (one of
@@ -169,7 +170,8 @@ def allreduce(comm, sendbuff, recvbuff, count, dtype, op="sum", *, bits=4, bucke
     (residual() reads it). rotation="hadamard" rotates each segment in blocks of
     `rotation_block` values first and back at the end (docs/rotation.md; host and device
     buffers); "prerotated" takes values the caller rotated (qnccl.codec.rotate) onto the
-    uniform grid, rotating nothing.
+    uniform grid, rotating nothing; with either, clip="gaussian" clips every bucket's range
+    (docs/rotation.md, "Clipped ranges").
     Raises QncclError with the library's message on bad arguments."""
     from .codec import _c_value, _config  # the codec's argument checks, in one place
     if dtype not in _NCCL_TYPES:
@@ -182,7 +184,7 @@ def allreduce(comm, sendbuff, recvbuff, count, dtype, op="sum", *, bits=4, bucke
         raise ValueError(f"error_feedback must be True or False, got {error_feedback!r}")
     ffi, lib = _lib.ffi(), _lib.lib()
     config = ffi.new("qncclAllReduceConfig_t*")
-    config.codec = _config(bits, bucket_size, rounding, seed, rotation, rotation_block)[0]
+    config.codec = _config(bits, bucket_size, rounding, seed, rotation, rotation_block, clip)[0]
     config.algo = ALGOS.index(algo)
     config.interAlgo = 0
     config.errorFeedback = int(error_feedback)

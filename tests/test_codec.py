@@ -203,6 +203,64 @@ def test_prerotated_values_quantize_as_the_rotated_codec_does(rng, bits, bucket,
     assert not np.array_equal(plain.data, q.data)
 
 
+@pytest.mark.parametrize("rotation", ["hadamard", "prerotated"])
+@pytest.mark.parametrize("bucket", [7, 128, 1000, 4096])
+@pytest.mark.parametrize("bits", range(1, 9))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_clipped_codec_matches_emulator(rng, dtype, bits, bucket, rotation):
+    """Clipped ranges (docs/rotation.md, "Clipped ranges"): bytes, values and accumulations
+    the emulator's for every type, width, rounding and bucket (the cut applies up to 4 bits
+    at bucket 128 and up to 7 at 4096), with NaN, Inf and the types' limits sprinkled in:
+    a value past the cut encodes as its end, with no overflow on the way."""
+    for rounding, count in (("nearest", 4099), ("stochastic", 65537)):
+        x = make_values(rng, count, dtype, bucket, specials=True)
+        where = f"{dtype} bits={bits} bucket={bucket} {rotation} {rounding}"
+        kw = dict(rotation=rotation, rotation_block=256)
+        q = codec.quantize(x, bits, bucket, rounding, seed=77, stream=5, dtype=dtype,
+                           clip="gaussian", **kw)
+        want = emu.quantize(x, bits, bucket, rounding, seed=77, stream=5, dtype=dtype,
+                            clip="gaussian", **kw)
+        assert_same_bytes(q.data, want, f"clipped quantize {where}")
+        assert q.clip == "gaussian"
+        assert_same_bytes(codec.dequantize(q), emu.dequantize(want, count, bits, bucket, dtype,
+                                                              seed=77, **kw),
+                          f"clipped dequantize {where}")
+        acc = make_values(rng, count, dtype, bucket, specials=False)
+        want_acc = acc.copy()
+        codec.dequantize_accumulate(q, acc)
+        emu.dequantize_accumulate(want, count, bits, bucket, want_acc, dtype=dtype, seed=77, **kw)
+        assert_same_bytes(acc, want_acc, f"clipped accumulate {where}")
+    # on zero-mean finite values (a NaN poisons its rotation block; a bucket on one side of
+    # zero keeps its range) the cut shows where it applies
+    x = from_float32(rng.standard_normal(4099).astype(np.float32), dtype)
+    q = codec.quantize(x, bits, bucket, "nearest", dtype=dtype, clip="gaussian", **kw)
+    whole = codec.quantize(x, bits, bucket, "nearest", dtype=dtype, **kw)
+    clipping = emu.clip_fraction("gaussian", bits, bucket) != 0
+    assert np.array_equal(q.data, whole.data) != clipping, f"the cut applies: {where}"
+
+
+def test_clip_bad_config_through_the_python_and_c_apis():
+    x = np.ones(8, np.float32)
+    with pytest.raises(ValueError, match="clip must be one of none, gaussian, got 'yes'"):
+        codec.quantize(x, rotation="prerotated", clip="yes")
+    with pytest.raises(ValueError, match="it needs rotation='hadamard' or 'prerotated'"):
+        codec.quantize(x, clip="gaussian")
+    lib, ffi = codec._lib.lib(), codec._lib.ffi()
+    config = ffi.new("qncclCodecConfig_t*", {"bits": 4, "bucketSize": 128, "clip": 1})
+    size = ffi.new("size_t*")
+    assert lib.qncclCompressedSize(8, config, size) != 0
+    assert ("clip = qncclClipGaussian needs rotated values; allowed with rotation = "
+            "qncclRotationHadamard or qncclRotationPrerotated, or pass clip = qncclClipNone"
+            ) in ffi.string(lib.qncclGetLastError()).decode()
+    config.rotation = lib.qncclRotationPrerotated
+    config.clip = 5
+    assert lib.qncclCompressedSize(8, config, size) != 0
+    assert ("clip = 5 is unknown; allowed: qncclClipNone (0) or qncclClipGaussian (1)"
+            in ffi.string(lib.qncclGetLastError()).decode())
+    config.clip = 1
+    assert lib.qncclCompressedSize(8, config, size) == 0 and size[0] == 8 + 8
+
+
 @pytest.mark.parametrize("call, match", [
     (lambda x: codec.rotate(x, rotation_block=48), "rotation_block must be a power of two"),
     (lambda x: codec.rotate(x, out=np.zeros(7, np.float32)),

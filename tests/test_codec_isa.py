@@ -23,7 +23,7 @@ BYTE_EXACT = ("test_library_matches_emulator_byte_for_byte or "
               "test_padding_bits_and_bytes_are_zero or "
               "test_buffers_are_not_accessed_past_their_ends or "
               "test_nonfinite_bucket or test_constant_buckets or test_error_bounds or "
-              "test_rotated_codec")
+              "test_rotated_codec or test_clipped_codec")
 
 
 def isa_in_use(env_value):

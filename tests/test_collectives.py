@@ -69,7 +69,10 @@ def test_steps_and_groups_per_call(nprocs):
     {"QNCCL_COLLECTIVES": "none"},
     {"QNCCL_COLLECTIVES": "allreduce,reducescatter,allgather,alltoall",
      "QNCCL_ROTATION": "hadamard", "QNCCL_ROTATION_BLOCK": "64"},
-], ids=["default", "both-rs3", "reducescatter-only", "fsdp-ag8-a2a3", "none", "rotated"])
+    {"QNCCL_COLLECTIVES": "allreduce,reducescatter,allgather,alltoall", "QNCCL_BITS": "2",
+     "QNCCL_ROTATION": "hadamard", "QNCCL_CLIP": "gaussian"},
+], ids=["default", "both-rs3", "reducescatter-only", "fsdp-ag8-a2a3", "none", "rotated",
+        "rotated-clipped"])
 def test_interposed_collectives_follow_the_policy(policy):
     """A plain NCCL program's ncclReduceScatter, ncclAllGather, ncclAlltoAll and
     ncclAllReduce through libqnccl: the collectives QNCCL_COLLECTIVES names are bit for bit
@@ -102,6 +105,12 @@ def test_rotated_sends_and_receives_match_the_emulator(nprocs):
     emulator's rotation="hadamard"."""
     run_check(nprocs, "sendrecv", env={"QNCCL_COLLECTIVES": "sendrecv,allreduce",
                                        "QNCCL_ROTATION": "hadamard", "QNCCL_ROTATION_BLOCK": "64"})
+
+
+def test_clipped_sends_and_receives_match_the_emulator():
+    """Under QNCCL_CLIP=gaussian too (docs/rotation.md, "Clipped ranges"), at 2 bits."""
+    run_check(3, "sendrecv", env={"QNCCL_COLLECTIVES": "sendrecv,allreduce", "QNCCL_BITS": "2",
+                                  "QNCCL_ROTATION": "hadamard", "QNCCL_CLIP": "gaussian"})
 
 
 def test_sends_and_receives_outside_the_policy_are_exact():

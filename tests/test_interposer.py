@@ -253,7 +253,7 @@ def test_info_lines(preloaded):
     output = preloaded.output
     configs = re.findall(
         rf"{INFO}/{NRANKS}: bits=4 bucket=64 rounding=stochastic rotation=none "
-        rf"rotation_block=256 algo=rule inter_algo=auto "
+        rf"rotation_block=256 clip=none algo=rule inter_algo=auto "
         rf"intra_bits=0 lanes=0 segment_values=0 min_bytes={MIN_BYTES} "
         rf"seed={SEED} warmup=0 error_feedback=0 error_feedback_max_bytes={4 << 30} enable=1 "
         rf"collectives=allreduce nccl=(\S+)$",
@@ -418,7 +418,8 @@ def env_config(capi):
     return cli.describe_env_config(config)
 
 
-DEFAULTS = ("bits=4 bucket=128 rounding=stochastic rotation=none rotation_block=256 algo=auto "
+DEFAULTS = ("bits=4 bucket=128 rounding=stochastic rotation=none rotation_block=256 clip=none "
+            "algo=auto "
             "inter_algo=auto intra_bits=0 "
             "lanes=0 segment_values=0 min_bytes=65536 seed=0 warmup=0 enable=1 error_feedback=0 "
             f"error_feedback_max_bytes={4 << 30} debug=WARN "
@@ -478,6 +479,22 @@ def test_configuration_values(capi, monkeypatch, variable, value, shown):
     assert env_config(capi) == re.sub(rf"\b{key}=\S+", shown, DEFAULTS)
 
 
+def test_clip_takes_a_rotation(capi, monkeypatch):
+    """QNCCL_CLIP=gaussian clips rotated buckets' ranges: shown with QNCCL_ROTATION=hadamard,
+    refused without it, with a message naming both variables."""
+    from qnccl import QncclError
+    monkeypatch.setenv("QNCCL_CLIP", "gaussian")
+    with pytest.raises(QncclError) as error:
+        env_config(capi)
+    assert "QNCCL_CLIP=gaussian clips rotated buckets' ranges and needs " \
+        "QNCCL_ROTATION=hadamard" in error.value.message
+    monkeypatch.setenv("QNCCL_ROTATION", "hadamard")
+    assert env_config(capi) == DEFAULTS.replace("rotation=none", "rotation=hadamard").replace(
+        "clip=none", "clip=gaussian")
+    monkeypatch.setenv("QNCCL_CLIP", "none")
+    assert "clip=none" in env_config(capi)
+
+
 @pytest.mark.parametrize("variable, value, shown", [
     ("QNCCL_ALLREDUCE_BITS", "2", "allreduce_bits=2"),
     ("QNCCL_REDUCESCATTER_BITS", "8", "reducescatter_bits=8"),
@@ -498,6 +515,7 @@ ALLOWED = {
     "QNCCL_ROUNDING": r"stochastic.*nearest|nearest.*stochastic",
     "QNCCL_ROTATION": r"none or hadamard",
     "QNCCL_ROTATION_BLOCK": r"a power of two from 2 to 16384",
+    "QNCCL_CLIP": r"none or gaussian",
     "QNCCL_ALGO": r"auto.*ring.*tree.*sra.*hier",
     "QNCCL_INTER_ALGO": r"auto.*ring.*tree.*sra",
     "QNCCL_INTRA_BITS": r"0 \(exact\) or 1\.\.8",
@@ -526,7 +544,7 @@ ALLOWED = {
     ("QNCCL_BUCKET_SIZE", "0"), ("QNCCL_BUCKET_SIZE", "-5"), ("QNCCL_BUCKET_SIZE", "12abc"),
     ("QNCCL_ROUNDING", "round"),
     ("QNCCL_ROTATION", "walsh"), ("QNCCL_ROTATION_BLOCK", "0"), ("QNCCL_ROTATION_BLOCK", "1"),
-    ("QNCCL_ROTATION_BLOCK", "48"), ("QNCCL_ROTATION_BLOCK", "32K"),
+    ("QNCCL_ROTATION_BLOCK", "48"), ("QNCCL_ROTATION_BLOCK", "32K"), ("QNCCL_CLIP", "max"),
     ("QNCCL_ALGO", "butterfly"),
     ("QNCCL_INTER_ALGO", "hier"), ("QNCCL_INTER_ALGO", "fast"),
     ("QNCCL_INTRA_BITS", "9"), ("QNCCL_INTRA_BITS", "-1"), ("QNCCL_INTRA_BITS", "exact"),
@@ -565,7 +583,7 @@ def test_run_flags_set_the_variables():
     """Each flag sets its variable (overriding the environment), values in the
     library's syntax; variables without a flag pass through untouched."""
     args = parse_run("--bits", "3", "--bucket-size", "256", "--rounding", "nearest",
-                     "--rotation", "hadamard", "--rotation-block", "1024",
+                     "--rotation", "hadamard", "--rotation-block", "1024", "--clip", "gaussian",
                      "--algo", "tree", "--inter-algo", "ring", "--intra-bits", "6",
                      "--lanes", "3", "--segment-values", "64K", "--collectives", "allreduce,reducescatter",
                      "--allreduce-bits", "5", "--reducescatter-bits", "2",
@@ -578,7 +596,8 @@ def test_run_flags_set_the_variables():
     assert args.cmd == ["--", "prog", "--bits", "7"]
     assert {k: v for k, v in env.items() if k.startswith("QNCCL_")} == {
         "QNCCL_BITS": "3", "QNCCL_BUCKET_SIZE": "256", "QNCCL_ROUNDING": "nearest",
-        "QNCCL_ROTATION": "hadamard", "QNCCL_ROTATION_BLOCK": "1024", "QNCCL_ALGO": "tree", "QNCCL_INTER_ALGO": "ring", "QNCCL_INTRA_BITS": "6",
+        "QNCCL_ROTATION": "hadamard", "QNCCL_ROTATION_BLOCK": "1024", "QNCCL_CLIP": "gaussian",
+        "QNCCL_ALGO": "tree", "QNCCL_INTER_ALGO": "ring", "QNCCL_INTRA_BITS": "6",
         "QNCCL_LANES": "3", "QNCCL_SEGMENT_VALUES": "65536", "QNCCL_COLLECTIVES": "allreduce,reducescatter",
         "QNCCL_ALLREDUCE_BITS": "5", "QNCCL_REDUCESCATTER_BITS": "2",
         "QNCCL_ALLGATHER_BITS": "8", "QNCCL_ALLTOALL_BITS": "6", "QNCCL_SENDRECV_BITS": "1",

@@ -43,15 +43,19 @@ CONFIGS = [
      "scale": {"fc2.weight": 0.01}},
     {"hook": "qnccl", "args": {"bits": 3, "bucket_size": 64, "rounding": "stochastic",
                                "seed": 5, "rotation": "hadamard", "rotation_block": 64}},
+    {"hook": "qnccl", "args": {"bits": 2, "bucket_size": 64, "rounding": "nearest",
+                               "seed": 6, "rotation": "hadamard", "rotation_block": 128,
+                               "clip": "gaussian"}},
 ]
 # per-layer widths, decided at the end of steps 2, 4, 6; fc2's small weights make fc1's
 # gradient small (it flows back through them), so fc1 needs fewer bits than fc2
 ADAPTIVE = 5
 ROTATED = 6  # each group rotated in blocks of 64 (docs/rotation.md)
-QUANTIZING = [0, 1, 2, 3, ADAPTIVE, ROTATED]  # the configurations of qnccl's own SRA
+CLIPPED = 7  # rotated in blocks of 128, clipped ranges (docs/rotation.md, "Clipped ranges")
+QUANTIZING = [0, 1, 2, 3, ADAPTIVE, ROTATED, CLIPPED]  # the configurations of qnccl's own SRA
 # The same hooks with the engine (libqnccl's qncclAllReduce on a host-backend communicator)
 # in place of the SRA over torch.distributed: config ENGINE[c] is CONFIGS[c]'s twin.
-ENGINE = {c: len(CONFIGS) + i for i, c in enumerate((0, 2, 3, ADAPTIVE, ROTATED))}
+ENGINE = {c: len(CONFIGS) + i for i, c in enumerate((0, 2, 3, ADAPTIVE, ROTATED, CLIPPED))}
 CONFIGS += [dict(CONFIGS[c], engine=True) for c in ENGINE]
 # sra_hook registered as it is (the buckets overlap on its worker): DIRECT[c] is CONFIGS[c]'s.
 DIRECT = {c: len(CONFIGS) + i for i, c in enumerate((0, 2))}
@@ -150,7 +154,8 @@ def test_quantized_part_matches_emulator(records, c):
                     inputs, "sra", bits, bucket_size, args["rounding"], args.get("seed", 0),
                     op="avg", call=call["call"] + g, return_bounds=True,
                     rotation=args.get("rotation", "none"),
-                    rotation_block=args.get("rotation_block", 256))
+                    rotation_block=args.get("rotation_block", 256),
+                    clip=args.get("clip", "none"))
                 got = np.concatenate([e["grads"][n] for n in names])
                 assert np.array_equal(got.view(np.uint32), want[0].view(np.uint32)), \
                     (c, t, names)
@@ -305,6 +310,9 @@ def test_adaptive_widths_are_rank_0s_decision(records):
     ({"rotation": "hadamard", "rotation_block": 48}, "rotation_block must be a power of two"),
     ({"rotation": "hadamard", "error_feedback": True}, "rotation and error_feedback exclude"),
     ({"rotation": "hadamard", "adaptive": True, "min_numel": 0}, "rotation and adaptive exclude"),
+    ({"rotation": "hadamard", "clip": "max"}, "clip must be 'none' or 'gaussian', got 'max'"),
+    ({"clip": "gaussian"}, "clip='gaussian' clips rotated buckets' ranges: pass "
+                           "rotation='hadamard'"),
 ])
 def test_bad_arguments(kwargs, word):
     with pytest.raises(ValueError, match=word):
@@ -456,7 +464,24 @@ def test_a_checkpoint_keeps_its_rotation_and_an_older_one_had_none():
     del pickled["rotation"], pickled["rotation_block"]
     loaded = qtorch.QuantizedHookState.__new__(qtorch.QuantizedHookState)
     loaded.__setstate__(pickled)
-    assert (loaded.rotation, loaded.rotation_block) == ("none", 256)
+    assert (loaded.rotation, loaded.rotation_block, loaded.clip) == ("none", 256, "none")
+
+
+def test_a_checkpoint_keeps_its_clip_and_an_older_one_had_none():
+    """The clip is part of the configuration too; a checkpoint from before clips is
+    unclipped."""
+    _, rotated = small_state(bits=2, seed=9, rotation="hadamard", rotation_block=64)
+    _, clipped = small_state(bits=2, seed=9, rotation="hadamard", rotation_block=64,
+                             clip="gaussian")
+    with pytest.raises(ValueError, match="clip='none', this one 'gaussian'"):
+        clipped.load_state_dict(rotated.state_dict())
+    with pytest.raises(ValueError, match="clip='gaussian', this one 'none'"):
+        rotated.load_state_dict(clipped.state_dict())
+    older = rotated.state_dict()
+    del older["config"]["clip"]
+    rotated.load_state_dict(older)
+    with pytest.raises(ValueError, match="clip='none', this one 'gaussian'"):
+        clipped.load_state_dict(older)
 
 
 def test_a_checkpoint_carries_the_adaptive_widths():

@@ -37,7 +37,10 @@ algorithm, see `quantizations_per_value`):
     decoder's q*s and a + q*s round by at most u|q s| <= 2uM and u(M + s)
     each; the step d/L itself is within 2u of exact (covered above), and
     subnormal operands add at most a few 2^-150 in absolute terms.
-    Sum: below 10uM + 2^-148; 12uM leaves a margin.
+    Sum: below 10uM + 2^-148; 12uM leaves a margin. With a clipped range
+    (clip="gaussian"), step and M are the clipped bucket's, and a value past
+    it adds its distance to the clipped range, at most max(hi - max', min' -
+    lo) of the bucket's unclipped [lo, hi].
   * each float32 addition acc = acc + D(q) with result a: u|a|. (A sum
     that lands in the subnormal range is exact, so no absolute term.)
   * avg: the bound of the full sum is divided by N, then the float32
@@ -175,12 +178,20 @@ class _Config:
     # the caller); a rotated call's buckets are all on the uniform grid (docs/rotation.md).
     rotation_block: int = 0
     cubic: bool = True
+    # a rotated call's bucket ranges: codec.CLIPS ("gaussian": clipped at the fraction of
+    # the stage's own bits and bucket size, clip_fraction())
+    clip: str = "none"
+
+    def clip_fraction(self):
+        return codec.clip_fraction(self.clip, self.bits, self.bucket_size)
 
 
-def rotated(rotation, block):
-    """_Config's rotation fields for a call's rotation setting."""
+def rotated(rotation, block, clip="none"):
+    """_Config's rotation fields for a call's rotation and clip settings (checked)."""
+    rot.check(rotation, block)
+    codec.check_clip(clip, rotation)
     on = rotation == "hadamard"
-    return {"rotation_block": block if on else 0, "cubic": rotation == "none"}
+    return {"rotation_block": block if on else 0, "cubic": rotation == "none", "clip": clip}
 
 
 def _stream_ranks(cfg, ranks):
@@ -268,7 +279,7 @@ def allreduce(inputs: Sequence[np.ndarray], algo: str = "auto", bits: int = 4,
               op: str = "sum", call: int = 0, segment_values: int = 0, dtype=None,
               return_bounds: bool = False, residuals=None, nodes=None,
               inter_algo: str = "auto", intra_bits: int = 0, rotation: str = "none",
-              rotation_block: int = rot.DEFAULT_BLOCK):
+              rotation_block: int = rot.DEFAULT_BLOCK, clip: str = "none"):
     """What qncclAllReduce returns on every rank of an N-rank communicator.
 
     inputs          one array per rank (a list, or an N x ... array), all of one
@@ -299,6 +310,8 @@ def allreduce(inputs: Sequence[np.ndarray], algo: str = "auto", bits: int = 4,
                     rotated back before its store into the output type; or
                     "prerotated": inputs the caller rotated, on the uniform grid, with
                     nothing rotated
+    clip            "none", or with a rotation "gaussian": every bucket's stored range
+                    clipped (codec.clip_range; docs/rotation.md, "Clipped ranges")
 
     Returns the list of the N ranks' outputs (each of the inputs' shape and
     dtype; identical, as every rank decodes the same bytes), and with
@@ -306,7 +319,7 @@ def allreduce(inputs: Sequence[np.ndarray], algo: str = "auto", bits: int = 4,
     sum (or average)| described in the module docstring.
     """
     codec.check_config(bits, bucket_size, rounding)
-    rot.check(rotation, rotation_block)
+    fields = rotated(rotation, rotation_block, clip)
     if op not in OPS:
         raise ValueError(f"op must be 'sum' or 'avg', got {op!r}")
     x, name, out_dtype, shape = _inputs(inputs, dtype)
@@ -315,8 +328,7 @@ def allreduce(inputs: Sequence[np.ndarray], algo: str = "auto", bits: int = 4,
     if algo == "exact":
         return _exact(inputs, x, name, out_dtype, shape, op, return_bounds)
     cfg = _Config(nranks, bits, bucket_size, rounding, operator.index(seed),
-                  operator.index(call), op == "avg", return_bounds,
-                  **rotated(rotation, rotation_block))
+                  operator.index(call), op == "avg", return_bounds, **fields)
     flat = e = None
     if residuals is not None:
         if return_bounds:
@@ -434,6 +446,7 @@ def _qd_block(x, keys, index, cfg):
     """D(Q(x)) of rows x (buckets from column 0); keys: rng_uniform's key of each value."""
     nr, m = x.shape
     lo, hi, x = _bucket_meta(x, cfg.bucket_size)
+    lo, hi = codec.clip_range(lo, hi, cfg.clip_fraction())
     p = codec.bucket_params(lo, hi, cfg.bits, cfg.cubic)  # (nr, nb, 1): one per bucket
     u = None
     if keys is not None:
@@ -450,11 +463,13 @@ def _qbound(v, cfg):
     """Per value of the rows v (R x m, buckets from column 0): the most one quantization
     (and its decode) can move it (module docstring); NaN in a non-finite bucket."""
     nr, m = v.shape
-    lo, hi, _ = _bucket_meta(v, cfg.bucket_size)
+    whole_lo, whole_hi, _ = _bucket_meta(v, cfg.bucket_size)
+    lo, hi = codec.clip_range(whole_lo, whole_hi, cfg.clip_fraction())
     p = codec.bucket_params(lo, hi, cfg.bits, cfg.cubic)
     step = codec.grid_step(p)
     magnitude = np.maximum(np.abs(lo), np.abs(hi)).astype(np.float64)
-    per_bucket = (step * (0.5 if cfg.rounding == "nearest" else 1.0)
+    cut = np.maximum(whole_hi.astype(np.float64) - hi, lo - whole_lo.astype(np.float64))
+    per_bucket = (step * (0.5 if cfg.rounding == "nearest" else 1.0) + cut
                   + _CODEC_REL_SLACK * magnitude + _CODEC_ABS_SLACK)
     return np.broadcast_to(per_bucket, (nr, lo.shape[1], cfg.bucket_size)).reshape(nr, -1)[:, :m]
 

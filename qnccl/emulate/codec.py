@@ -26,6 +26,8 @@ ROUNDINGS = ("nearest", "stochastic")
 # "auto": each bucket's grid from its metadata (cubic where it applies); "uniform": every
 # bucket on the uniform grid (a rotated call's buckets, docs/rotation.md)
 GRIDS = ("auto", "uniform")
+# a rotated call's bucket ranges: "none" the whole [min, max], "gaussian" clipped (clip_range)
+CLIPS = ("none", "gaussian")
 MIN_BITS, MAX_BITS = 1, 8
 META_BYTES = 8  # per bucket: float32 min, float32 max
 CODE_ALIGN = 8  # the code area is padded to a multiple of this many bytes
@@ -367,8 +369,8 @@ def encode_values(x, p, u=None, bits=None):
     None for nearest. A non-finite bucket's codes are the caller's to zero.
 
     Uniform grid:
-        t = (sigma * x - a) * inv, 0 when not > 0
-        q = rint(t) (nearest) or floor(t) + (u < t - floor(t)) (stochastic), clamped to [0, L]
+        t = (sigma * x - a) * inv, 0 when not > 0, L when above L
+        q = rint(t) (nearest) or floor(t) + (u < t - floor(t)) (stochastic)
     Cubic grid (x < 0 on the side below zero, else the side above):
         w = |x| * inv;  f = the integer in [0, d] with f^3 <= w < (f+1)^3 (or d)
         into = w - f^3;  width = (f+1)^3 - f^3
@@ -380,13 +382,12 @@ def encode_values(x, p, u=None, bits=None):
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         t = (p["sigma"] * x - p["a"]) * p["inv"]
         t = np.where(t > 0, t, F32(0.0))
+        t = np.where(t < p["top"], t, p["top"])
         if u is None:
             q = np.rint(t)
         else:
             f = np.floor(t)
             q = f + np.where(u < t - f, F32(1.0), F32(0.0))
-        q = np.where(q < 0, F32(0.0), q)
-        q = np.where(q > p["top"], p["top"], q)
         if bits < 2 or not np.any(p["cubic"]):
             return q
         neg, f, d, into, width = _cubic_cell(x, p, bits)
@@ -452,17 +453,69 @@ def _rotation(rotation, rotation_block):
     return rotation_block if rotation == "hadamard" else 0
 
 
+# clip_fraction's tables (src/codec/codec_api.cc holds the same numbers): the outermost level,
+# in standard deviations, of the 2^bits-level uniform quantizer with the least mean squared
+# error for a Gaussian (Max's), and the expected largest magnitude of 2^k standard Gaussians
+_CLIP_LEVEL = (0.0, 0.7979, 1.4935, 2.0511, 2.5140, 2.9162, 3.2780, 3.6111, 3.9222)
+_CLIP_LARGEST = (
+    0.797885, 1.128379, 1.464728, 1.783367, 2.077204, 2.347079, 2.596111, 2.827558, 3.044225,
+    3.248391, 3.441870, 3.626116, 3.802295, 3.971358, 4.134087, 4.291131, 4.443040, 4.590279,
+    4.733248, 4.872294, 5.007719, 5.139788, 5.268736, 5.394773, 5.518083, 5.638835, 5.757180,
+    5.873255, 5.987183, 6.099080, 6.209048, 6.317183, 6.423573)
+
+
+def check_clip(clip, rotation):
+    """ValueError unless `clip` is one of CLIPS and allowed with `rotation`."""
+    if clip not in CLIPS:
+        raise ValueError(f"clip must be one of {', '.join(CLIPS)}, got {clip!r}")
+    if clip != "none" and rotation == "none":
+        raise ValueError(f"clip={clip!r} clips rotated buckets' ranges; it needs "
+                         "rotation='hadamard' or 'prerotated' (or clip='none')")
+
+
+def clip_fraction(clip, bits, bucket_size):
+    """The f of clip_range for a configuration (docs/rotation.md, "Clipped ranges"): c(bits) /
+    m(bucket_size), m interpolated linearly between the powers of two around bucket_size, in
+    float64 as the library computes it, then float32; 0 for no clip, or where f >= 1."""
+    if clip == "none":
+        return F32(0.0)
+    n = operator.index(bucket_size)
+    k = min(n.bit_length() - 1, 32)
+    largest = _CLIP_LARGEST[k]
+    if k < 32:
+        low = float(1 << k)
+        largest += (_CLIP_LARGEST[k + 1] - _CLIP_LARGEST[k]) * ((float(n) - low) / low)
+    f = _CLIP_LEVEL[bits] / largest
+    return F32(f) if f < 1.0 else F32(0.0)
+
+
+def clip_range(lo, hi, f):
+    """The stored (min, max) of buckets of range [lo, hi] (float32 arrays): a bucket with
+    lo < 0 < hi cut at t = f * max(-lo, hi), max' = min(hi, t), min' = max(lo, -t); other
+    buckets (one side of zero, constant, NaN) and f = 0 keep their ranges."""
+    if f == 0:
+        return lo, hi
+    with np.errstate(invalid="ignore", over="ignore"):
+        cut = (lo < 0) & (hi > 0)
+        t = F32(f) * np.maximum(-lo, hi)
+        new_hi = np.where(t < hi, t, hi) + F32(0.0)
+        new_lo = np.where(-t > lo, -t, lo) + F32(0.0)
+    return np.where(cut, new_lo, lo).astype(F32), np.where(cut, new_hi, hi).astype(F32)
+
+
 def quantize(array, bits, bucket_size, rounding, seed=0, stream=0, dtype=None, grid="auto",
-             rotation="none", rotation_block=256):
+             rotation="none", rotation_block=256, clip="none"):
     """The wire bytes (uint8 array of compressed_size bytes) of `array`.
 
     `seed` and `stream` pick the random numbers of stochastic rounding
     (rng_uniform); nearest rounding ignores them. grid: GRIDS. rotation="hadamard":
     the values are first rotated as one segment in blocks of rotation_block, with the
     signs of `seed`, and quantized on the uniform grid (docs/rotation.md); "prerotated":
-    the uniform grid alone (values the caller rotated).
+    the uniform grid alone (values the caller rotated). clip="gaussian" (rotated calls only):
+    every bucket's stored range clipped (clip_range).
     """
     check_config(bits, bucket_size, rounding)
+    check_clip(clip, rotation)
     cubic = _cubic(grid)
     block = _rotation(rotation, rotation_block)
     x, _ = as_float32(array, dtype)
@@ -480,6 +533,7 @@ def quantize(array, bits, bucket_size, rounding, seed=0, stream=0, dtype=None, g
         # + 0.0 turns -0.0 into +0.0; a bucket holding NaN or +-Inf is marked by NaN
         lo = np.where(nonfinite, _NAN32, np.minimum.reduceat(x, starts) + F32(0.0))
         hi = np.where(nonfinite, _NAN32, np.maximum.reduceat(x, starts) + F32(0.0))
+    lo, hi = clip_range(lo, hi, clip_fraction(clip, bits, bucket_size))
     nb = starts.size
     out[: nb * META_BYTES] = np.stack([lo, hi], axis=1).astype("<f4").view(np.uint8).reshape(-1)
 

@@ -64,20 +64,25 @@ def _chunked(inputs, dtype, what):
     return x.reshape(n, n, total // n), name, out_dtype, raw.view(codec.storage_dtype(name))
 
 
-def _common(bits, bucket_size, rounding, seed, call, rotation, rotation_block, op="sum"):
+def _common(bits, bucket_size, rounding, seed, call, rotation, rotation_block, clip, op="sum"):
+    """The checked seed and call, and the call's _Rotation."""
     codec.check_config(bits, bucket_size, rounding)
     rot.check(rotation, rotation_block)
+    codec.check_clip(clip, rotation)
     if op not in ("sum", "avg"):
         raise ValueError(f"op must be 'sum' or 'avg', got {op!r}")
-    return operator.index(seed), operator.index(call)
+    seed = operator.index(seed)
+    turn = _Rotation(rotation, rotation_block, seed, clip)
+    return seed, operator.index(call), turn
 
 
 class _Rotation:
     """A call's rotation, or none: of each segment [a, b) of its pieces (the last axis)."""
 
-    def __init__(self, rotation, block, seed):
+    def __init__(self, rotation, block, seed, clip):
         self.on, self.block, self.seed = rotation == "hadamard", block, seed
         self.cubic = rotation == "none"  # "prerotated": the uniform grid, nothing rotated here
+        self.clip = clip  # the rotated buckets' ranges (codec.CLIPS)
 
     def forward(self, x):
         return rot.rotate(np.ascontiguousarray(x), self.block, self.seed) if self.on else x
@@ -124,14 +129,16 @@ _REDUCE_SCATTER = {"ring": _rs_ring, "sra": _rs_sra}
 def reduce_scatter(inputs: Sequence[np.ndarray], algo: str = "auto", bits: int = 4,
                    bucket_size: int = 128, rounding: str = "stochastic", seed: int = 0,
                    op: str = "sum", call: int = 0, segment_values: int = 0, dtype=None,
-                   rotation: str = "none", rotation_block: int = rot.DEFAULT_BLOCK):
+                   rotation: str = "none", rotation_block: int = rot.DEFAULT_BLOCK,
+                   clip: str = "none"):
     """What a quantized ncclReduceScatter returns on every rank: rank k's recvcount values,
     the sum (or average) of chunk k of every rank's input (N * recvcount values each, one
     dtype: float32, float16, bfloat16). algo: "ring", "sra" or "auto"
     (auto_reduce_scatter_algo); the other arguments as for allreduce (a rotation rotates
-    each chunk on its own, and each owner rotates its result back)."""
-    seed, call = _common(bits, bucket_size, rounding, seed, call, rotation, rotation_block, op)
-    turn = _Rotation(rotation, rotation_block, seed)
+    each chunk on its own, and each owner rotates its result back; clip="gaussian" clips the
+    rotated buckets' ranges)."""
+    seed, call, turn = _common(bits, bucket_size, rounding, seed, call, rotation,
+                               rotation_block, clip, op)
     z, name, out_dtype, _ = _chunked(inputs, dtype, "recvcount")
     n, _, count = z.shape
     if algo == "auto":
@@ -140,7 +147,7 @@ def reduce_scatter(inputs: Sequence[np.ndarray], algo: str = "auto", bits: int =
         raise ValueError(f"algo must be one of auto, {', '.join(REDUCE_SCATTER_ALGOS)}, got "
                          f"{algo!r}")
     cfg = _Config(n, bits, bucket_size, rounding, seed, call, op == "avg", False,
-                  cubic=turn.cubic)
+                  cubic=turn.cubic, clip=turn.clip)
     out = np.empty((n, count), F32)
     spans = segments(count, segment_values, bucket_size)
     for g, (a, b) in enumerate(spans):
@@ -157,16 +164,17 @@ def reduce_scatter(inputs: Sequence[np.ndarray], algo: str = "auto", bits: int =
 def allgather(inputs: Sequence[np.ndarray], bits: int = 4, bucket_size: int = 128,
               rounding: str = "stochastic", seed: int = 0, call: int = 0,
               segment_values: int = 0, dtype=None, rotation: str = "none",
-              rotation_block: int = rot.DEFAULT_BLOCK):
+              rotation_block: int = rot.DEFAULT_BLOCK, clip: str = "none"):
     """What a quantized ncclAllGather returns on every rank: rank r's sendcount values
     quantized once and decoded, in rank order (N * sendcount values, the same bytes on
     every rank; with a rotation, each rank's piece rotated and every decoded one rotated
     back)."""
-    seed, call = _common(bits, bucket_size, rounding, seed, call, rotation, rotation_block)
-    turn = _Rotation(rotation, rotation_block, seed)
+    seed, call, turn = _common(bits, bucket_size, rounding, seed, call, rotation,
+                               rotation_block, clip)
     x, name, out_dtype, _ = _inputs(inputs, dtype)
     n, count = x.shape
-    cfg = _Config(n, bits, bucket_size, rounding, seed, call, False, False, cubic=turn.cubic)
+    cfg = _Config(n, bits, bucket_size, rounding, seed, call, False, False, cubic=turn.cubic,
+                  clip=turn.clip)
     out = np.empty((n, count), F32)
     for g, (a, b) in enumerate(segments(count, segment_values, bucket_size)):
         out[:, a:b] = turn.inverse(_quantize_pieces(cfg, turn.forward(x[:, a:b]), np.arange(n),
@@ -178,15 +186,16 @@ def allgather(inputs: Sequence[np.ndarray], bits: int = 4, bucket_size: int = 12
 def alltoall(inputs: Sequence[np.ndarray], bits: int = 4, bucket_size: int = 128,
              rounding: str = "stochastic", seed: int = 0, call: int = 0,
              segment_values: int = 0, dtype=None, rotation: str = "none",
-             rotation_block: int = rot.DEFAULT_BLOCK):
+             rotation_block: int = rot.DEFAULT_BLOCK, clip: str = "none"):
     """What a quantized ncclAlltoAll returns on every rank: rank k's chunk j is rank j's
     chunk k (count values each), quantized by j and decoded by k; its own chunk exact
     (with a rotation, each sent chunk rotated and each received one rotated back)."""
-    seed, call = _common(bits, bucket_size, rounding, seed, call, rotation, rotation_block)
-    turn = _Rotation(rotation, rotation_block, seed)
+    seed, call, turn = _common(bits, bucket_size, rounding, seed, call, rotation,
+                               rotation_block, clip)
     z, name, out_dtype, raw = _chunked(inputs, dtype, "count")
     n, _, count = z.shape
-    cfg = _Config(n, bits, bucket_size, rounding, seed, call, False, False, cubic=turn.cubic)
+    cfg = _Config(n, bits, bucket_size, rounding, seed, call, False, False, cubic=turn.cubic,
+                  clip=turn.clip)
     ranks, steps = direct_sends(n)
     y = np.empty((n, n, count), F32)  # [sender j, chunk k]
     for g, (a, b) in enumerate(segments(count, segment_values, bucket_size)):
@@ -203,13 +212,13 @@ def alltoall(inputs: Sequence[np.ndarray], bits: int = 4, bucket_size: int = 128
 def sendrecv(x: np.ndarray, rank: int, peer: int, nranks: int, call: int = 0, index: int = 0,
              bits: int = 4, bucket_size: int = 128, rounding: str = "stochastic",
              seed: int = 0, segment_values: int = 0, dtype=None, rotation: str = "none",
-             rotation_block: int = rot.DEFAULT_BLOCK):
+             rotation_block: int = rot.DEFAULT_BLOCK, clip: str = "none"):
     """What a quantized ncclRecv on `peer` receives when `rank` (of `nranks`) sends x with
     ncclSend in its point-to-point call `call` (counted from 0 per rank and
     communicator), as its index-th send to that peer in the call (with a rotation: the
     message rotated, the received one rotated back)."""
-    seed, call = _common(bits, bucket_size, rounding, seed, call, rotation, rotation_block)
-    turn = _Rotation(rotation, rotation_block, seed)
+    seed, call, turn = _common(bits, bucket_size, rounding, seed, call, rotation,
+                               rotation_block, clip)
     for name, value in (("rank", rank), ("peer", peer)):
         if not 0 <= operator.index(value) < nranks:
             raise ValueError(f"{name} must be in 0..{nranks - 1}, got {value}")
@@ -217,7 +226,7 @@ def sendrecv(x: np.ndarray, rank: int, peer: int, nranks: int, call: int = 0, in
         raise ValueError("a send to the rank itself is not quantized: it is copied exactly")
     x1, name, out_dtype, _ = _inputs([x], dtype)
     cfg = _Config(nranks, bits, bucket_size, rounding, seed, P2P_CALL | call, False, False,
-                  cubic=turn.cubic)
+                  cubic=turn.cubic, clip=turn.clip)
     out = np.empty(x1.shape[1], F32)
     for g, (a, b) in enumerate(segments(x1.shape[1], segment_values, bucket_size)):
         out[a:b] = turn.inverse(_quantize_pieces(cfg, turn.forward(x1[:, a:b]), [rank],

@@ -34,7 +34,7 @@ class EmulatedAllReduce:
 
     nranks          N >= 1
     algo            "ring", "tree", "sra" or "auto" (auto_algo, per call size)
-    bits, bucket_size, rounding, seed, segment_values, rotation, rotation_block
+    bits, bucket_size, rounding, seed, segment_values, rotation, rotation_block, clip
                     the configuration, as in qnccl.emulate.allreduce
     op              "sum" or "avg"
     error_feedback  keep residuals per buffer key and feed them into the next call
@@ -52,9 +52,10 @@ class EmulatedAllReduce:
 
     def __init__(self, nranks, algo="sra", bits=4, bucket_size=128, rounding="stochastic",
                  seed=0, op="avg", error_feedback=False, warmup_calls=0, segment_values=0,
-                 adaptive=None, rotation="none", rotation_block=rot.DEFAULT_BLOCK):
+                 adaptive=None, rotation="none", rotation_block=rot.DEFAULT_BLOCK, clip="none"):
         codec.check_config(bits, bucket_size, rounding)
         rot.check(rotation, rotation_block)
+        codec.check_clip(clip, rotation)
         if operator.index(nranks) < 1:
             raise ValueError(f"nranks must be >= 1, got {nranks}")
         if algo != "auto" and algo not in ALGOS:
@@ -69,7 +70,7 @@ class EmulatedAllReduce:
         self.rounding, self.seed, self.op = rounding, operator.index(seed), op
         self.error_feedback, self.warmup_calls = error_feedback, warmup_calls
         self.segment_values = operator.index(segment_values)
-        self.rotation, self.rotation_block = rotation, rotation_block
+        self.rotation, self.rotation_block, self.clip = rotation, rotation_block, clip
         if adaptive is not None and (getattr(adaptive, "bits", None), getattr(
                 adaptive, "bucket_size", None)) != (bits, bucket_size):
             raise ValueError("adaptive must be an AdaptiveBits with this communicator's bits "
@@ -137,7 +138,7 @@ class EmulatedAllReduce:
         algo = auto_algo(count, "float32", self.nranks) if self.algo == "auto" else self.algo
         cfg = _Config(self.nranks, bits, self.bucket_size, self.rounding, self.seed,
                       self.calls, self.op == "avg", False,
-                      **rotated(self.rotation, self.rotation_block))
+                      **rotated(self.rotation, self.rotation_block, self.clip))
         self.calls += 1
         return run(x, algo, cfg, self.segment_values, e)[0]
 

@@ -15,9 +15,10 @@ from ..emulate.rotation import DEFAULT_BLOCK
 from . import engine
 
 CONFIG = ("bits", "bucket_size", "rounding", "min_numel", "error_feedback", "warmup_steps",
-          "seed", "adaptive", "rotation", "rotation_block")
+          "seed", "adaptive", "rotation", "rotation_block", "clip")
 # what a checkpoint made before a setting existed means by its absence
-CONFIG_BEFORE = {"adaptive": None, "rotation": "none", "rotation_block": DEFAULT_BLOCK}
+CONFIG_BEFORE = {"adaptive": None, "rotation": "none", "rotation_block": DEFAULT_BLOCK,
+                 "clip": "none"}
 COUNTERS = ("input_bytes", "quantized_input_bytes", "quantized_bytes_sent", "exact_bytes")
 
 

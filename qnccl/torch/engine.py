@@ -100,7 +100,8 @@ def engine_group(state, comm, grads, names, setting):
     _comm.allreduce(comm, z.data_ptr(), z.data_ptr(), z.numel(), "float32", "avg", bits=bits,
                     bucket_size=bucket_size, rounding=state.rounding, seed=state.seed,
                     algo="sra", error_feedback=state.error_feedback, stream=stream_of(z),
-                    rotation=state.rotation, rotation_block=state.rotation_block)
+                    rotation=state.rotation, rotation_block=state.rotation_block,
+                    clip=state.clip)
     state.calls += 1
     state.quantized_bytes_sent += _comm.stats(comm)["bytes_on_wire"] - before
     scatter(z, grads)

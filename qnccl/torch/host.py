@@ -127,7 +127,8 @@ def _sra(state, group, z, bits, bucket_size, residual):
 
         def q(values, step):
             return _codec.quantize(values, bits, bucket_size, state.rounding, state.seed,
-                                   _stream_id(call, g, r, step), rotation=grid)
+                                   _stream_id(call, g, r, step), rotation=grid,
+                                   clip=state.clip)
 
         def receive(size_of, phase):
             return _receive(group, peers, others, size_of, tag + phase,

@@ -13,6 +13,7 @@ from . import checkpoint, engine
 
 ROUNDINGS = ("stochastic", "nearest")
 ROTATIONS = ("none", "hadamard")
+CLIPS = ("none", "gaussian")
 
 
 def _int_arg(name, value, low, high=None):
@@ -67,6 +68,9 @@ class QuantizedHookState:
                     on both paths, the same bytes); excludes error_feedback (residuals would
                     live in each group's rotated domain, which checkpoints and DDP's rebuilt
                     buckets do not keep) and adaptive (its widths come from unrotated errors)
+    clip            "none", or with rotation="hadamard" "gaussian": every rotated bucket's
+                    range clipped where a Gaussian's quantizes best (docs/rotation.md,
+                    "Clipped ranges"; pays with Adam-like optimizers, costs under plain SGD)
     comm            None, or an NCCL communicator (cffi ncclComm_t or its address) of the
                     process group's ranks in the same order, e.g. one of QNCCL's host backend:
                     CPU buckets then go through libqnccl's engine on it, as CUDA buckets go
@@ -86,7 +90,7 @@ class QuantizedHookState:
     def __init__(self, model, process_group=None, bits=4, bucket_size=128,
                  rounding="stochastic", min_numel=1024, per_layer=None, error_feedback=False,
                  warmup_steps=0, seed=0, comm=None, adaptive=None, rotation="none",
-                 rotation_block=_rotation.DEFAULT_BLOCK):
+                 rotation_block=_rotation.DEFAULT_BLOCK, clip="none"):
         if not isinstance(model, torch.nn.Module):
             raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         self.bits = _int_arg("bits", bits, 1, 8)
@@ -111,7 +115,12 @@ class QuantizedHookState:
             raise ValueError("rotation and adaptive exclude each other (adaptive widths come "
                              "from unrotated errors on the cubic grid): pass rotation='none' "
                              "or adaptive=None")
-        self.rotation, self.rotation_block = rotation, rotation_block
+        if clip not in CLIPS:
+            raise ValueError(f"clip must be 'none' or 'gaussian', got {clip!r}")
+        if clip != "none" and rotation == "none":
+            raise ValueError("clip='gaussian' clips rotated buckets' ranges: pass "
+                             "rotation='hadamard' with it, or clip='none'")
+        self.rotation, self.rotation_block, self.clip = rotation, rotation_block, clip
         if per_layer is not None and not callable(per_layer) and not isinstance(per_layer, dict):
             raise ValueError("per_layer must be None, a dict {name or module prefix: "
                              f"(bits, bucket_size) or None}} or a callable, got {per_layer!r}")
@@ -246,8 +255,9 @@ class QuantizedHookState:
         return checkpoint.pickled(self)
 
     def __setstate__(self, state):
-        # a state pickled before rotations existed was an unrotated one
-        self.__dict__.update({"rotation": "none", "rotation_block": _rotation.DEFAULT_BLOCK})
+        # a state pickled before rotations (or clips) existed was an unrotated (unclipped) one
+        self.__dict__.update({"rotation": "none", "rotation_block": _rotation.DEFAULT_BLOCK,
+                              "clip": "none"})
         self.__dict__.update(state)
 
     def report(self):

@@ -33,6 +33,9 @@ struct CodecParams {
   /* Whether buckets may take the cubic grid (wire-format.md); false: every
    * bucket on the uniform grid, a rotated call's (docs/rotation.md). */
   bool cubic = true;
+  /* The clip fraction f of clip_meta (codec_math.h): every bucket's stored
+   * range cut at f times its largest magnitude; 0: the whole range. */
+  float clip = 0.0f;
   /* Host only: rotate before quantizing and after decoding, in blocks of
    * `rotation` (0: no rotation; docs/rotation.md), the whole buffer one
    * segment, working in `scratch` (min(count, rotation_tile(count, bucket,
@@ -48,6 +51,12 @@ struct CodecParams {
 ncclResult_t check_codec_config(const char* fn, const qncclCodecConfig_t* config);
 /* The rotation block of a checked config: 0 without a rotation. */
 size_t rotation_block(const qncclCodecConfig_t& config);
+/* The clip fraction of a checked config (CodecParams::clip): 0 for
+ * qncclClipNone, or where the cut would keep every range whole. */
+float clip_fraction(const qncclCodecConfig_t& config);
+/* The same for a setting at `bits` bits and `bucket` values per bucket (a
+ * hierarchical call's stage inside a node takes its own width). */
+float clip_fraction(qncclClip_t clip, int bits, size_t bucket);
 ncclResult_t check_codec_type(const char* fn, const char* arg, ncclDataType_t type);
 
 /* The host codec built for one instruction set (codec_host.cc is compiled
@@ -89,7 +98,7 @@ ncclResult_t host_codec(const HostCodec** codec);
 ncclResult_t device_quantize(const void* src, size_t count, ncclDataType_t type,
                              const CodecParams& p, void* dst, cudaStream_t stream);
 /* Quantizes srcs[i] (counts[i] values) into wires[i] with params ps[i] (the
- * same bits, bucket and rounding; their own random streams) for i < n: the
+ * same bits, bucket, rounding and clip; their own random streams) for i < n: the
  * same bytes as n quantizes, in one launch per 16 of them when buckets are
  * powers of two up to 4096 values, two for other buckets up to 4096 values. */
 ncclResult_t device_quantize_many(const void* const* srcs, const size_t* counts, int n,

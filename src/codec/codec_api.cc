@@ -38,6 +38,17 @@ ncclResult_t check_codec_config(const char* fn, const qncclCodecConfig_t* config
                      "%s: rotation = %d is unknown; allowed: qncclRotationNone (0), "
                      "qncclRotationHadamard (1) or qncclRotationPrerotated (2)",
                      fn, (int)config->rotation);
+  if (config->clip != qncclClipNone && config->clip != qncclClipGaussian)
+    return set_error(ncclInvalidArgument,
+                     "%s: clip = %d is unknown; allowed: qncclClipNone (0) or "
+                     "qncclClipGaussian (1)",
+                     fn, (int)config->clip);
+  if (config->clip != qncclClipNone && config->rotation == qncclRotationNone)
+    return set_error(ncclInvalidArgument,
+                     "%s: clip = qncclClipGaussian needs rotated values; allowed with rotation = "
+                     "qncclRotationHadamard or qncclRotationPrerotated, or pass clip = "
+                     "qncclClipNone",
+                     fn);
   const size_t block = config->rotationBlock;
   if (block != 0 && (block < QNCCL_MIN_ROTATION_BLOCK || block > QNCCL_MAX_ROTATION_BLOCK ||
                      (block & (block - 1)) != 0))
@@ -52,6 +63,37 @@ ncclResult_t check_codec_config(const char* fn, const qncclCodecConfig_t* config
 size_t rotation_block(const qncclCodecConfig_t& config) {
   if (config.rotation != qncclRotationHadamard) return 0;
   return config.rotationBlock != 0 ? config.rotationBlock : QNCCL_DEFAULT_ROTATION_BLOCK;
+}
+
+/* docs/rotation.md, "Clipped ranges": f = c(bits) / m(bucketSize), c the
+ * outermost level of the 2^bits-level uniform quantizer with the least mean
+ * squared error for a standard Gaussian (Max's), m the expected largest
+ * magnitude of n standard Gaussian values, tabulated at n = 2^k and
+ * interpolated linearly in n between (the last entry beyond 2^32). Plain
+ * double arithmetic, so that qnccl.emulate derives the same float. */
+float clip_fraction(qncclClip_t clip, int bits, size_t bucket) {
+  static const double kLevel[QNCCL_MAX_BITS + 1] = {
+      0, 0.7979, 1.4935, 2.0511, 2.5140, 2.9162, 3.2780, 3.6111, 3.9222};
+  static const double kLargest[33] = {
+      0.797885, 1.128379, 1.464728, 1.783367, 2.077204, 2.347079, 2.596111, 2.827558, 3.044225,
+      3.248391, 3.441870, 3.626116, 3.802295, 3.971358, 4.134087, 4.291131, 4.443040, 4.590279,
+      4.733248, 4.872294, 5.007719, 5.139788, 5.268736, 5.394773, 5.518083, 5.638835, 5.757180,
+      5.873255, 5.987183, 6.099080, 6.209048, 6.317183, 6.423573};
+  if (clip != qncclClipGaussian) return 0.0f;
+  const size_t n = bucket;
+  int k = 0;
+  while (k < 32 && ((size_t)2 << k) <= n) ++k;  // 2^k <= n < 2^(k+1), or k = 32
+  double largest = kLargest[k];
+  if (k < 32) {
+    const double low = (double)((size_t)1 << k);
+    largest += (kLargest[k + 1] - kLargest[k]) * (((double)n - low) / low);
+  }
+  const double f = kLevel[bits] / largest;
+  return f < 1.0 ? (float)f : 0.0f;
+}
+
+float clip_fraction(const qncclCodecConfig_t& config) {
+  return clip_fraction(config.clip, config.bits, config.bucketSize);
 }
 
 ncclResult_t check_codec_type(const char* fn, const char* arg, ncclDataType_t type) {
@@ -105,6 +147,7 @@ CodecParams params_of(const qncclCodecConfig_t* config, uint64_t stream) {
                 nullptr, 0, 0, 0, 0};
   p.cubic = config->rotation == qncclRotationNone;
   p.rotation = rotation_block(*config);
+  p.clip = clip_fraction(*config);
   return p;
 }
 

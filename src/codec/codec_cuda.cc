@@ -45,13 +45,14 @@ struct StatsPasses {
  * + 8 bytes, plus 15 of alignment. */
 template <class Type>
 StatsPasses<Type> plan_stats(const typename Type::T* src, size_t count, size_t bucket,
-                             uint8_t* wire) {
+                             float clip, uint8_t* wire) {
   const size_t longest = min_size(bucket, count);
   const size_t buckets = num_buckets(count, bucket);
   const bool wire_aligned = aligned_to(wire, 8);
   StatsPasses<Type> passes = {};
   if (longest <= kSliceValues) {
-    passes.first = {src, count, bucket, bucket, 1, buckets, lanes_for(longest), wire, wire_aligned};
+    passes.first = {src,     count, bucket, bucket, 1, buckets, lanes_for(longest),
+                    wire,    wire_aligned, clip};
     return passes;
   }
   size_t slice = ceil_div(longest, kMaxSlicesPerBucket);
@@ -61,11 +62,11 @@ StatsPasses<Type> plan_stats(const typename Type::T* src, size_t count, size_t b
   const size_t items = (buckets - 1) * per_bucket + ceil_div(last, slice);
   uint8_t* codes = wire + buckets * kMetaBytes;
   uint8_t* partials = codes + (16 - (uintptr_t)codes % 16) % 16;
-  passes.first = {src, count, bucket, slice, per_bucket, items, kWarp, partials, true};
+  passes.first = {src, count, bucket, slice, per_bucket, items, kWarp, partials, true, 0.0f};
   passes.sliced = true;
   const size_t merged = 2 * per_bucket;
   passes.merge = {reinterpret_cast<const float*>(partials), 2 * items, merged, merged, 1, buckets,
-                  lanes_for(merged), wire, wire_aligned};
+                  lanes_for(merged), wire, wire_aligned, clip};
   return passes;
 }
 
@@ -107,6 +108,7 @@ EncodeArgs<Type> plan_encode(const typename Type::T* src, size_t count, const Co
                           aligned_to(src, 16),
                           aligned_to(wire, 8),
                           p.cubic,
+                          p.clip,
                           p.call,
                           p.seed,
                           p.segment,
@@ -149,7 +151,7 @@ ncclResult_t quantize_as(const typename Type::T* src, size_t count, const CodecP
     return set_error(ncclInvalidArgument, "the input is not aligned to its %zu-byte elements",
                      sizeof(*src));
   if (!one_pass(p.bucket)) {
-    const StatsPasses<Type> stats = plan_stats<Type>(src, count, p.bucket, wire);
+    const StatsPasses<Type> stats = plan_stats<Type>(src, count, p.bucket, p.clip, wire);
     QNCCL_CHECK(launch_stats(stats.first, stream));
     if (stats.sliced) QNCCL_CHECK(launch_stats(stats.merge, stream));
   }
@@ -198,6 +200,7 @@ ncclResult_t quantize_many_as(const typename Type::T* const* srcs, const size_t*
     EncodeManyArgs<Type> items = {};
     stats.bucket = bucket;
     stats.out_aligned = true;
+    stats.clip = ps[0].clip;
     size_t longest = 0;
     for (; i < n && stats.n < kEncodeItems; i++) {
       if (counts[i] == 0) continue;

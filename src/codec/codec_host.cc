@@ -409,6 +409,25 @@ struct Ahead {
   }
 };
 
+/* clip_meta of the n (<= kAhead) bucket metadata at `metas`, in place: one
+ * vector loop over the batch. */
+inline void clip_metas(uint8_t* metas, size_t n, float f) {
+  float mins[kAhead], maxs[kAhead];
+  for (size_t k = 0; k < n; k++) {
+    memcpy(&mins[k], metas + k * kMetaBytes, 4);
+    memcpy(&maxs[k], metas + k * kMetaBytes + 4, 4);
+  }
+  for (size_t k = 0; k < n; k++) {
+    const BucketMeta c = clip_meta(BucketMeta{mins[k], maxs[k]}, f);
+    mins[k] = c.min;
+    maxs[k] = c.max;
+  }
+  for (size_t k = 0; k < n; k++) {
+    memcpy(metas + k * kMetaBytes, &mins[k], 4);
+    memcpy(metas + k * kMetaBytes + 4, &maxs[k], 4);
+  }
+}
+
 /* Encodes a buffer of `count` values tile after tile: tiles(t0, t1) gives
  * the values [t0, t1) of each (x[j] is value t0 + j, and x reaches the end
  * of every bucket that starts in the tile), the tiles `tile` values apart
@@ -444,6 +463,7 @@ void encode_tiles(size_t count, const CodecParams& p, uint8_t* dst, size_t tile,
                   bucket_meta<D>(x + (b0 - t0), std::min(count, b0 + p.bucket) - b0);
               memcpy(metas + k * kMetaBytes, &m, kMetaBytes);
             }
+            if (p.clip > 0.0f) clip_metas(metas, n, p.clip);
             batch.refill<BITS>(metas, n, p.cubic);
           }
           bucket_end = std::min(count, i + p.bucket);

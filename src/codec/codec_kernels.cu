@@ -187,7 +187,8 @@ __device__ __forceinline__ void stats_items(size_t items, int lanes, Locate loca
     BucketStats s = item < items ? lane_stats(a, local, rank) : stats_init();
     // XOR masks below lanes stay inside the aligned lane group.
     for (int mask = lanes / 2; mask > 0; mask /= 2) stats_merge(s, shfl_xor_stats(s, mask));
-    if (rank == 0 && item < items) store_meta(a.out, local, stats_meta(s), a.out_aligned);
+    if (rank == 0 && item < items)
+      store_meta(a.out, local, clip_meta(stats_meta(s), a.clip), a.out_aligned);
   }
 }
 
@@ -209,7 +210,7 @@ __device__ __forceinline__ void stats_many_kernel(const StatsManyArgs<Type>& a) 
     *local = item - a.first_item[i];
     return StatsArgs<Type>{a.srcs[i], a.counts[i], a.bucket, a.bucket, 1,
                            a.first_item[i + 1] - a.first_item[i], a.lanes, a.outs[i],
-                           a.out_aligned};
+                           a.out_aligned, a.clip};
   });
 }
 
@@ -342,7 +343,7 @@ __device__ __forceinline__ void encode_span(const EncodeArgs<Type>& a, RngKey ke
         if ((t * kWarp + lane) * kGroup + j < a.count) stats_add(st, y[j]);
   }
   for (int mask = a.stats_lanes / 2; mask > 0; mask /= 2) stats_merge(st, shfl_xor_stats(st, mask));
-  const BucketMeta meta = stats_meta(st);
+  const BucketMeta meta = clip_meta(stats_meta(st), a.clip);
   // The bucket's first lane: its group is the bucket's first (bucket = stats_lanes groups
   // or a whole span), so it holds values when the bucket does.
   if (lane % a.stats_lanes == 0 && has_group)

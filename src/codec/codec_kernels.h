@@ -48,6 +48,7 @@ struct StatsArgs {
   int lanes;       // lanes reducing one item: a power of two <= kWarp
   uint8_t* out;    // stats_meta of item i at out + 8i
   bool out_aligned;
+  float clip;      // clip_meta's f for the metadata (CodecParams::clip); 0 for partials
 };
 
 /* Quantize in one pass when a bucket is a power of two from kGroup to
@@ -81,6 +82,7 @@ struct EncodeArgs {
   bool src_vectors;   // src is 16-byte aligned
   bool wire_aligned;  // meta (and so codes) is 8-byte aligned
   bool cubic;         // CodecParams::cubic
+  float clip;         // CodecParams::clip (one pass: the metadata it stores)
   // CodecParams::call and what goes with it: the key is read when the kernel runs.
   const uint64_t* call;
   uint64_t seed, segment, rank, step;
@@ -171,6 +173,7 @@ struct StatsManyArgs {
   size_t bucket;
   int lanes;         // as StatsArgs::lanes
   bool out_aligned;  // every out 8-byte aligned
+  float clip;        // as StatsArgs::clip
 };
 
 /* The encode kernel's buffers: warp span s of buffer i is span

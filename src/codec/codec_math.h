@@ -94,6 +94,23 @@ QNCCL_HD BucketMeta stats_meta(const BucketStats& s) {
   return m;
 }
 
+/* A clipped range (qncclClipGaussian; docs/rotation.md, "Clipped ranges"):
+ * a bucket with min < 0 < max is cut at t = f * M, M = max(-min, max):
+ *   max' = min(max, t),  min' = max(min, -t);
+ * any other bucket (one side of zero, constant, non-finite) and f = 0 (no
+ * clip: clip_fraction) keep their ranges. + 0.0f keeps -0.0 off the wire
+ * (-t of a t that underflowed), as stats_meta does. */
+QNCCL_HD BucketMeta clip_meta(BucketMeta m, float f) {
+  // Selects only, no early return: the host clips a batch of buckets as one vector loop
+  // (which end is cut is data, which branches mispredict).
+  const bool cut = (f > 0.0f) & (m.min < 0.0f) & (m.max > 0.0f);  // false for NaN
+  const float t = f * (-m.min > m.max ? -m.min : m.max);
+  BucketMeta c;
+  c.max = cut ? (t < m.max ? t : m.max) + 0.0f : m.max;
+  c.min = cut ? (-t > m.min ? -t : m.min) + 0.0f : m.min;
+  return c;
+}
+
 /* Everything encode and decode need of a bucket, derived from its metadata
  * alone so both ends derive the same values (docs/wire-format.md, Arithmetic).
  *
@@ -233,15 +250,16 @@ QNCCL_HD BucketParams bucket_params_of_grid(BucketMeta m, int bits, bool cubic) 
   return p;
 }
 
-/* Position of x on a uniform grid, in steps from min; never negative
- * (rounding can put the minimum a hair below 0, where it codes 0 anyway). */
+/* Position of x on a uniform grid, in steps from min, within [0, L]:
+ * rounding can put the minimum a hair below 0 and the maximum a hair above
+ * L, where they code 0 and L anyway; a value past a clipped range
+ * (clip_meta) lands on its end, L at most even where sigma * x - a
+ * overflows. */
 QNCCL_HD float grid_position(const BucketParams& p, float x) {
-  float t = (p.sigma * x - p.a) * p.inv_step;
-  return t > 0.0f ? t : 0.0f;
+  const float t = (p.sigma * x - p.a) * p.inv_step;
+  const float above = t > 0.0f ? t : 0.0f;
+  return above < p.top ? above : p.top;
 }
-
-/* min(max(q, 0), top) of the doc: q >= 0 already, as grid_position is. */
-QNCCL_HD float clamp_code(float q, float top) { return q > top ? top : q; }
 
 /* cbrt(w) for 0 <= w < 2^24 to within 0.17 (checked for every float in that
  * range by tests/programs/cube_root_check.cc): a third of the float's bit
@@ -376,18 +394,18 @@ QNCCL_HD float cubic_threshold(const BucketParams& p, float i) {
  * kernels. Codes are at most 255: converted through int32, which SIMD
  * converts natively. */
 
-/* Uniform: round to nearest, ties to even. */
+/* Uniform: round to nearest, ties to even (within [0, L], as the position
+ * is: the doc's clamp). */
 QNCCL_HD uint32_t encode_nearest_uniform(const BucketParams& p, float x) {
-  return (uint32_t)(int32_t)clamp_code(round_even(grid_position(p, x)), p.top);
+  return (uint32_t)(int32_t)round_even(grid_position(p, x));
 }
 
-/* Uniform: rounds up with probability equal to the fractional position: unbiased. */
+/* Uniform: rounds up with probability equal to the fractional position:
+ * unbiased. At t = L the fraction is 0, so the code stays L. */
 QNCCL_HD uint32_t encode_stochastic_uniform(const BucketParams& p, float x, float u) {
   const float t = grid_position(p, x);
   const int32_t f = (int32_t)t;  // floor: t >= 0, and truncation is exact
-  const int32_t q = f + (u < t - (float)f ? 1 : 0);
-  const int32_t top = (int32_t)p.top;
-  return (uint32_t)(q > top ? top : q);
+  return (uint32_t)(f + (u < t - (float)f ? 1 : 0));
 }
 
 /* Cubic: the nearer of the two levels around x, the one nearer zero on a tie. */

@@ -13,6 +13,7 @@ const char* name(Var var) {
     case Var::kRounding: return "QNCCL_ROUNDING";
     case Var::kRotation: return "QNCCL_ROTATION";
     case Var::kRotationBlock: return "QNCCL_ROTATION_BLOCK";
+    case Var::kClip: return "QNCCL_CLIP";
     case Var::kAlgo: return "QNCCL_ALGO";
     case Var::kInterAlgo: return "QNCCL_INTER_ALGO";
     case Var::kIntraBits: return "QNCCL_INTRA_BITS";

@@ -14,6 +14,7 @@ enum class Var {
   kRounding,          // QNCCL_ROUNDING
   kRotation,          // QNCCL_ROTATION: none | hadamard (docs/rotation.md)
   kRotationBlock,     // QNCCL_ROTATION_BLOCK: values per rotation block
+  kClip,              // QNCCL_CLIP: none | gaussian, a rotated call's ranges (docs/rotation.md)
   kAlgo,              // QNCCL_ALGO
   kInterAlgo,         // QNCCL_INTER_ALGO: hierarchical, between nodes
   kIntraBits,         // QNCCL_INTRA_BITS: hierarchical, inside a node (0: exact)

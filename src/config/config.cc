@@ -82,6 +82,7 @@ ncclResult_t read_choice(Var var, const char* const* names, const char* allowed,
 
 const char* const kRoundings[] = {"nearest", "stochastic", nullptr};
 const char* const kRotations[] = {"none", "hadamard", nullptr};  // qncclRotation_t's order
+const char* const kClips[] = {"none", "gaussian", nullptr};        // qncclClip_t's order
 const char* const kAlgos[] = {"auto", "ring", "tree", "sra", "hier", nullptr};
 /* QNCCL_ALGO's words: kAlgos, then "rule" (auto by its fixed rules, unmeasured). */
 const char* const kAlgoWords[] = {"auto", "ring", "tree", "sra", "hier", "rule", nullptr};
@@ -180,6 +181,11 @@ ncclResult_t config_from_env(qncclEnvConfig_t* config) {
   QNCCL_CHECK(read_choice(Var::kRotation, kRotations, "none or hadamard",
                           &c.allreduce.codec.rotation));
   QNCCL_CHECK(read_rotation_block(&c.allreduce.codec.rotationBlock));
+  QNCCL_CHECK(read_choice(Var::kClip, kClips, "none or gaussian", &c.allreduce.codec.clip));
+  if (c.allreduce.codec.clip != qncclClipNone && c.allreduce.codec.rotation == qncclRotationNone)
+    return set_error(ncclInvalidArgument,
+                     "QNCCL_CLIP=gaussian clips rotated buckets' ranges and needs "
+                     "QNCCL_ROTATION=hadamard; set it, or unset QNCCL_CLIP");
   int algo = (int)c.allreduce.algo;
   QNCCL_CHECK(read_choice(Var::kAlgo, kAlgoWords, "auto, rule, ring, tree, sra or hier", &algo));
   c.allreduce.algo = algo == kRuleWord ? qncclAlgoAuto : (qncclAlgo_t)algo;

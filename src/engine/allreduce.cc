@@ -179,6 +179,8 @@ ncclResult_t begin_call(Segment& s, const char* what, ncclComm_t comm, cudaStrea
                          config.codec.seed, 0, nullptr, 0, 0, 0, 0};
   // A rotated call quantizes values rotated already, on the uniform grid.
   s.params.cubic = config.codec.rotation == qncclRotationNone;
+  s.clip = config.codec.clip;
+  s.params.clip = clip_fraction(config.codec);
   s.rotation = rotation_block(config.codec);
   s.type = s.input_type = type;
   s.type_size = s.input_size = float_type_size(type);

@@ -120,6 +120,7 @@ class Segment {
   cudaStream_t stream;
   Compute compute;     // host code or CUDA kernels, by where the buffers live
   CodecParams params;  // params.stream is set per quantization
+  qncclClip_t clip = qncclClipNone;  // the setting behind params.clip, for a stage's own bits
   ncclDataType_t type;  // of the output (and of the input, unless input_type says)
   size_t type_size;
   ncclDataType_t input_type;  // of x: `type`, or float32 for a stage fed by another

@@ -81,7 +81,13 @@ double quantization_alpha(const qncclCodecConfig_t& codec) {
   // a rotated call's buckets are all on the uniform grid (docs/rotation.md)
   const bool cubic = codec.bits >= 2 && codec.rotation == qncclRotationNone;
   const double cell = cubic ? 6 / (levels - 1) : 2 / levels;
-  return rho * cell * (1 + kUnit) * (1 + kUnit) * (1 + kUnit) + kCodecSlack;
+  const double f = clip_fraction(codec);
+  if (f == 0) return rho * cell * (1 + kUnit) * (1 + kUnit) * (1 + kUnit) + kCodecSlack;
+  // A clipped range (docs/rotation.md, "Clipped ranges") is cut at t = fl(f M) >= f M (1 - u):
+  // its cell is at most 2 t / L, and a value past the cut lands on the cut's end, at most
+  // M - t away, plus that end's own rounding.
+  return (1 - f * (1 - kUnit)) +
+         rho * f * cell * (1 + kUnit) * (1 + kUnit) * (1 + kUnit) * (1 + kUnit) + kCodecSlack;
 }
 
 /* Rounding of the decoded float32 result into the output type, for results

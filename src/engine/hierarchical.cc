@@ -61,6 +61,7 @@ ncclResult_t hierarchical(Segment& s, Workspace& w) {
     intra.rank = l;
     intra.nranks = nlocal;
     intra.params.bits = plan.intra_bits;
+    intra.params.clip = clip_fraction(s.clip, plan.intra_bits, s.params.bucket);
     // SRA's scatter-reduce with shards for chunks. The own shard is
     // quantized between nodes: its residual is added there.
     const size_t slot = intra.wire_bytes(shard(s.count, nlocal, last).size());

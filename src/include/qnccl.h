@@ -55,6 +55,20 @@ typedef enum {
                                  but nothing rotated here or when decoded */
 } qncclRotation_t;
 
+/* The range each bucket's uniform grid spans (docs/rotation.md, "Clipped
+ * ranges"). qncclClipGaussian takes a rotated call's buckets for the
+ * Gaussians a rotation makes them: each bucket's stored range is its
+ * [min, max] cut at f * max(|min|, |max|), f the fraction at which the
+ * bucket's largest magnitude, as expected of `bucketSize` Gaussian values,
+ * puts the 2^bits-level grid that quantizes a Gaussian with the least mean
+ * squared error; values past the cut encode as its ends. Biased: it pays
+ * under Adam-like optimizers and with error feedback, less under plain SGD.
+ * Needs a rotation (qncclRotationHadamard or qncclRotationPrerotated). */
+typedef enum {
+  qncclClipNone = 0,     /* the bucket's whole [min, max] */
+  qncclClipGaussian = 1  /* cut for Gaussian values (above) */
+} qncclClip_t;
+
 #define QNCCL_MIN_ROTATION_BLOCK 2
 #define QNCCL_MAX_ROTATION_BLOCK 16384
 #define QNCCL_DEFAULT_ROTATION_BLOCK 256
@@ -72,6 +86,7 @@ typedef struct {
    * dequantize take the same config. The wire layout is unchanged. */
   qncclRotation_t rotation;
   size_t rotationBlock;
+  qncclClip_t clip;         /* qncclClipNone unless rotated (above) */
 } qncclCodecConfig_t;
 
 /* Bytes that qncclQuantize writes for `count` values. */

@@ -84,12 +84,13 @@ void announce(ncclComm_t comm, ShimComm& shim, const NcclApi& nccl) {
 #endif
   const qncclCodecConfig_t& c = config.allreduce.codec;
   info(comm, config.debug,
-       "/%d: bits=%d bucket=%zu rounding=%s rotation=%s rotation_block=%zu algo=%s "
+       "/%d: bits=%d bucket=%zu rounding=%s rotation=%s rotation_block=%zu clip=%s algo=%s "
        "inter_algo=%s intra_bits=%d lanes=%d segment_values=%zu min_bytes=%zu seed=%llu "
        "warmup=%llu error_feedback=%d error_feedback_max_bytes=%zu enable=%d %s nccl=%s",
        nranks, c.bits, c.bucketSize, rounding_name(c.rounding),
        c.rotation == qncclRotationHadamard ? "hadamard" : "none",
        c.rotationBlock != 0 ? c.rotationBlock : (size_t)QNCCL_DEFAULT_ROTATION_BLOCK,
+       c.clip == qncclClipGaussian ? "gaussian" : "none",
        algo_setting(config),
        algo_name(config.allreduce.interAlgo), config.allreduce.intraBits, config.allreduce.lanes,
        config.allreduce.segmentValues, config.minBytes, (unsigned long long)c.seed,

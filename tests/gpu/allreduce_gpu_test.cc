@@ -215,7 +215,7 @@ int check_matrix(Twin& twin, cudaStream_t stream) {
           Case c;
           c.config.codec = {shape.bits, shape.bucket,
                             variant % 2 ? qncclRoundStochastic : qncclRoundNearest,
-                            0x5eed0000ull + serial, qncclRotationNone, 0};
+                            0x5eed0000ull + serial, qncclRotationNone, 0, qncclClipNone};
           c.config.algo = (qncclAlgo_t)algo;
           c.config.segmentValues = shape.segment;
           c.type = type;
@@ -274,7 +274,7 @@ int check_collectives(Twin& twin, cudaStream_t stream) {
           Case c;
           c.config = {{1 + (int)(serial % 8), variant < 2 ? (size_t)128 : (size_t)7,
                        variant % 2 ? qncclRoundStochastic : qncclRoundNearest,
-                       0xc011ull + serial, qncclRotationNone, 0},
+                       0xc011ull + serial, qncclRotationNone, 0, qncclClipNone},
                       qncclAlgoAuto, variant == 3 ? (size_t)65536 : 0, 0, qncclAlgoAuto, 0, 0};
           if (kind == qncclCollReduceScatter)
             c.config.algo = variant % 2 ? qncclAlgoRing : qncclAlgoSra;
@@ -292,8 +292,9 @@ int check_collectives(Twin& twin, cudaStream_t stream) {
 
 /* Part 2. */
 bool check_mixed_buffers(Twin& twin, cudaStream_t stream) {
-  const qncclAllReduceConfig_t config = {{4, 128, qncclRoundNearest, 1, qncclRotationNone, 0},
-                                         qncclAlgoAuto, 0, 0, qncclAlgoAuto, 0, 0};
+  const qncclAllReduceConfig_t config = {
+      {4, 128, qncclRoundNearest, 1, qncclRotationNone, 0, qncclClipNone},
+      qncclAlgoAuto, 0, 0, qncclAlgoAuto, 0, 0};
   std::vector<float> host(1000, 1.0f);
   DeviceBuffer device(host.size() * 4);
   const ncclResult_t res = qncclAllReduce(host.data(), device.ptr, host.size(), ncclFloat32,
@@ -307,8 +308,8 @@ bool check_mixed_buffers(Twin& twin, cudaStream_t stream) {
 
 bool check_no_sync(Twin& twin, cudaStream_t stream) {
   Case c;
-  c.config = {{4, 128, qncclRoundStochastic, 42, qncclRotationNone, 0}, qncclAlgoRing, 1 << 18, 0,
-              qncclAlgoAuto, 0, 0};
+  c.config = {{4, 128, qncclRoundStochastic, 42, qncclRotationNone, 0, qncclClipNone},
+              qncclAlgoRing, 1 << 18, 0, qncclAlgoAuto, 0, 0};
   c.type = ncclFloat32;
   c.op = ncclAvg;
   c.count = (3 << 20) + 5;
@@ -471,8 +472,8 @@ int check_error_feedback(Twin& twin, cudaStream_t stream) {
     for (ncclDataType_t type : {ncclFloat32, ncclFloat16, ncclBfloat16})
       for (ncclRedOp_t op : {ncclSum, ncclAvg}) {
         Case c;
-        c.config = {{3, 100, qncclRoundStochastic, 11, qncclRotationNone, 0}, (qncclAlgo_t)algo,
-                    20000, 0, qncclAlgoAuto, 0, 0};
+        c.config = {{3, 100, qncclRoundStochastic, 11, qncclRotationNone, 0, qncclClipNone},
+                    (qncclAlgo_t)algo, 20000, 0, qncclAlgoAuto, 0, 0};
         c.type = type;
         c.op = op;
         c.count = 50021;  // three segments
@@ -501,8 +502,8 @@ std::vector<Case> two_rank_cases(qncclAlgo_t algo) {
   std::vector<Case> cases;
   for (ncclDataType_t type : {ncclFloat32, ncclBfloat16}) {
     Case c;
-    c.config = {{4, 128, qncclRoundStochastic, 7, qncclRotationNone, 0}, algo, 0, 0, qncclAlgoAuto,
-                0, 0};
+    c.config = {{4, 128, qncclRoundStochastic, 7, qncclRotationNone, 0, qncclClipNone}, algo,
+                0, 0, qncclAlgoAuto, 0, 0};
     c.type = type;
     c.op = type == ncclFloat32 ? ncclAvg : ncclSum;
     c.count = 300007;

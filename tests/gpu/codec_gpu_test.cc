@@ -203,7 +203,8 @@ bool check_config(const Input& in, size_t count, const qncclCodecConfig_t& cfg, 
  * the right bytes once it opens. */
 bool check_no_sync(cudaStream_t stream) {
   const size_t count = (3 << 20) + 5;
-  const qncclCodecConfig_t cfg = {4, 128, qncclRoundStochastic, 42, qncclRotationNone, 0};
+  const qncclCodecConfig_t cfg = {4, 128, qncclRoundStochastic, 42, qncclRotationNone, 0,
+                                  qncclClipNone};
   const Input in = make_input(ncclFloat32, count, false);
   const std::string name = "no-sync float32 n=3145733 bits=4 bucket=128 stochastic";
   size_t bytes = 0;
@@ -275,14 +276,19 @@ void check_matrix(const std::vector<size_t>& counts, cudaStream_t stream, int* p
               // every other bucket prerotated, flipping with bits: each bucket size takes
               // both grids, the cubic one and a rotated call's uniform one
               const bool rotated = (serial / 2 + (size_t)bits) % 2 == 1;
+              // about half of those with their ranges clipped, picked by a hash of the
+              // serial: every bucket size meets both roundings and many widths clipped
+              const bool clipped = rotated && ((serial * 0x9e3779b97f4a7c15ull) >> 63) == 0;
               const qncclCodecConfig_t cfg = {
                   bits, bucket, (qncclRounding_t)rounding, 0x5eed0000ull + serial,
-                  rotated ? qncclRotationPrerotated : qncclRotationNone, 0};
+                  rotated ? qncclRotationPrerotated : qncclRotationNone, 0,
+                  clipped ? qncclClipGaussian : qncclClipNone};
               const bool aligned = serial % 3 != 1;  // period 3: mixes with bits and rounding
               char name[160];
               snprintf(name, sizeof name, "%s n=%zu %s bits=%d bucket=%zu %s%s%s", in.name, count,
                        values, bits, bucket, rounding ? "stochastic" : "nearest",
-                       rotated ? " prerotated" : "", aligned ? "" : " unaligned");
+                       rotated ? (clipped ? " prerotated clipped" : " prerotated") : "",
+                       aligned ? "" : " unaligned");
               const bool ok = check_config(in, count, cfg, serial * 977, aligned, dsrc, dwire,
                                            dout, stream, name);
               ++*(ok ? passed : failed);
@@ -328,8 +334,9 @@ std::vector<uint8_t> quick_values(size_t count, uint64_t seed) {
  * lanes, a lane per group of 8 values: past 8,388,608 values); with
  * --huge N, past 2^31 values (64-bit indexing, a wire past 2^32 bits). */
 void check_large(size_t count, cudaStream_t stream, int* passed, int* failed) {
-  const qncclCodecConfig_t configs[] = {{4, 128, qncclRoundStochastic, 77, qncclRotationNone, 0},
-                                        {3, 7, qncclRoundNearest, 78, qncclRotationNone, 0}};
+  const qncclCodecConfig_t configs[] = {
+      {4, 128, qncclRoundStochastic, 77, qncclRotationNone, 0, qncclClipNone},
+      {3, 7, qncclRoundNearest, 78, qncclRotationNone, 0, qncclClipNone}};
   DeviceBuffer dsrc(count * 4 + 16), dout(count * 4 + 16), dwire(2 * count + 16 + kWireOffset);
   const Input in = count <= (1u << 28) ? make_input(ncclFloat32, count, false)
                                         : Input{"float32", ncclFloat32, 4, quick_values(count, 3),

@@ -135,6 +135,7 @@ class Case:
     lanes: int = 0  # of a flat call's pipeline (0: auto, one lane on host buffers)
     rotation_block: int = 0  # a Hadamard rotation in blocks of this (0: none)
     prerotated: bool = False  # qncclRotationPrerotated: the uniform grid, nothing rotated
+    clip: bool = False  # qncclClipGaussian: the rotated buckets' ranges clipped
 
     def __str__(self):
         hier = f" inter={self.inter} intra_bits={self.intra_bits}" if NODES is not None else ""
@@ -144,7 +145,7 @@ class Case:
                 f"seed={self.seed} "
                 f"data={self.data}"
                 + (f" rotation_block={self.rotation_block}" if self.rotation_block else "")
-                + (" prerotated" if self.prerotated else ""))
+                + (" prerotated" if self.prerotated else "") + (" clip" if self.clip else ""))
 
 
 def rank_input(case, rank):
@@ -199,6 +200,8 @@ def make_config(case):
         config.codec.rotationBlock = case.rotation_block
     if case.prerotated:
         config.codec.rotation = lib.qncclRotationPrerotated
+    if case.clip:
+        config.codec.clip = lib.qncclClipGaussian
     return config
 
 
@@ -287,12 +290,13 @@ def check_case(case, call, outputs, send_ok, failures):
 
 
 def rotation_of(case):
-    """The emulator's rotation keywords for `case`."""
+    """The emulator's rotation (and clip) keywords for `case`."""
+    clip = {"clip": "gaussian"} if case.clip else {}
     if case.prerotated:
-        return {"rotation": "prerotated"}
+        return {"rotation": "prerotated", **clip}
     if not case.rotation_block:
         return {}
-    return {"rotation": "hadamard", "rotation_block": case.rotation_block}
+    return {"rotation": "hadamard", "rotation_block": case.rotation_block, **clip}
 
 
 def run_cases(comm, cases, failures, first_call=0):
@@ -380,6 +384,18 @@ def rotated_cases():
         cases.append(Case(algo, dtype, 7919, ("nearest", "stochastic")[i % 2],
                           ("sum", "avg")[i // 2 % 2], inplace=bool(i % 2), bits=(3, 4)[i % 2],
                           bucket=100, seed=5200 + i, prerotated=True))
+    # clipped ranges (docs/rotation.md, "Clipped ranges"), rotated and prerotated, at 1..4
+    # bits (the cut applies at bucket 128 up to 4), wide-ranged data (the types' limits) and
+    # NaN/Inf
+    for i, (algo, dtype) in enumerate(itertools.product(("ring", "tree", "sra", "auto"),
+                                                        ("float32", "float16", "bfloat16"))):
+        cases.append(Case(algo, dtype, (7919, 300, 20011)[i % 3],
+                          ("nearest", "stochastic")[i % 2], ("sum", "avg")[i // 2 % 2],
+                          inplace=bool(i % 3), bits=1 + i // 2 % 4, bucket=(128, 100)[i // 6],
+                          segment_values=(0, 4000)[i // 4 % 2], seed=5300 + i,
+                          data=("wide", "special")[i // 3 % 2],
+                          rotation_block=(256, 64)[i // 3 % 2], prerotated=i % 5 == 4,
+                          clip=True))
     return cases
 
 
@@ -442,6 +458,8 @@ MISUSE = [  # (argument, bad value, what the message must say: the argument and 
                     r"qncclRotationHadamard \(1\) or qncclRotationPrerotated \(2\)"),
     ("rotationBlock", 100, r"rotationBlock = 100; allowed: 0 \(the default, 256\) or a power of "
                            r"two"),
+    ("clip", 1, r"clip = qncclClipGaussian needs rotated values; allowed with rotation = "
+                r"qncclRotationHadamard or qncclRotationPrerotated"),
     ("op", "ncclMax", r"op = 2 .*allowed: ncclSum.*ncclAvg"),
     ("datatype", "ncclInt32", r"datatype = 2 .*allowed: ncclFloat32.*ncclFloat16.*ncclBfloat16"),
 ]
@@ -467,6 +485,8 @@ def misuse(comm, failures):
         elif field == "rotationBlock":
             config.codec.rotation = lib.qncclRotationHadamard
             config.codec.rotationBlock = value
+        elif field == "clip":
+            config.codec.clip = value
         elif field == "op":
             op = getattr(lib, value)
         else:
@@ -568,6 +588,13 @@ def hier_cases():
         cases.append(Case("hier", dtype, count, rounding, op, inplace, bits=(4, 3, 8)[i % 3],
                           bucket=bucket, segment_values=segment_values, seed=6000 + i,
                           inter=inter, intra_bits=intra, rotation_block=(256, 64, 16)[i % 3]))
+    # clipped ranges: the stage inside a node clips at the fraction of its own width (8 bits
+    # over 2 inside: only that stage is cut; 2 over 8: only the stage between nodes)
+    for i, (bits, intra) in enumerate(((8, 2), (2, 8), (3, 3))):
+        cases.append(Case("hier", ("float32", "bfloat16", "float16")[i], 7919,
+                          ("stochastic", "nearest")[i % 2], ("sum", "avg")[i % 2], bits=bits,
+                          seed=6100 + i, inter=("sra", "ring", "tree")[i], intra_bits=intra,
+                          rotation_block=256, clip=True))
     return cases
 
 

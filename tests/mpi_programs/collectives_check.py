@@ -21,8 +21,9 @@ alltoall       (allgather: sendbuff = recvbuff + rank * sendcount; all-to-all: s
 rotated        the three kinds interleaved with a Hadamard rotation (docs/rotation.md): the
                same shapes (tails that are not a whole block, several segments, counts 0
                and 1), types, roundings, ops, in place or not, bits, lanes and specials,
-               blocks 2..4096: bit for bit the emulator's rotation="hadamard"; an
-               all-to-all's own chunk still exact.
+               blocks 2..4096, every third call clipped: bit for bit the emulator's
+               rotation="hadamard" (and clip="gaussian"); an all-to-all's own chunk still
+               exact.
 counts         the compute steps and real NCCL groups one call of one segment costs each
                rank (qncclCommGetStats): reduce-scatter ring and SRA x sum/avg, allgather,
                all-to-all in place and not, each also rotated (three steps more: the
@@ -119,7 +120,8 @@ def emulated(kind, inputs, case, call, bits=None):
               rounding=case.rounding, seed=case.seed, call=call,
               segment_values=case.segment_values, dtype=case.dtype)
     if case.rotation_block:
-        kw.update(rotation="hadamard", rotation_block=case.rotation_block)
+        kw.update(rotation="hadamard", rotation_block=case.rotation_block,
+                  clip="gaussian" if case.clip else "none")
     if kind == "ar":
         return emulate.allreduce(inputs, algo=case.algo, op=case.op, **kw)
     if kind == "rs":
@@ -166,7 +168,8 @@ SHAPES = [(0, 128, 0), (1, 128, 0), (300, 128, 0), (7919, 64, 0), (5003, 128, 96
 
 def mixed_cases(kind, algos, seed, blocks=(0,)):
     """kind's calls over SHAPES x algos x types with varied settings, other kinds between;
-    rotation blocks (0: none) rotate through the calls of `kind`."""
+    rotation blocks (0: none) rotate through the calls of `kind`, every third rotated call
+    with clipped ranges (docs/rotation.md, "Clipped ranges")."""
     rng = np.random.default_rng(seed)
     calls = []
     for i, ((count, bucket, seg), algo, dtype) in enumerate(itertools.product(
@@ -176,6 +179,7 @@ def mixed_cases(kind, algos, seed, blocks=(0,)):
                     bits=int(rng.integers(1, 9)), bucket=bucket, segment_values=seg,
                     seed=int(rng.integers(0, 2**64, dtype=np.uint64)), lanes=1 + (i % 4 == 3),
                     rotation_block=blocks[i % len(blocks)])
+        case = dataclasses.replace(case, clip=bool(case.rotation_block) and i % 3 == 2)
         calls.append((kind, case))
         if i % 7 == 0:  # the call counter is shared by every kind
             calls.append(("ar", Case("sra", dtype, 3000, seed=i, bucket=bucket)))
@@ -330,6 +334,11 @@ def env_rotation():
     return int(os.environ.get("QNCCL_ROTATION_BLOCK", "256"))
 
 
+def env_clip():
+    """Whether the job's QNCCL_CLIP asks for clipped ranges."""
+    return os.environ.get("QNCCL_CLIP", "none") == "gaussian"
+
+
 def interposed(comm, failures):
     """Calls through libqnccl's ncclReduceScatter/ncclAllGather/ncclAlltoAll/ncclAllReduce
     (what LD_PRELOAD gives a plain NCCL program), checked against the emulator or the real
@@ -387,7 +396,7 @@ def interposed(comm, failures):
                     own = int(os.environ.get(f"QNCCL_{name.upper()}_BITS", bits))
                     env = dataclasses.replace(case, bucket=128, seed=0, rounding="stochastic",
                                               segment_values=0,  # the QNCCL_* defaults
-                                              rotation_block=env_rotation())
+                                              rotation_block=env_rotation(), clip=env_clip())
                     expected = emulated(kind, inputs, env, calls[c], bits=own)
                     wants = [bits_of(e).tobytes() for e in expected]
                 else:
@@ -410,7 +419,8 @@ def sendrecv(comm, failures):
     min_bytes = int(os.environ.get("QNCCL_MIN_BYTES", 64 << 10))
     kw = dict(bits=bits, bucket_size=128, rounding="stochastic", seed=0)
     if env_rotation():
-        kw.update(rotation="hadamard", rotation_block=env_rotation())
+        kw.update(rotation="hadamard", rotation_block=env_rotation(),
+                  clip="gaussian" if env_clip() else "none")
     right, left = (RANK + 1) % NRANKS, (RANK - 1) % NRANKS
     p2p_calls = 0  # this rank's quantized point-to-point calls so far
     checked = 0

@@ -69,7 +69,7 @@ static int checks = 0;
   } while (0)
 
 static const qncclCodecConfig_t kConfig = {4, 512, qncclRoundStochastic, 0x5eed,
-                                           qncclRotationNone, 0};
+                                           qncclRotationNone, 0, qncclClipNone};
 
 /* Input `round` of the program: values of several magnitudes, some zeros. */
 static void fill(float* x, int round) {
