@@ -107,19 +107,31 @@ def test_rotated_codec_matches_emulator(rng, dtype, count, block, specials):
     for bits, bucket, rounding in ((4, 128, "stochastic"), (3, 100, "nearest"),
                                    (8, 1024, "nearest"), (5, 1001, "stochastic")):
         x = make_values(rng, count, dtype, bucket, specials=specials)
-        where = f"{dtype} bits={bits} bucket={bucket} count={count} block={block} {rounding}"
-        kw = dict(rotation="hadamard", rotation_block=block)
-        q = codec.quantize(x, bits, bucket, rounding, seed=77, stream=5, dtype=dtype, **kw)
-        want = emu.quantize(x, bits, bucket, rounding, seed=77, stream=5, dtype=dtype, **kw)
-        assert_same_bytes(q.data, want, f"rotated quantize {where}")
-        assert_same_bytes(codec.dequantize(q), emu.dequantize(want, count, bits, bucket, dtype,
-                                                              seed=77, **kw),
-                          f"rotated dequantize {where}")
-        acc = make_values(rng, count, dtype, bucket, specials=False)
-        want_acc = acc.copy()
-        codec.dequantize_accumulate(q, acc)
-        emu.dequantize_accumulate(want, count, bits, bucket, want_acc, dtype=dtype, seed=77, **kw)
-        assert_same_bytes(acc, want_acc, f"rotated accumulate {where}")
+        where = f"rotated {dtype} bits={bits} bucket={bucket} count={count} block={block} " \
+                f"{rounding}"
+        check_rotated_against_emulator(rng, x, dtype, bits, bucket, rounding, where,
+                                       rotation="hadamard", rotation_block=block)
+
+
+def check_rotated_against_emulator(rng, x, dtype, bits, bucket, rounding, where, clip="none",
+                                   **kw):
+    """A rotated (or prerotated) quantize of x, its dequantize and its accumulate: the
+    emulator's bytes (seed 77, stream 5). Returns the QuantizedArray."""
+    count = x.size
+    q = codec.quantize(x, bits, bucket, rounding, seed=77, stream=5, dtype=dtype, clip=clip,
+                       **kw)
+    want = emu.quantize(x, bits, bucket, rounding, seed=77, stream=5, dtype=dtype, clip=clip,
+                        **kw)
+    assert_same_bytes(q.data, want, f"quantize {where}")
+    assert_same_bytes(codec.dequantize(q), emu.dequantize(want, count, bits, bucket, dtype,
+                                                          seed=77, **kw),
+                      f"dequantize {where}")
+    acc = make_values(rng, count, dtype, bucket, specials=False)
+    want_acc = acc.copy()
+    codec.dequantize_accumulate(q, acc)
+    emu.dequantize_accumulate(want, count, bits, bucket, want_acc, dtype=dtype, seed=77, **kw)
+    assert_same_bytes(acc, want_acc, f"accumulate {where}")
+    return q
 
 
 def test_rotated_codec_rotates_back_and_keeps_nans_canonical():
@@ -214,22 +226,11 @@ def test_clipped_codec_matches_emulator(rng, dtype, bits, bucket, rotation):
     a value past the cut encodes as its end, with no overflow on the way."""
     for rounding, count in (("nearest", 4099), ("stochastic", 65537)):
         x = make_values(rng, count, dtype, bucket, specials=True)
-        where = f"{dtype} bits={bits} bucket={bucket} {rotation} {rounding}"
+        where = f"clipped {dtype} bits={bits} bucket={bucket} {rotation} {rounding}"
         kw = dict(rotation=rotation, rotation_block=256)
-        q = codec.quantize(x, bits, bucket, rounding, seed=77, stream=5, dtype=dtype,
-                           clip="gaussian", **kw)
-        want = emu.quantize(x, bits, bucket, rounding, seed=77, stream=5, dtype=dtype,
-                            clip="gaussian", **kw)
-        assert_same_bytes(q.data, want, f"clipped quantize {where}")
+        q = check_rotated_against_emulator(rng, x, dtype, bits, bucket, rounding, where,
+                                           clip="gaussian", **kw)
         assert q.clip == "gaussian"
-        assert_same_bytes(codec.dequantize(q), emu.dequantize(want, count, bits, bucket, dtype,
-                                                              seed=77, **kw),
-                          f"clipped dequantize {where}")
-        acc = make_values(rng, count, dtype, bucket, specials=False)
-        want_acc = acc.copy()
-        codec.dequantize_accumulate(q, acc)
-        emu.dequantize_accumulate(want, count, bits, bucket, want_acc, dtype=dtype, seed=77, **kw)
-        assert_same_bytes(acc, want_acc, f"clipped accumulate {where}")
     # on zero-mean finite values (a NaN poisons its rotation block; a bucket on one side of
     # zero keeps its range) the cut shows where it applies
     x = from_float32(rng.standard_normal(4099).astype(np.float32), dtype)

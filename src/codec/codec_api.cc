@@ -80,13 +80,12 @@ float clip_fraction(qncclClip_t clip, int bits, size_t bucket) {
       4.733248, 4.872294, 5.007719, 5.139788, 5.268736, 5.394773, 5.518083, 5.638835, 5.757180,
       5.873255, 5.987183, 6.099080, 6.209048, 6.317183, 6.423573};
   if (clip != qncclClipGaussian) return 0.0f;
-  const size_t n = bucket;
   int k = 0;
-  while (k < 32 && ((size_t)2 << k) <= n) ++k;  // 2^k <= n < 2^(k+1), or k = 32
+  while (k < 32 && ((size_t)2 << k) <= bucket) ++k;  // 2^k <= bucket < 2^(k+1), or k = 32
   double largest = kLargest[k];
   if (k < 32) {
     const double low = (double)((size_t)1 << k);
-    largest += (kLargest[k + 1] - kLargest[k]) * (((double)n - low) / low);
+    largest += (kLargest[k + 1] - kLargest[k]) * (((double)bucket - low) / low);
   }
   const double f = kLevel[bits] / largest;
   return f < 1.0 ? (float)f : 0.0f;
