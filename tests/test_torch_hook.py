@@ -178,19 +178,19 @@ def test_quantized_part_matches_emulator(records, c):
 
 
 @pytest.mark.parametrize("c", [1, 2, ADAPTIVE])
-def test_error_feedback_identity(records, c):
-    """z_t = g_t + E_{t-1}; the result is mean(z_t) - sum_r E_t,r / N (the send residuals
-    z - D(Q(z)) and the owner's N * (acc/N - D(q))), so summed over steps
-    sum_t result_t = sum_t mean(g_t) - sum_r E_T,r / N, up to float32 rounding."""
-    steps = steps_of(records, c)
-    for name in QUANTIZED:
-        got = sum(s[0]["grads"][name].astype(np.float64) for s in steps)
-        exact = sum(f64_mean(s, name) for s in steps)
-        final = sum(steps[-1][r]["residuals"][name].astype(np.float64) for r in range(N)) / N
-        scale = max(np.abs(f64_mean(s, name)).max() for s in steps)
-        err = np.abs(got - (exact - final))
-        assert err.max() <= 64 * len(steps) * 2.0**-24 * scale, (name, err.max(), scale)
-        assert np.abs(final).max() > 1000 * err.max()  # the residuals are not trivially zero
+def test_error_feedback_leaves_the_owner_nothing(records, c):
+    """z_t = g_t + E_{t-1}; each rank's residual holds what its sends dropped, z - D(Q(z)),
+    and 0 on the chunk it owns (the result's error is not fed back: docs/allreduce.md;
+    test_quantized_part_matches_emulator checks the bytes, qnccl.emulate's tests the
+    bookkeeping). So after every step every value has a rank whose residual there is 0,
+    and most values have ranks whose residual is not."""
+    for t, step in enumerate(steps_of(records, c)):
+        for name in QUANTIZED:
+            e = np.stack([step[r]["residuals"][name].ravel() for r in range(N)])
+            assert (e == 0).any(axis=0).all(), (c, t, name)  # every value has its owner
+            sent = np.mean((e != 0).any(axis=0))
+            # observed 0.98 or more, but 0.44 for the adaptive run's fc2.weight
+            assert sent > 0.25, (c, t, name, sent)
 
 
 @pytest.mark.parametrize("c", sorted(ENGINE))

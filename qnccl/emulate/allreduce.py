@@ -483,13 +483,11 @@ def direct_sends(n):
     return np.where(j == k, -1, np.broadcast_to(j, (n, n))), np.broadcast_to(k, (n, n))
 
 
-def _dropped(v, y, scale=None):
-    """The residual of one quantization: v - D(Q(v)) in float32, times float32(N) for the
-    owner's avg result; 0 where that is not finite (a bucket holding NaN/Inf decodes to NaN)."""
+def _dropped(v, y):
+    """The residual of one quantization: v - D(Q(v)) in float32; 0 where that is not finite
+    (a bucket holding NaN/Inf decodes to NaN)."""
     with np.errstate(invalid="ignore", over="ignore"):
         e = v - y
-        if scale is not None:
-            e *= scale
     e[~np.isfinite(e)] = 0
     return e
 
@@ -501,19 +499,17 @@ def _added(acc, where=None):
 
 
 def _result(cfg, acc, acc_bound, ranks, steps, edges, segment, e, owner_of):
-    """The owners' final quantization of the full sums acc (1 x m): avg, Q, residual; and
-    the bound of the decoded result (None without bounds)."""
-    scale = None
+    """The owners' final quantization of the full sums acc (1 x m): avg, Q, and a zero
+    residual (error feedback does not feed the result's error back); and the bound of the
+    decoded result (None without bounds)."""
     if cfg.average:
         with np.errstate(invalid="ignore", over="ignore"):
             acc = acc / F32(cfg.nranks)
-        scale = F32(cfg.nranks)
         if acc_bound is not None:
             acc_bound = acc_bound / cfg.nranks + 2.0**-150 + _added(acc)
     y = _qd(acc, ranks, steps, edges, cfg, segment)
     if e is not None:
-        cols = np.arange(acc.shape[1])
-        e[owner_of, cols] = _dropped(acc[0], y[0], scale)
+        e[owner_of, np.arange(acc.shape[1])] = 0
     return y[0], None if acc_bound is None else (acc_bound + _qbound(acc, cfg))[0]
 
 
@@ -608,7 +604,7 @@ def _sra(cfg, z, g, e=None, zb=None):
     cid = np.searchsorted(np.asarray(edges), np.arange(m), side="right") - 1
     cols = np.arange(m)
     if e is not None:
-        e[:] = _dropped(z, y)  # the own chunks are rewritten by _result below
+        e[:] = _dropped(z, y)  # the own chunks are cleared by _result below
     acc = z[cid, cols].copy()  # owner k's values of chunk k
     accb = None
     if zb is not None:

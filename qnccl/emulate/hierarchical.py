@@ -17,8 +17,9 @@ Per segment of m values, with L ranks per node and K nodes:
      L + step); avg divides by N);
   3. each node allgathers the decoded shards: every rank outputs the same bytes.
 With error feedback a rank's residual holds, at its own shard, the error of the
-inter stage's quantization of its node's partial sum, and with intra_bits, at the
-other shards, the error of its intra quantization of its own values.
+inter stage's quantization of its node's partial sum (0 where it owns the inter stage's
+result, whose error is not fed back), and with intra_bits, at the other shards, the
+error of its intra quantization of its own values.
 """
 from __future__ import annotations
 

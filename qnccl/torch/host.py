@@ -100,7 +100,7 @@ def _sra(state, group, z, bits, bucket_size, residual):
     """The SRA average of the float32 vector z over the group (docs/allreduce.md), returned by
     this generator, which yields before each wait for messages (Worker); fills `residual`
     (when not None) with what this rank's quantizations dropped: z - D(Q(z)) on the chunks
-    it sent, N * (acc/N - D(q_r)) on its own chunk.
+    it sent, 0 on its own chunk (the result's error is not fed back).
 
     The pieces travel as point-to-point messages, each sent as soon as it is encoded and
     decoded in the fixed order of the algorithm once it has arrived, so that the codec of one
@@ -162,8 +162,7 @@ def _sra(state, group, z, bits, bucket_size, residual):
             result = _codec.dequantize(mine)
             ys[lo:hi] = result
             if residual is not None:
-                with np.errstate(invalid="ignore", over="ignore"):
-                    residual[start + lo:start + hi] = (acc - result) * _F32(n)
+                residual[start + lo:start + hi] = 0
 
         # allgather: the owner's bytes to every other rank
         inbox = receive(sizes.__getitem__, 1)

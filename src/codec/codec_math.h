@@ -458,10 +458,10 @@ QNCCL_HD float canonical(float x) { return x == x ? x : bits_float(kCanonicalNan
 QNCCL_HD float accumulate(float acc, float y) { return canonical(acc + y); }
 
 /* Error feedback's residual of one value (docs/allreduce.md): what
- * quantizing v dropped, (v - decoded) * scale in float32, or 0 where that is
- * not finite (a bucket holding NaN or Inf must not poison later calls). */
-QNCCL_HD float dropped_value(float v, float decoded, float scale) {
-  float r = (v - decoded) * scale;
+ * quantizing v dropped, v - decoded in float32, or 0 where that is not
+ * finite (a bucket holding NaN or Inf must not poison later calls). */
+QNCCL_HD float dropped_value(float v, float decoded) {
+  float r = v - decoded;
   return r - r == 0.0f ? r : 0.0f;  // inf - inf and NaN - NaN are NaN
 }
 

@@ -58,8 +58,10 @@ struct Compute {
   /* dst = src, `bytes` bytes bit for bit (an all-to-all's own chunk). */
   ncclResult_t (*copy)(const Compute& c, const void* src, void* dst, size_t bytes);
   /* Error feedback's capture: `e` holds D(Q(v)) on entry and gets
-   * (v[i] - e[i]) * scale in float32, or 0 where that is not finite. */
-  ncclResult_t (*residual)(const Compute& c, const float* v, float* e, size_t n, float scale);
+   * v[i] - e[i] in float32, or 0 where that is not finite. */
+  ncclResult_t (*residual)(const Compute& c, const float* v, float* e, size_t n);
+  /* e[i] = 0: a residual the call leaves empty (an owner's result). */
+  ncclResult_t (*clear)(const Compute& c, float* e, size_t n);
   /* signs[j] = the sign mask of value j of a segment (docs/rotation.md) with
    * the signs of `seed`, j < n: the table rotate() and unrotate() read. */
   ncclResult_t (*rotation_signs)(const Compute& c, uint64_t seed, size_t n, uint32_t* signs);

@@ -136,10 +136,17 @@ ncclResult_t copy(const Compute& c, const void* src, void* dst, size_t bytes) {
   return err == cudaSuccess ? ncclSuccess : cuda_failed("copying on the device", err);
 }
 
-ncclResult_t residual(const Compute& c, const float* v, float* e, size_t n, float scale) {
+ncclResult_t residual(const Compute& c, const float* v, float* e, size_t n) {
   if (n == 0) return ncclSuccess;
   return step("updating the error-feedback residual on the device",
-              launch("qnccl_residual", blocks_for(n), c.stream, v, e, n, scale));
+              launch("qnccl_residual", blocks_for(n), c.stream, v, e, n));
+}
+
+ncclResult_t clear(const Compute& c, float* e, size_t n) {
+  if (n == 0) return ncclSuccess;
+  const cudaError_t err = cudaMemsetAsync(e, 0, n * sizeof(float), c.stream);
+  return err == cudaSuccess ? ncclSuccess
+                            : cuda_failed("clearing the error-feedback residual on the device", err);
 }
 
 /* docs/rotation.md (compute_kernels.cu): the table of sign masks, as the
@@ -202,7 +209,7 @@ ncclResult_t unrotate(const Compute& c, float* const* zs, const size_t* counts, 
 Compute device_compute(cudaStream_t stream) {
   return Compute{"device",    nullptr,  stream,   quantize, quantize_many, dequantize,
                  decode_many, reduce,   widen,    divide,   narrow,        copy,
-                 residual,    rotation_signs,     rotate,   unrotate};
+                 residual,    clear,    rotation_signs,     rotate,   unrotate};
 }
 
 ncclResult_t stream_capturing(int device, cudaStream_t stream, bool* capturing) {

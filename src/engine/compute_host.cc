@@ -77,8 +77,13 @@ ncclResult_t copy(const Compute&, const void* src, void* dst, size_t bytes) {
   return ncclSuccess;
 }
 
-ncclResult_t residual(const Compute&, const float* v, float* e, size_t n, float scale) {
-  for (size_t i = 0; i < n; i++) e[i] = dropped_value(v[i], e[i], scale);
+ncclResult_t residual(const Compute&, const float* v, float* e, size_t n) {
+  for (size_t i = 0; i < n; i++) e[i] = dropped_value(v[i], e[i]);
+  return ncclSuccess;
+}
+
+ncclResult_t clear(const Compute&, float* e, size_t n) {
+  std::fill(e, e + n, 0.0f);
   return ncclSuccess;
 }
 
@@ -108,7 +113,7 @@ ncclResult_t host_compute(Compute* compute) {
   QNCCL_CHECK(host_codec(&codec));
   *compute = Compute{"host",         codec,    nullptr,  quantize, quantize_many, dequantize,
                      decode_many,    reduce,   widen,    divide,   narrow,        copy,
-                     residual,       rotation_signs,     rotate,   unrotate};
+                     residual,       clear,    rotation_signs,     rotate,   unrotate};
   return ncclSuccess;
 }
 

@@ -193,11 +193,10 @@ QNCCL_KERNEL qnccl_divide(float* acc, size_t n, float divisor) {
     acc[i] = qnccl::div_rn(acc[i], divisor);
 }
 
-QNCCL_KERNEL qnccl_residual(const float* __restrict__ v, float* __restrict__ e, size_t n,
-                            float scale) {
+QNCCL_KERNEL qnccl_residual(const float* __restrict__ v, float* __restrict__ e, size_t n) {
   const size_t threads = gridDim.x * (size_t)blockDim.x;
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += threads)
-    e[i] = qnccl::dropped_value(v[i], e[i], scale);
+    e[i] = qnccl::dropped_value(v[i], e[i]);
 }
 
 /* A call counter of a workspace (it has two: the collectives' and the

@@ -196,7 +196,8 @@ class Segment {
   /* Q(acc). `first`: r is the piece from value `first` of a larger
    * quantization on the same stream (the tree's pieces), 0 otherwise. */
   void encode_acc(Range r, const float* acc, uint64_t step, uint8_t* wire, uint64_t first = 0);
-  /* The owner's result: avg divides by N, then wire = Q(acc). */
+  /* The owner's result: avg divides by N, then wire = Q(acc); with error
+   * feedback e[r] = 0 (the result's error is not fed back). */
   void encode_result(Range r, float* acc, uint64_t step, uint8_t* wire, uint64_t first = 0);
   void decode_output(const uint8_t* wire, Range r) const;
   /* decode_output(wires[i], ranges[i]) for i < n, in one step. */
@@ -275,8 +276,8 @@ class Segment {
   CodecParams stream_params_at(uint64_t segment, uint64_t step, uint64_t first = 0) const;
   void set_stream(uint64_t step, uint64_t first = 0) { params = stream_params(step, first); }
   /* wire = Q(v) of float32 values covering `r` on the stream of `step`; with
-   * error feedback then e[r] = (v - D(wire)) * scale (non-finite: 0). */
-  void quantize_float(Range r, const float* v, uint64_t step, float scale, uint8_t* wire,
+   * error feedback then e[r] = v - D(wire) (non-finite: 0). */
+  void quantize_float(Range r, const float* v, uint64_t step, uint8_t* wire,
                       uint64_t first = 0);
 };
 

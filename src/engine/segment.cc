@@ -136,7 +136,7 @@ void Segment::encode_input(Range r, uint64_t step, uint8_t* wire) {
   }
   fed_input.resize(r.size());
   widen_input(r, fed_input.data());  // z = x + e
-  quantize_float(r, fed_input.data(), step, 1.0f, wire);
+  quantize_float(r, fed_input.data(), step, wire);
 }
 
 void Segment::encode_inputs(const Range* ranges, const uint64_t* steps, int n,
@@ -171,25 +171,29 @@ CodecParams Segment::stream_params_at(uint64_t segment, uint64_t step, uint64_t 
 
 void Segment::encode_acc(Range r, const float* acc, uint64_t step, uint8_t* wire,
                          uint64_t first) {
-  quantize_float(r, acc, step, 1.0f, wire, first);
+  quantize_float(r, acc, step, wire, first);
 }
 
 void Segment::encode_result(Range r, float* acc, uint64_t step, uint8_t* wire, uint64_t first) {
   if (average && status == ncclSuccess)
     record(compute.divide(compute, acc, r.size(), (float)average_over));
-  // avg: the residual of acc / N, times N, so residuals are in units of the sum.
-  quantize_float(r, acc, step, average ? (float)average_over : 1.0f, wire, first);
+  if (status != ncclSuccess) return;
+  set_stream(step, first);
+  record(compute.quantize(compute, acc, r.size(), ncclFloat32, params, wire));
+  // Error feedback leaves the result's own error behind (docs/allreduce.md).
+  if (residual != nullptr && status == ncclSuccess)
+    record(compute.clear(compute, residual + r.begin, r.size()));
 }
 
-void Segment::quantize_float(Range r, const float* v, uint64_t step, float scale,
-                             uint8_t* wire, uint64_t first) {
+void Segment::quantize_float(Range r, const float* v, uint64_t step, uint8_t* wire,
+                             uint64_t first) {
   if (status != ncclSuccess) return;
   set_stream(step, first);
   record(compute.quantize(compute, v, r.size(), ncclFloat32, params, wire));
   if (residual == nullptr || status != ncclSuccess) return;
   float* e = residual + r.begin;  // already read into v: this is its one rewrite of the call
   record(compute.dequantize(compute, wire, r.size(), params, e, ncclFloat32, false));
-  if (status == ncclSuccess) record(compute.residual(compute, v, e, r.size(), scale));
+  if (status == ncclSuccess) record(compute.residual(compute, v, e, r.size()));
 }
 
 void Segment::decode_output(const uint8_t* wire, Range r) const {

@@ -152,8 +152,9 @@ typedef struct {
    * multiple of codec.bucketSize (at least one bucket). */
   size_t segmentValues;
   /* 1: error feedback. Each rank keeps, per (communicator, sendbuff address,
-   * count, datatype), a float32 residual of what quantization dropped from
-   * its values and adds it to its input of the next call on that buffer
+   * count, datatype), a float32 residual of what quantizing its sends
+   * dropped (0 where it owns the result, whose error is not fed back) and
+   * adds it to its input of the next call on that buffer
    * (docs/allreduce.md, "Error feedback"): count * 4 bytes per buffer, in
    * the buffer's kind of memory, until qncclCommResetErrorFeedback or the
    * communicator's end. 0: none. */

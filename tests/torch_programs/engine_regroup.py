@@ -49,7 +49,8 @@ def main():
     assert sorted(want) == sorted(got) == ["a.weight", "b.weight", "c.weight"], (want, got)
     for name in want:
         assert torch.equal(want[name].view(torch.int32), got[name].view(torch.int32)), name
-        assert want[name].abs().max() > 0, name
+        # with one rank it owns every value, and an owner's residual is 0 (docs/allreduce.md)
+        assert (want[name].abs().max() > 0) == (size > 1), name
     assert host.calls == engine.calls == sum(len(g) for g in GROUPINGS)
     print(f"rank {rank}: OK", flush=True)
     gloo_ranks.finish()
