@@ -44,6 +44,15 @@ def test_bookkeeping_over_40_calls(nprocs):
     print("\n".join(line for line in out.splitlines() if line.startswith("bookkeeping")))
 
 
+@pytest.mark.parametrize("nprocs", [3, 4])
+def test_switching_algorithms_on_one_buffer(nprocs):
+    """ring, SRA and tree in turn on one buffer with error feedback, as auto's measurements
+    run them: every call rewrites every residual (an owner's to 0), so outputs and residuals
+    stay the emulator's call after call (checked to fail when the owner's residual is left
+    as it was)."""
+    run_check(nprocs, "switching")
+
+
 def test_environment_quantized_ops_statistics_and_reset():
     """QNCCL_ERROR_FEEDBACK=1 on the interposed ncclAllReduce; a quantized op's own
     errorFeedback; qncclCommGetStats' residual figures; both resets; bad requests."""

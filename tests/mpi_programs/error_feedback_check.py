@@ -2,6 +2,7 @@
 
     mpirun -np N python error_feedback_check.py emulator
     mpirun -np N python error_feedback_check.py bookkeeping
+    mpirun -np N python error_feedback_check.py switching
     mpirun -np N python error_feedback_check.py interposer
     mpirun -np N python error_feedback_check.py ring_warning
 
@@ -25,6 +26,8 @@ interposer   QNCCL_ERROR_FEEDBACK=1 makes the interposed ncclAllReduce feed back
              reset_error_feedback() free them and the next call starts from zero; asking
              for an unknown buffer's residual or passing errorFeedback = 2 fails with a
              message saying what is allowed.
+switching    one buffer whose calls alternate ring, SRA and tree (auto's measurements):
+             outputs and residuals as the emulator's, which carry from call to call.
 ring_warning error feedback on ring at 2 bits, then at 3 bits, then SRA at 2 bits (the
              test counts the library's warnings).
 hier         the hierarchical algorithm on the job's node layout (perf/netlab --nodes), as
@@ -185,6 +188,32 @@ def emulator(comm, failures, cases=None):
 
 def rotated(comm, failures):
     return emulator(comm, failures, rotated_cases())
+
+
+def switching(comm, failures):
+    """One buffer whose calls alternate ring, SRA and tree with error feedback (what auto's
+    measurements do on a job's first calls): each call rewrites every residual, the values
+    its owners hold included, so no algorithm inherits another's; checked against the
+    emulator, whose residuals carry from call to call."""
+    base = FeedbackCase("ring", "float32", 3001, "nearest", "avg", bits=3, bucket=64, seed=77,
+                        data="normal", calls=1)
+    send, recv = new_buffers(base)
+    emulation = Emulation(base, 0) if RANK == 0 else None
+    algos = ("ring", "sra", "tree", "ring", "tree", "sra", "ring")
+    for t, algo in enumerate(algos):
+        case = dataclasses.replace(base, algo=algo, seed=base.seed + t)
+        gathered = COMM.gather(run_call(comm, case, 0, send, recv, make_feedback_config(case)),
+                               root=0)
+        if RANK != 0:
+            continue
+        emulation.case = case
+        inputs, outputs, residuals, _ = zip(*gathered)
+        want = emulation.step(list(inputs))
+        for r in range(NRANKS):
+            compare(failures, case, f"call {t} ({algo}), rank {r} output", outputs[r], want)
+            compare(failures, case, f"call {t} ({algo}), rank {r} residual", residuals[r],
+                    emulation.residuals[r])
+    return len(algos)
 
 
 def hier(comm, failures):
@@ -452,7 +481,7 @@ def moving(comm, failures):
     return 1
 
 
-PROGRAMS = {"call_counts": call_counts, "moving": moving, "emulator": emulator, "bookkeeping": bookkeeping, "interposer": interposer,
+PROGRAMS = {"call_counts": call_counts, "moving": moving, "emulator": emulator, "bookkeeping": bookkeeping, "switching": switching, "interposer": interposer,
             "ring_warning": ring_warning, "hier": hier, "rotated": rotated}
 
 
