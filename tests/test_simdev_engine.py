@@ -70,6 +70,12 @@ def test_error_feedback(nprocs):
     run_check(nprocs, "error_feedback_check.py", "emulator")
 
 
+def test_error_feedback_switching_algorithms():
+    """ring, SRA and tree in turn on one device buffer: the device's clear of an owner's
+    residual (cudaMemsetAsync on the call's stream) is what keeps the emulator's residuals."""
+    run_check(3, "error_feedback_check.py", "switching")
+
+
 def test_call_counters_across_checkpoints():
     """qncclCommGetCallCounts/SetCallCounts read and set the device's counters."""
     run_check(3, "error_feedback_check.py", "call_counts")

@@ -255,7 +255,9 @@ def result_error_bound(s, case):
 
 
 def bookkeeping(comm, failures):
-    """40 calls per buffer; rank 0 checks the per-call bookkeeping from the data."""
+    """40 calls per buffer; rank 0 checks the per-call bookkeeping from the data. The owners'
+    zero residuals are what tells this rule from feeding the result's error back too (whose
+    owner sums would also be within one quantization of the result)."""
     calls, checked = 40, 0
     for algo, op, rounding in itertools.product(("ring", "tree", "sra"), ("sum", "avg"),
                                                 ("stochastic", "nearest")):
