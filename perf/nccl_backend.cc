@@ -197,10 +197,11 @@ class NcclBackend : public Backend {
     const qncclCodecConfig_t& codec = quantized_.codec;
     char line[512];
     snprintf(line, sizeof line,
-             "QNCCL %s at %s: enable=%d bits=%d bucket=%zu rounding=%s algo=%s min_bytes=%zu "
-             "seed=%llu warmup_calls=%llu error_feedback=%d%s",
+             "QNCCL %s at %s: enable=%d bits=%d bucket=%zu rounding=%s rotation=%s rotation_block=%zu "
+             "clip=%s algo=%s min_bytes=%zu seed=%llu warmup_calls=%llu error_feedback=%d%s",
              qnccl_version().c_str(), where.dli_fname ? where.dli_fname : "?", config_.enable,
-             codec.bits, codec.bucketSize, rounding_name(), algo_name(quantized_.algo),
+             codec.bits, codec.bucketSize, rounding_name(), rotation_name(), codec.rotationBlock,
+             clip_name(), algo_name(quantized_.algo),
              config_.minBytes, (unsigned long long)codec.seed,
              (unsigned long long)config_.warmupCalls, quantized_.errorFeedback,
              measured() ? " measured" : "");
@@ -218,12 +219,14 @@ class NcclBackend : public Backend {
     char json[512];
     snprintf(json, sizeof json,
              "{\"version\": \"%s\", \"enable\": %d, \"bits\": %d, \"bucket_size\": %zu, "
-             "\"rounding\": \"%s\", \"algo\": \"%s\", \"min_bytes\": %zu, \"seed\": %llu, "
+             "\"rounding\": \"%s\", \"rotation\": \"%s\", \"rotation_block\": %zu, "
+             "\"clip\": \"%s\", \"algo\": \"%s\", \"min_bytes\": %zu, \"seed\": %llu, "
              "\"warmup_calls\": %llu, \"error_feedback\": %d, \"measured\": %s}",
              qnccl_version().c_str(), config_.enable, codec.bits, codec.bucketSize,
-             rounding_name(), algo_name(quantized_.algo), config_.minBytes,
-             (unsigned long long)codec.seed, (unsigned long long)config_.warmupCalls,
-             quantized_.errorFeedback, measured() ? "true" : "false");
+             rounding_name(), rotation_name(), codec.rotationBlock, clip_name(),
+             algo_name(quantized_.algo), config_.minBytes, (unsigned long long)codec.seed,
+             (unsigned long long)config_.warmupCalls, quantized_.errorFeedback,
+             measured() ? "true" : "false");
     return json;
   }
 
@@ -347,6 +350,16 @@ class NcclBackend : public Backend {
   }
   const char* rounding_name() const {
     return quantized_.codec.rounding == qncclRoundNearest ? "nearest" : "stochastic";
+  }
+  const char* rotation_name() const {
+    switch (quantized_.codec.rotation) {
+      case qncclRotationHadamard: return "hadamard";
+      case qncclRotationPrerotated: return "prerotated";
+      default: return "none";
+    }
+  }
+  const char* clip_name() const {
+    return quantized_.codec.clip == qncclClipGaussian ? "gaussian" : "none";
   }
 
   const char* tool_;

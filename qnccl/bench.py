@@ -61,6 +61,8 @@ class Config:
     collective: str = "allreduce"  # the perf binary's (COLLECTIVE_TOOLS), in QNCCL_COLLECTIVES
     dtype: str = "float32"  # of the values reduced (DTYPES)
     interleave: int = 0  # > 0: rounds of the plain NCCL's calls beside QNCCL's in one job
+    rotation_block: int = 0  # > 0: rotated buckets in blocks of this many values
+    clip: bool = False  # clipped ranges (with a rotation)
 
     @property
     def slug(self):
@@ -86,9 +88,13 @@ class Config:
             return perf
         policy = ([] if self.collective == "allreduce" else
                   ["--collectives", self.collective, f"--{self.collective}-bits", str(self.bits)])
+        rotation = (["--rotation", "hadamard", "--rotation-block", str(self.rotation_block)]
+                    if self.rotation_block else [])
+        if self.clip:
+            rotation += ["--clip", "gaussian"]
         return [sys.executable, "-m", "qnccl", "run", "--bits", str(self.bits),
                 "--bucket-size", str(self.bucket_size), "--algo", self.algo,
-                "--rounding", args.rounding, *policy, "--", *perf]
+                "--rounding", args.rounding, *rotation, *policy, "--", *perf]
 
 
 # The types a flat section reduces (--dtypes), by the perf binaries' -d names, and how a
@@ -178,11 +184,18 @@ def node_configurations(args, rate):
     return configs
 
 
+# The rotated rows of the flat section (float32, the first bucket size, SRA): the settings
+# that train within full precision's reach at fewer bits (docs/accuracy.md, "Fewer bits"):
+# 3 bits rotated, 2 bits rotated with clipped ranges; (bits, clip), in blocks of 256.
+ROTATED_ROWS, ROTATED_BLOCK = ((3, False), (2, True)), 256
+
+
 def configurations(args, rate):
     """The flat section at one rate, per type of --dtypes: its uncompressed baseline (float32:
     also MPI's and torch's), then bits x buckets x algorithms (other types: the first bucket
     size only, which bounds the run time), then measured auto at 4 bits (else the first of
-    --bits) and the first bucket size, each measured against its own type's baseline."""
+    --bits) and the first bucket size, each measured against its own type's baseline; for
+    float32, with --rotated-rows on, then ROTATED_ROWS."""
     configs = []
     for dtype in args.dtypes:
         tag = DTYPE_TAGS[dtype]
@@ -198,6 +211,11 @@ def configurations(args, rate):
         bits = 4 if 4 in args.bits else args.bits[0]
         configs.append(Config(f"qnccl {bits}b B{buckets[0]} auto{tag}", "qnccl", bits,
                               buckets[0], "auto", rate=rate, dtype=dtype))
+        if dtype == "float32" and "on" in args.rotated_rows:
+            configs += [Config(f"qnccl {b}b B{buckets[0]} sra rot{ROTATED_BLOCK}"
+                               + (" clip" if clip else ""), "qnccl", b, buckets[0], "sra",
+                               rate=rate, rotation_block=ROTATED_BLOCK, clip=clip)
+                        for b, clip in ROTATED_ROWS]
     return configs
 
 
@@ -403,7 +421,7 @@ def plot(panels, path):
 
 
 def plot_panel(ax, records, sizes, title):
-    colors = {8: "tab:blue", 4: "tab:green", 2: "tab:red"}
+    colors = {8: "tab:blue", 4: "tab:green", 3: "tab:orange", 2: "tab:red"}
     styles = {"ring": "-", "tree": ":", "sra": "--", "hier": "-."}
     for r in records:
         busbw = [r["busbw_gbps"].get(str(s)) for s in sizes]
@@ -413,7 +431,8 @@ def plot_panel(ax, records, sizes, title):
         xs, ys = zip(*points)
         other_type = r.get("dtype", "float32") != "float32"  # triangles, paler
         if r["kind"] == "qnccl":
-            marker = "^" if other_type else "o" if r["bucket_size"] == 128 else "s"
+            marker = ("^" if other_type else "D" if r.get("rotation_block") else
+                      "o" if r["bucket_size"] == 128 else "s")
             ax.plot(xs, ys, styles.get(r["algo"], "-"), color=colors.get(r["bits"], "tab:purple"),
                     marker=marker, markersize=4, alpha=0.55 if other_type else 1.0,
                     label=r["name"])

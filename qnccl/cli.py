@@ -491,12 +491,18 @@ def _rate_list(text):
     return rates
 
 
+def bench_settings(args):
+    """`qnccl bench`'s parsed arguments with --quick's settings applied."""
+    if args.quick:
+        args.sizes, args.bits, args.buckets, args.iters = (1 << 20, 4 << 20), [4], [128], 1
+        args.rotated_rows = ["off"]
+    return args
+
+
 def cmd_bench(args):
     from . import bench
 
-    if args.quick:
-        args.sizes, args.bits, args.buckets, args.iters = (1 << 20, 4 << 20), [4], [128], 1
-    return bench.main(args)
+    return bench.main(bench_settings(args))
 
 
 def cmd_codec_bench(args):
@@ -580,6 +586,12 @@ def build_parser():
                             "of --buckets only (default float32,bfloat16)")
     bench.add_argument("--rounding", choices=("stochastic", "nearest"), default="stochastic",
                        help="default stochastic (QNCCL's default)")
+    bench.add_argument("--rotated-rows", type=_name_list(("on", "off")), default=["on"],
+                       metavar="on|off",
+                       help="then, in each flat section, the settings that train at fewer bits "
+                            "(docs/accuracy.md, \"Fewer bits\"): 3 bits rotated, 2 bits rotated "
+                            "and clipped, SRA, blocks of 256, the first of --buckets, float32 "
+                            "(default on; off with --quick)")
     bench.add_argument("--baselines", type=_name_list(("mpi", "torch")), default=["mpi", "torch"],
                        help="besides uncompressed all_reduce_perf: mpi, torch (default both)")
     bench.add_argument("--nodes-section", type=_name_list(("on", "off")), default=["on"],

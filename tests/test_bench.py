@@ -43,6 +43,8 @@ def bench_report(tmp_path, args):
 RATES = ("10gbit", "none")  # the small sweep runs at both: a limited and an unlimited loopback
 NAMES = ["uncompressed (NCCL API)", "MPI_Allreduce", "qnccl 4b B128 sra", "qnccl 4b B128 ring",
          "qnccl 4b B1024 sra", "qnccl 4b B1024 ring", "qnccl 4b B128 auto",
+         # the rotated rows (docs/accuracy.md, "Fewer bits"): float32 only
+         "qnccl 3b B128 sra rot256", "qnccl 2b B128 sra rot256 clip",
          # bfloat16 (the default --dtypes' second type): the first bucket size only
          "uncompressed (NCCL API) bf16", "qnccl 4b B128 sra bf16", "qnccl 4b B128 ring bf16",
          "qnccl 4b B128 auto bf16"]
@@ -80,6 +82,11 @@ def test_every_configuration_ran(small_bench):
             if config["kind"] == "qnccl":
                 assert config["perf"]["qnccl"]["bits"] == config["bits"]
                 assert config["perf"]["qnccl"]["bucket_size"] == config["bucket_size"]
+                rotated = config["rotation_block"] > 0
+                assert config["perf"]["qnccl"]["rotation"] == ("hadamard" if rotated else "none")
+                if rotated:
+                    assert config["perf"]["qnccl"]["rotation_block"] == config["rotation_block"]
+                assert config["perf"]["qnccl"]["clip"] == ("gaussian" if config["clip"] else "none")
             if config["algo"] == "auto":  # measured: the exact call, or an algorithm
                 assert all(r["algo"] in ("ring", "tree", "sra") for r in rows if r["compressed"])
             else:
@@ -87,9 +94,9 @@ def test_every_configuration_ran(small_bench):
                 if config["kind"] == "qnccl":
                     assert {r["algo"] for r in rows} == {config["algo"]}
     # Progress: a line per configuration, then per size as the job prints it.
-    assert re.search(r"^\[ 1/22\] uncompressed \(NCCL API\) at 10gbit", output, re.M)
-    assert re.search(r"^\[22/22\] qnccl 4b B128 auto bf16 at none", output, re.M)
-    assert len(re.findall(r"^\s+512 KiB\s+\S+ ms\s+error", output, re.M)) == 22
+    assert re.search(r"^\[ 1/26\] uncompressed \(NCCL API\) at 10gbit", output, re.M)
+    assert re.search(r"^\[26/26\] qnccl 4b B128 auto bf16 at none", output, re.M)
+    assert len(re.findall(r"^\s+512 KiB\s+\S+ ms\s+error", output, re.M)) == 26
 
 
 @pytest.mark.parametrize("section", range(len(RATES)), ids=RATES)
@@ -121,8 +128,9 @@ def test_table_matches_the_jobs(small_bench, section):
                 row = next(r for r in oop if r["size"] == size)
                 if not row["compressed"]:
                     return 1.5
-                return sum(sent_bytes(size // width, config["dtype"], 4, rank, row["algo"], 4,
-                                      config["bucket_size"]) for rank in range(4)) / 4 / size
+                return sum(sent_bytes(size // width, config["dtype"], 4, rank, row["algo"],
+                                      config["bits"], config["bucket_size"])
+                           for rank in range(4)) / 4 / size
             expected = max(wire_of(size) for size in sec["sizes"])
             assert wire == pytest.approx(expected, abs=6e-4)
             assert float(limit.rstrip("x")) == pytest.approx(
@@ -169,7 +177,7 @@ def test_two_node_section(tmp_path):
     the wire (only the shard crosses nodes: 1/L, L = 2, of 2(K-1)/K = 1 vs 3/2)."""
     args = ["--sizes", "256K:256K", "--bits", "4", "--buckets", "128", "--algos", "sra",
             "--baselines", "mpi", "--iters", "1", "--rate", "10gbit", "--shm-section", "off",
-            "--dtypes", "float32"]
+            "--dtypes", "float32", "--rotated-rows", "off"]
     output, report = bench_report(tmp_path, args)
     section = report["two_nodes"]
     names = [c["name"] for c in section["configurations"]]
@@ -200,7 +208,8 @@ def test_collectives_section(tmp_path):
     from qnccl.emulate import compressed_size
     args = ["--sizes", "512K:512K", "--bits", "4", "--buckets", "128", "--algos", "sra",
             "--baselines", "mpi", "--iters", "2", "--rates", "10gbit", "--nodes-section", "off",
-            "--collectives-section", "on", "--shm-section", "off", "--dtypes", "float32"]
+            "--collectives-section", "on", "--shm-section", "off", "--dtypes", "float32",
+            "--rotated-rows", "off"]
     output, report = bench_report(tmp_path, args)
     section = report["collectives"]
     names = [c["name"] for c in section["configurations"]]
@@ -234,7 +243,8 @@ def test_shared_memory_section(tmp_path):
     (--interleave), a line of the table of its own."""
     args = ["--sizes", "256K:512K", "--bits", "4", "--buckets", "128", "--algos", "ring,sra",
             "--baselines", "mpi", "--iters", "2", "--rates", "10gbit", "--nodes-section", "off",
-            "--collectives-section", "off", "--shm-section", "on", "--dtypes", "float32"]
+            "--collectives-section", "off", "--shm-section", "on", "--dtypes", "float32",
+            "--rotated-rows", "off"]
     output, report = bench_report(tmp_path, args)
     section = report["shared_memory"]
     configs = {c["name"]: c for c in section["configurations"]}
@@ -284,7 +294,7 @@ def test_shared_memory_section_per_type(tmp_path):
     args = ["--sizes", "256K:256K", "--bits", "4", "--buckets", "128", "--algos", "sra",
             "--baselines", "mpi", "--iters", "1", "--rates", "10gbit", "--nodes-section", "off",
             "--collectives-section", "off", "--shm-section", "on",
-            "--dtypes", "float32,bfloat16"]
+            "--dtypes", "float32,bfloat16", "--rotated-rows", "off"]
     _, report = bench_report(tmp_path, args)
     configs = {c["name"]: c for c in report["shared_memory"]["configurations"]}
     assert list(configs) == ["shm uncompressed (NCCL API)", "shm qnccl 4b B128 auto",
@@ -301,3 +311,31 @@ def test_shared_memory_section_per_type(tmp_path):
     assert sra16["wire_limit"] == pytest.approx(
         configs["shm uncompressed (NCCL API) bf16"]["wire_bytes_per_input_byte"]
         / sra16["wire_bytes_per_input_byte"])
+
+
+@pytest.mark.parametrize("extra, rotated", [([], True), (["--rotated-rows", "off"], False),
+                                            (["--quick"], False)])
+def test_rotated_rows(extra, rotated):
+    """The flat section's rotated rows (docs/accuracy.md, "Fewer bits"): float32 only, SRA,
+    bucket 128, blocks of 256, after measured auto; --rotated-rows off and --quick leave them
+    out. Each row's qnccl run asks for its rotation and clip."""
+    from qnccl import cli
+
+    args = cli.bench_settings(cli.build_parser().parse_args(["bench", *extra]))
+    configs = bench.configurations(args, "1gbit")
+    rows = [c for c in configs if c.rotation_block]
+    if not rotated:
+        assert rows == []
+        return
+    assert [c.name for c in rows] == ["qnccl 3b B128 sra rot256", "qnccl 2b B128 sra rot256 clip"]
+    names = [c.name for c in configs]
+    assert names.index(rows[0].name) == names.index("qnccl 4b B128 auto") + 1
+    for c, clip in zip(rows, (False, True)):
+        assert (c.dtype, c.algo, c.bucket_size, c.rotation_block, c.clip) == \
+            ("float32", "sra", 128, 256, clip)
+        argv = c.argv(args)
+        run = argv[:argv.index("--")]
+        assert run[run.index("--rotation") + 1] == "hadamard"
+        assert run[run.index("--rotation-block") + 1] == "256"
+        assert ("--clip" in run) == clip
+        assert not clip or run[run.index("--clip") + 1] == "gaussian"

@@ -143,10 +143,12 @@ def test_quantized_rows(algo, op, tmp_path):
     result, data = run_perf(nranks, [*SMALL_SWEEP, "-o", op, "-z", "1"], tmp_path, qnccl=flags)
     check_table(result.stdout, data, nranks)
     assert data["qnccl"] == {"version": data["qnccl"]["version"], "enable": 1, "bits": bits,
-                             "bucket_size": bucket, "rounding": "nearest", "algo": algo,
+                             "bucket_size": bucket, "rounding": "nearest", "rotation": "none",
+                             "rotation_block": 0, "clip": "none", "algo": algo,
                              "min_bytes": 512 << 10, "seed": 0, "warmup_calls": 0,
                              "error_feedback": 0, "measured": False}
-    assert f"bits=4 bucket=128 rounding=nearest algo={algo}" in result.stdout
+    assert (f"bits=4 bucket=128 rounding=nearest rotation=none rotation_block=0 clip=none "
+            f"algo={algo}") in result.stdout
     for r in data["rows"]:
         assert r["ok"] and r["agree"] and r["time_us_median"] > 0
         if r["size"] < 512 << 10:  # below QNCCL_MIN_BYTES: passed through, exact
