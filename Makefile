@@ -21,7 +21,8 @@ PYTHON  ?= $(VENV)/bin/python
 # machine code per architecture) and CCCL (standard headers for NVRTC).
 # A library built with it serves every driver from R525 on. No nvcc is used.
 CUDA ?= 1
-CUDA_ROOT ?= $(patsubst %/cuda_nvrtc,%,$(firstword $(wildcard $(VENV)/lib/python3*/site-packages/nvidia/cuda_nvrtc)))
+# (absolute, as setup.py names it: the flags stamp below then matches between the two)
+CUDA_ROOT ?= $(abspath $(patsubst %/cuda_nvrtc,%,$(firstword $(wildcard $(VENV)/lib/python3*/site-packages/nvidia/cuda_nvrtc))))
 # GPU architectures: machine code for each of CUDA_ARCHS (V100, A100,
 # H100/H200, B200, RTX 50), PTX for CUDA_PTX, the oldest (compute_70: the
 # kernels need nothing newer), which any later GPU compiles at load time (with
@@ -71,6 +72,15 @@ HOST_SRCS := $(wildcard src/host_backend/*.cc)
 HOST_LIB  := $(BUILD)/host/libnccl.so.2
 HEADERS  := $(wildcard src/include/*.h src/*/*.h)
 
+# A library asked for with kernels (CUDA=1) is never built without them: where no toolkit is
+# found, building it stops and says what to do (pip install . gets one itself, setup.py).
+ifeq ($(CUDA)$(strip $(CUDA_ROOT)),1)
+  NO_TOOLKIT = $(error no CUDA 12 toolkit to build the kernels with: CUDA_ROOT is empty (no \
+    nvidia/cuda_nvrtc in $(VENV)'s site-packages). Run `make setup` (installs the CUDA 12 wheels), \
+    set CUDA_ROOT to a site-packages/nvidia folder holding nvidia-cuda-nvrtc-cu12, \
+    nvidia-cuda-runtime-cu12, nvidia-cuda-nvcc-cu12 and nvidia-cuda-cccl-cu12, or build without \
+    kernels on purpose with CUDA=0 (a host-only library))
+endif
 ifeq ($(CUDA)$(if $(strip $(CUDA_ROOT)),y),1y)
   CUDA_INCLUDE := $(CUDA_ROOT)/cuda_runtime/include
   NVRTC := $(CUDA_ROOT)/cuda_nvrtc/lib/libnvrtc.so.12
@@ -123,8 +133,8 @@ GPU_TESTS := $(if $(CU_OBJS),$(BUILD)/bin/codec_gpu_test $(BUILD)/bin/allreduce_
 
 .PHONY: all native setup test bench accuracy sanitize clean
 all: $(LIB) $(HOST_LIB) $(CDEF) $(PERF_BINS) $(GPU_TESTS)
-# What the Python package carries when installed (setup.py).
-native: $(LIB) $(HOST_LIB) $(CDEF) $(BUILD)/bin/codec_bench
+# What the Python package carries when installed (setup.py; qnccl/_native.py's PARTS).
+native: $(LIB) $(HOST_LIB) $(CDEF) $(PERF_BINS) $(NCCL_INCLUDE)/nccl.h
 
 # Objects depend on the compilers and flags they were built with: a build
 # with other settings (say CUDA=0) rebuilds everything instead of mixing.
@@ -133,7 +143,7 @@ FLAGS_NOW := $(CXX) $(CXXFLAGS) | $(CODEC_FLAGS) $(foreach i,$(HOST_ISAS),$(ISA_
 $(shell mkdir -p $(BUILD) && { test -f $(FLAGS_STAMP) && test "$$(cat $(FLAGS_STAMP))" = '$(FLAGS_NOW)' || echo '$(FLAGS_NOW)' > $(FLAGS_STAMP); })
 
 $(BUILD)/obj/%.o: %.cc $(HEADERS) $(FLAGS_STAMP)
-	@mkdir -p $(dir $@)
+	$(NO_TOOLKIT)@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) -c $< -o $@
 
 $(BUILD)/obj/src/codec/codec_host_%.o: src/codec/codec_host.cc $(HEADERS) $(FLAGS_STAMP)
@@ -157,7 +167,7 @@ $(BUILD)/obj/gen/%_images.o: $(BUILD)/gen/%_images.cc $(HEADERS)
 	$(CXX) $(CXXFLAGS) -c $< -o $@
 
 $(LIB): $(LIB_OBJS) src/exports.map
-	@mkdir -p $(dir $@)
+	$(NO_TOOLKIT)@mkdir -p $(dir $@)
 	$(CXX) $(LDFLAGS) -Wl,--version-script=src/exports.map -o $@ $(LIB_OBJS) $(CUDA_LIBS) -ldl
 
 $(BUILD)/obj/host/%.o: src/host_backend/%.cc $(HEADERS) $(FLAGS_STAMP)
@@ -245,7 +255,7 @@ test: setup
 
 bench: setup
 	@$(MAKE) --no-print-directory -j$(JOBS) all
-	$(PYTHON) -m qnccl bench
+	$(PYTHON) -m qnccl bench --out $(BUILD)/bench
 
 # Training accuracy under quantized allreduce, both models (docs/accuracy.md; about 50 min;
 # perf/accuracy_bench.py --model dlrm: the DLRM table alone, about 13 min).

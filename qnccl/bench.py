@@ -24,10 +24,18 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-BUILD = REPO / "build"
-NETLAB = REPO / "perf" / "netlab"
-TORCH_PERF = REPO / "perf" / "torch_all_reduce_perf.py"
+from . import _native
+
+# What the jobs run: the installed package's copies, or a source tree's (qnccl/_native.py).
+NETLAB = _native.path("bin/netlab")
+TORCH_PERF = _native.path("bin/torch_all_reduce_perf.py")
+
+
+def tool(name):
+    """The perf binary `name` (qnccl/_native.py)."""
+    return _native.path(f"bin/{name}")
+
+
 TORCH_MISSING = 3  # exit status of torch_all_reduce_perf.py without torch
 GIB = 1 << 30
 
@@ -78,12 +86,12 @@ class Config:
         if self.interleave:
             perf_args += ["--interleave", str(self.interleave)]
         if self.kind == "mpi":
-            return [str(BUILD / "bin" / "mpi_all_reduce_perf"), *perf_args]
+            return [str(tool("mpi_all_reduce_perf")), *perf_args]
         if self.kind == "torch-gloo":
             return [sys.executable, str(TORCH_PERF), *perf_args]
         if self.collective != "allreduce":  # their only op and placement is these
             perf_args = [a for a in perf_args if a not in ("-o", "sum")]
-        perf = [str(BUILD / "bin" / COLLECTIVE_TOOLS[self.collective]), *perf_args]
+        perf = [str(tool(COLLECTIVE_TOOLS[self.collective])), *perf_args]
         if self.kind == "nccl":
             return perf
         policy = ([] if self.collective == "allreduce" else
@@ -265,7 +273,7 @@ def job_environment():
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("QNCCL_", "OMPI_MCA_btl"))}
     env.update(MPI_ENV)
-    env["LD_LIBRARY_PATH"] = ":".join(filter(None, [str(BUILD / "host"),
+    env["LD_LIBRARY_PATH"] = ":".join(filter(None, [str(_native.path("host/libnccl.so.2").parent),
                                                     env.get("LD_LIBRARY_PATH")]))
     env["MASTER_PORT"] = "29500"  # torch.distributed's rendezvous, inside the fresh namespace
     return env
@@ -466,17 +474,19 @@ def time_left(done, todo):
 
 
 def missing_parts(args):
-    needed = [BUILD / "bin" / tool for tool in COLLECTIVE_TOOLS.values()]
-    needed += [BUILD / "lib" / "libqnccl.so", BUILD / "host" / "libnccl.so.2", NETLAB]
+    needed = [tool(name) for name in COLLECTIVE_TOOLS.values()]
+    needed += [_native.path("lib/libqnccl.so"), _native.path("host/libnccl.so.2"), NETLAB]
     if "mpi" in args.baselines:
-        needed.append(BUILD / "bin" / "mpi_all_reduce_perf")
-    return [str(p) for p in needed if not p.exists()]
+        needed.append(tool("mpi_all_reduce_perf"))
+    return [p for p in needed if not p.exists()]
 
 
 def main(args):
     missing = missing_parts(args)
     if missing:
-        print(f"qnccl bench: missing {', '.join(missing)}: run `make` in {REPO}", file=sys.stderr)
+        print(f"qnccl bench: {_native.missing(missing[0])}"
+              + (f" (and {len(missing) - 1} more parts)" if len(missing) > 1 else ""),
+              file=sys.stderr)
         return 1
     if shutil.which("mpirun") is None:
         print("qnccl bench: mpirun not found: run `make setup` (installs Open MPI)", file=sys.stderr)

@@ -5,7 +5,8 @@
                                      configuration, GPU driver, the NCCL library
     qnccl bench                      quantized vs uncompressed allreduce on a rate-limited link
                                      (make bench; qnccl/bench.py, docs/perf.md)
-    qnccl codec-bench                host codec throughput (build/bin/codec_bench), beside memcpy
+    qnccl codec-bench                host codec throughput (codec_bench), beside memcpy
+    qnccl config --cflags --libs     flags to compile and link a program against this package
 """
 import argparse
 import ctypes
@@ -21,8 +22,8 @@ from . import __version__, _native
 from .emulate import rotation
 from .comm import COLLECTIVES
 
-REPO = _native.SOURCE_TREE  # the benchmarks and perf binaries are the source tree's
-BUILD = _native.SOURCE_BUILD
+# Where `qnccl bench` and `qnccl codec-bench` write, under the current directory.
+RESULTS = Path("qnccl-bench")
 NCCL_SONAME = "libnccl.so.2"
 
 
@@ -450,7 +451,7 @@ def cmd_info(_args):
     header = _native.header().read_text()
     wire = re.search(r"#define QNCCL_WIRE_VERSION (\d+)", header).group(1)
     rows.append(("wire format", f"{wire} (qnccl.h), {emulator.WIRE_VERSION} (emulator)"))
-    if not _native.PACKAGED.is_dir():  # building here: what `make` compiles the kernels with
+    if not _native.installed():  # building here: what `make` compiles the kernels with
         rows.append(("CUDA toolkit", _cuda_toolkit()))
     rows += [(pkg, importlib.metadata.version(pkg)) for pkg in ("numpy", "cffi")]
     for key, value in rows:
@@ -525,6 +526,39 @@ def cmd_codec_bench(args):
     return rc
 
 
+# ---- qnccl config ---------------------------------------------------------------------------
+
+def config_flags():
+    """{option: value} of `qnccl config`: how a C or C++ program compiles and links against
+    this package's nccl.h and host backend (NCCL's API over MPI), or its qnccl.h API."""
+    host = _native.path("host/libnccl.so").parent
+    lib = _native.path("lib/libqnccl.so").parent
+    return {
+        "cflags": " ".join(f"-I{d}" for d in _native.include_dirs()),
+        "libs": f"-L{host} -Wl,-rpath,{host} -lnccl",
+        "qnccl-libs": f"-L{lib} -Wl,-rpath,{lib} -lqnccl",
+        "includedir": _native.include_dirs()[0],
+        "libdir": str(host),
+        "preload": str(libqnccl_path()),
+        "pkg-config-path": str(_native.PACKAGED / "lib" / "pkgconfig"),
+    }
+
+
+def cmd_config(args):
+    flags = config_flags()
+    asked = [name for name in flags if getattr(args, name.replace("-", "_"))]
+    if not asked:
+        for name, value in flags.items():
+            print(f"--{name:<16} {value}")
+        return 0
+    if "pkg-config-path" in asked and not _native.installed():
+        print("qnccl config: a source tree has no qnccl.pc (an installed package carries it): "
+              "use `qnccl config --cflags --libs`", file=sys.stderr)
+        return 2
+    print(" ".join(flags[name] for name in asked))
+    return 0
+
+
 def build_parser():
     """The parser of every `qnccl` command; parse_args gives `func` to call with the args."""
     parser = argparse.ArgumentParser(prog="qnccl", description="Quantized NCCL collectives.")
@@ -556,7 +590,7 @@ def build_parser():
 
     bench = commands.add_parser(
         "bench", help="quantized vs uncompressed allreduce on a rate-limited link (make bench)",
-        description="Runs build/bin/all_reduce_perf with --ranks MPI ranks inside perf/netlab "
+        description="Runs all_reduce_perf with --ranks MPI ranks inside perf/netlab "
                     "(a network namespace whose loopback tc limits to each of --rates in turn, "
                     "MPI over TCP): uncompressed, then through QNCCL for every bits x bucket x "
                     "algorithm, beside MPI_Allreduce and torch.distributed (gloo) when torch is "
@@ -616,15 +650,15 @@ def build_parser():
                        help="warm-up calls (default 1)")
     bench.add_argument("--timeout", type=int_in(10), default=900, metavar="S",
                        help="seconds one configuration may take (default 900)")
-    bench.add_argument("--out", type=Path, default=BUILD / "bench",
-                       help="output folder (default build/bench)")
+    bench.add_argument("--out", type=Path, default=RESULTS,
+                       help=f"output folder (default {RESULTS}/ under the current directory)")
     bench.add_argument("--quick", action="store_true",
                        help="a short run: 1M..4M, 4 bits, bucket 128, one call per size")
     bench.set_defaults(func=cmd_bench)
 
     codec_bench = commands.add_parser(
         "codec-bench", help="host codec throughput beside memcpy (median of repetitions)",
-        description="Runs build/bin/codec_bench over every bits x bucket combination: "
+        description="Runs codec_bench over every bits x bucket combination: "
                     "quantize (nearest, stochastic) and dequantize-accumulate, in GB/s of "
                     "float32 input and as a fraction of memcpy.")
     codec_bench.add_argument("--bits", type=_int_list(1, 8), default=[8, 4, 2],
@@ -638,9 +672,31 @@ def build_parser():
                                   "of BLOCK values (docs/rotation.md), beside it")
     codec_bench.add_argument("--clip", action="store_true",
                              help="the rotated operations with clipped ranges (clip gaussian)")
-    codec_bench.add_argument("--json", type=Path, default=BUILD / "bench" / "codec.json",
-                             help="where to write the results (default build/bench/codec.json)")
+    codec_bench.add_argument("--json", type=Path, default=RESULTS / "codec.json",
+                             help=f"where to write the results (default {RESULTS}/codec.json "
+                                  "under the current directory)")
     codec_bench.set_defaults(func=cmd_codec_bench)
+
+    config = commands.add_parser(
+        "config", help="flags to compile and link a program against this package",
+        usage="qnccl config [--cflags] [--libs] [--qnccl-libs] [...]",
+        description="Prints the flags for a program of your own: with `--cflags --libs` the "
+                    "compiler finds nccl.h (the NCCL API as QNCCL declares it) and qnccl.h, and "
+                    "the linker the host backend's libnccl.so (NCCL's API over MPI, for host "
+                    "memory), e.g. `mpicc prog.c $(qnccl config --cflags --libs) -o prog`, then "
+                    "`qnccl run --bits 4 -- mpirun -np 2 ./prog`. On a GPU machine link NVIDIA's "
+                    "NCCL instead (its -lnccl) and let `qnccl run` preload QNCCL. With no option, "
+                    "every value.")
+    for name, what in (("cflags", "-I flags for nccl.h and qnccl.h"),
+                       ("libs", "link flags for the host backend's libnccl.so (-lnccl)"),
+                       ("qnccl-libs", "link flags for libqnccl.so (qnccl.h's own API)"),
+                       ("includedir", "the folder of the headers"),
+                       ("libdir", "the folder of the host backend's libnccl.so"),
+                       ("preload", "the libqnccl.so `qnccl run` preloads"),
+                       ("pkg-config-path", "the folder of qnccl.pc (PKG_CONFIG_PATH), in an "
+                                           "installed package")):
+        config.add_argument(f"--{name}", action="store_true", help=what)
+    config.set_defaults(func=cmd_config)
     return parser
 
 

@@ -41,8 +41,9 @@ PY_PKGS=(
   nvidia-cuda-cuobjdump==13.5.37  # reads the kernels' images (tests/test_cuda_build.py)
 )
 # One CUDA 12 toolkit for the kernels (Makefile, "CUDA"): the runtime (headers and static
-# library), NVRTC (compiles the kernels), CCCL (standard headers for NVRTC), and the nvcc
-# wheel for the crt/ headers the runtime's include (its ptxas is not used).
+# library), NVRTC (compiles the kernels to PTX), CCCL (standard headers for NVRTC), and the
+# nvcc wheel for ptxas (the PTX's machine code per architecture) and the crt/ headers the
+# runtime's include. A wheel's build gets the same pins (scripts/build_backend.py).
 CUDA_PKGS=(
   nvidia-cuda-runtime-cu12==12.9.79
   nvidia-cuda-nvrtc-cu12==12.9.86

@@ -57,21 +57,22 @@ def excerpt(out, tail=4000):
         out[-tail:]
 
 
-def run(nprocs, argv, timeout, env=None, check=True):
-    """Runs `argv` as an MPI job of `nprocs` ranks; returns the CompletedProcess.
+def run(nprocs, argv, timeout, env=None, check=True, cwd=None, launcher=()):
+    """Runs `argv` as an MPI job of `nprocs` ranks; returns the CompletedProcess. `launcher`
+    comes before mpirun (e.g. `qnccl run ... --`, which execs it), `cwd` is the job's folder.
 
     A job that outlives `timeout` seconds is killed with its whole process
     group and the test fails saying so. With `check`, a non-zero exit fails
     the test with the job's output."""
     preload = ["-x", f"LD_PRELOAD={RANK_PRELOAD}"] if RANK_PRELOAD else []
-    cmd = [mpirun(), "-np", str(nprocs), *preload, *argv]
+    cmd = [*launcher, mpirun(), "-np", str(nprocs), *preload, *argv]
     job_env = dict(os.environ, **MPI_ENV, **(env or {}))
     if RANK_PRELOAD:  # the ranks preload it (-x), mpirun itself does not
         job_env.pop("LD_PRELOAD", None)
     # stdout, then stderr: mpirun forwards the ranks' two streams separately, so
     # one pipe for both could splice a line of one into a line of the other.
     proc = subprocess.Popen(cmd, env=job_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+                            text=True, start_new_session=True, cwd=cwd)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

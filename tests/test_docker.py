@@ -3,8 +3,10 @@ the suite: building the runtime image downloads PyTorch for CUDA, gigabytes). Th
 steps that can run here run elsewhere: the wheel it installs is built and installed in a
 fresh venv by tests/test_package.py, and `qnccl run` is its entry point there too."""
 import fnmatch
+import os
 import re
 import subprocess
+import sys
 
 from mpi import REPO
 
@@ -57,13 +59,25 @@ def test_runtime_is_the_default_target_and_test_stays_a_target():
     assert any("pip install" in s and "qnccl-*.whl" in s for s in steps["runtime"])
 
 
-def test_the_wheel_stage_compiles_with_setups_cuda_pins():
-    """The build stage installs exactly the CUDA toolkit wheels setup.sh pins (one list)."""
+def test_the_wheel_is_built_with_setups_cuda_pins():
+    """The build stage's `pip wheel` builds in isolation, where the build backend asks for
+    exactly the CUDA toolkit wheels setup.sh pins (one list), and for none with CUDA=0."""
     run = next(s for s in dict(stages())["wheel"] if "pip wheel" in s)
-    assert "$(bash scripts/setup.sh --cuda-pins)" in run
+    assert "--no-build-isolation" not in run
+    assert re.search(r'build-backend = "build_backend"\nbackend-path = \["scripts"\]',
+                     (REPO / "pyproject.toml").read_text())
     pins = subprocess.run(["bash", "scripts/setup.sh", "--cuda-pins"], cwd=REPO,
                           capture_output=True, text=True, check=True).stdout.split()
     assert sorted(p.split("==")[0] for p in pins) == [
         "nvidia-cuda-cccl-cu12", "nvidia-cuda-nvcc-cu12", "nvidia-cuda-nvrtc-cu12",
         "nvidia-cuda-runtime-cu12"]
     assert all(re.fullmatch(r"[a-z0-9-]+==12\.\d+\.\d+", p) for p in pins), pins
+    asked = subprocess.run(
+        [sys.executable, "-c", "import build_backend; print(*build_backend.cuda_wheels())"],
+        cwd=REPO / "scripts", capture_output=True, text=True, check=True).stdout.split()
+    assert asked == pins
+    asked = subprocess.run(
+        [sys.executable, "-c", "import build_backend; print(*build_backend.cuda_wheels())"],
+        cwd=REPO / "scripts", capture_output=True, text=True, check=True,
+        env=dict(os.environ, CUDA="0")).stdout.split()
+    assert asked == []

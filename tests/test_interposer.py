@@ -350,7 +350,7 @@ def test_nothing_is_quantized_where_nothing_crosses_a_link(program, tmp_path, np
 
 @pytest.mark.parametrize("variable, value, message", [
     ("QNCCL_ERROR_FEEDBACK", "2", "allowed: 0 or 1"),
-    ("QNCCL_BUCKET_SIZE", "0", ">= ?1"),
+    ("QNCCL_BUCKET_SIZE", "0", r"1\.\.2\^40 values.*K, M or G"),
 ])
 def test_bad_setting_fails_communicator_creation(program, tmp_path, variable, value, message):
     """An unmodified program with a bad QNCCL_* value fails at ncclCommInitRank
@@ -436,6 +436,9 @@ def test_default_configuration(capi):
     ("QNCCL_BITS", "8", "bits=8"),
     ("QNCCL_BUCKET_SIZE", "1", "bucket=1"),
     ("QNCCL_BUCKET_SIZE", "4096", "bucket=4096"),
+    ("QNCCL_BUCKET_SIZE", "1K", "bucket=1024"),  # suffixes, as every size variable takes them
+    ("QNCCL_BUCKET_SIZE", "2k", "bucket=2048"),
+    ("QNCCL_MIN_BYTES", "64k", f"min_bytes={64 << 10}"),
     ("QNCCL_ROUNDING", "nearest", "rounding=nearest"),
     ("QNCCL_ROTATION", "hadamard", "rotation=hadamard"),
     ("QNCCL_ROTATION", "none", "rotation=none"),
@@ -511,7 +514,7 @@ def test_collective_bits_are_shown_when_set(capi, monkeypatch, variable, value, 
 ALLOWED = {
     "QNCCL_ENABLE": r"\b0\b.*\b1\b",
     "QNCCL_BITS": r"1 ?\.\. ?8",
-    "QNCCL_BUCKET_SIZE": r">= ?1",
+    "QNCCL_BUCKET_SIZE": r"1\.\.2\^40 values.*K, M or G",
     "QNCCL_ROUNDING": r"stochastic.*nearest|nearest.*stochastic",
     "QNCCL_ROTATION": r"none or hadamard",
     "QNCCL_ROTATION_BLOCK": r"a power of two from 2 to 16384",
@@ -542,6 +545,7 @@ ALLOWED = {
     ("QNCCL_BITS", "0"), ("QNCCL_BITS", "9"), ("QNCCL_BITS", "four"), ("QNCCL_BITS", "4.5"),
     ("QNCCL_BITS", "-1"),
     ("QNCCL_BUCKET_SIZE", "0"), ("QNCCL_BUCKET_SIZE", "-5"), ("QNCCL_BUCKET_SIZE", "12abc"),
+    ("QNCCL_BUCKET_SIZE", "1KB"), ("QNCCL_BUCKET_SIZE", "2T"),
     ("QNCCL_ROUNDING", "round"),
     ("QNCCL_ROTATION", "walsh"), ("QNCCL_ROTATION_BLOCK", "0"), ("QNCCL_ROTATION_BLOCK", "1"),
     ("QNCCL_ROTATION_BLOCK", "48"), ("QNCCL_ROTATION_BLOCK", "32K"), ("QNCCL_CLIP", "max"),

@@ -1,22 +1,45 @@
 """The installable package (setup.py, qnccl/_native.py): `pip wheel .` builds a wheel that
-carries libqnccl.so, the host backend, the cffi declarations, the C headers and codec_bench,
-versioned by qnccl.h; installed into a fresh virtual environment and used from a directory
-outside the source tree, `qnccl info`, `qnccl run` and a quantize/dequantize round trip
-work, the round trip bit for bit the emulator's. Where a compiled part is missing, the
-message says what to do in each situation."""
+carries libqnccl.so with the CUDA kernels the build made, the host backend (libnccl.so.2, and
+libnccl.so for -lnccl), the cffi declarations, nccl.h and qnccl.h, a pkg-config file, the
+perf binaries and what `qnccl bench` runs, versioned by qnccl.h. Installed into a fresh
+virtual environment and used from a directory outside the source tree: `qnccl info` (with
+the CUDA architectures), `qnccl run`, a quantize/dequantize round trip bit for bit the
+emulator's, a plain NCCL program compiled with `qnccl config`'s flags and run quantized on 2
+ranks bit for bit the emulator, and `qnccl bench` writing under the current directory. Where
+a compiled part is missing, the message says what to do in each situation.
+
+The wheel is built from the tree's own build (BUILD=build, as `make` made it; the module
+fails without one), without build isolation: a build from nothing (`pip install .`, which
+fetches the CUDA wheels and compiles the kernels, minutes) is the same setup.py and make
+rules with another folder."""
 import os
 import re
+import shutil
 import subprocess
 import sys
 import zipfile
+from pathlib import Path
 
 import pytest
 
+import mpi
 from mpi import REPO
 from test_allreduce import built  # noqa: F401  (fails the module without a build)
+from test_interposer import PROGRAM_SOURCE, RUN_FLAGS, eligible, emulate, load_run, same_bytes
 
-NATIVE = ["lib/libqnccl.so", "host/libnccl.so.2", "include/qnccl_cdef.h", "include/qnccl.h",
-          "include/nccl_abi.h", "bin/codec_bench"]
+from qnccl import _native
+
+# What a user of the wheel needs (written out, not taken from _native.PARTS, so that a part
+# dropped there fails here): the library, the host backend and -lnccl's name for it, what
+# the binding and a C program include, the perf binaries and what `qnccl bench` runs.
+PERF_TOOLS = ["all_reduce_perf", "reduce_scatter_perf", "all_gather_perf", "alltoall_perf",
+              "sendrecv_perf", "mpi_all_reduce_perf", "codec_bench"]
+EXECUTABLES = [f"bin/{tool}" for tool in PERF_TOOLS] + ["bin/netlab"]
+ELF = ["lib/libqnccl.so", "host/libnccl.so.2", "host/libnccl.so"] + \
+    [f"bin/{tool}" for tool in PERF_TOOLS]
+NATIVE = ELF + ["bin/netlab", "bin/torch_all_reduce_perf.py", "bin/gloo_ranks.py",
+                "include/nccl.h", "include/nccl_abi.h", "include/qnccl.h",
+                "include/qnccl_cdef.h", "lib/pkgconfig/qnccl.pc"]
 
 
 def header_version():
@@ -25,12 +48,26 @@ def header_version():
                     for p in ("MAJOR", "MINOR", "PATCH"))
 
 
+def cuda_archs_row(info_output):
+    row = re.search(r"^CUDA archs +(.+)$", info_output, re.M)
+    return row and row.group(1)
+
+
+@pytest.fixture(scope="module")
+def tree_info():
+    """`qnccl info` of the source tree's build: the CUDA architectures it carries."""
+    result = subprocess.run([sys.executable, "-m", "qnccl", "info"], capture_output=True,
+                            text=True, timeout=120, cwd=REPO)
+    return result.stdout
+
+
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory):
     out = tmp_path_factory.mktemp("wheel")
     made = subprocess.run([sys.executable, "-m", "pip", "wheel", str(REPO), "--no-deps",
                            "--no-build-isolation", "-q", "-w", str(out)],
-                          capture_output=True, text=True, timeout=1200)
+                          env=dict(os.environ, BUILD="build"), capture_output=True, text=True,
+                          timeout=1200)
     if made.returncode != 0:
         pytest.fail(f"pip wheel failed:\n{made.stdout[-3000:]}\n{made.stderr[-3000:]}")
     (path,) = out.glob("qnccl-*.whl")
@@ -39,43 +76,153 @@ def wheel(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def venv(tmp_path_factory, wheel):
-    """A fresh virtual environment (no system site packages) with the wheel installed, its
-    dependencies from the package index."""
+    """A fresh virtual environment (no system site packages) with the wheel installed and its
+    `bench` extra (matplotlib), the dependencies from the package index."""
     root = tmp_path_factory.mktemp("venv")
     subprocess.run([sys.executable, "-m", "venv", str(root)], check=True, timeout=300)
-    installed = subprocess.run([str(root / "bin" / "pip"), "install", "-q", str(wheel)],
+    installed = subprocess.run([str(root / "bin" / "pip"), "install", "-q", f"{wheel}[bench]"],
                                capture_output=True, text=True, timeout=900)
     if installed.returncode != 0:
-        pytest.fail(f"installing the wheel failed (the index must be reachable for numpy and "
-                    f"cffi):\n{installed.stderr[-3000:]}")
+        pytest.fail(f"installing the wheel failed (the index must be reachable for numpy, "
+                    f"cffi and matplotlib):\n{installed.stderr[-3000:]}")
     return root
 
 
-def outside(venv, tmp_path, *argv):
-    """argv[0] from the venv's bin/, run from `tmp_path` with no QNCCL_* or PYTHONPATH."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("QNCCL_") and k not in ("PYTHONPATH", "LD_PRELOAD")}
-    return subprocess.run([str(venv / "bin" / argv[0]), *argv[1:]], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=300)
+def clean_env():
+    """The caller's environment without QNCCL_*, PYTHONPATH, LD_PRELOAD or LD_LIBRARY_PATH:
+    what the installed package finds, it finds by itself."""
+    return {k: v for k, v in os.environ.items()
+            if not k.startswith("QNCCL_")
+            and k not in ("PYTHONPATH", "LD_PRELOAD", "LD_LIBRARY_PATH")}
+
+
+def outside(venv, tmp_path, *argv, timeout=300):
+    """argv[0] from the venv's bin/, run from `tmp_path` with clean_env()."""
+    return subprocess.run([str(venv / "bin" / argv[0]), *argv[1:]], cwd=tmp_path,
+                          env=clean_env(), capture_output=True, text=True, timeout=timeout)
 
 
 def test_the_wheel_carries_the_compiled_parts(wheel):
     assert wheel.name.startswith(f"qnccl-{header_version()}-")
     assert wheel.name.endswith("linux_x86_64.whl")  # compiled code: platform-specific
-    names = set(zipfile.ZipFile(wheel).namelist())
+    archive = zipfile.ZipFile(wheel)
+    names = set(archive.namelist())
     for part in NATIVE:
         assert f"qnccl/_native/{part}" in names, part
+    for part in EXECUTABLES:  # the mode pip restores
+        mode = archive.getinfo(f"qnccl/_native/{part}").external_attr >> 16
+        assert mode & 0o111, f"{part} is not executable in the wheel ({oct(mode)})"
     assert "qnccl/_ffi.py" in names and "qnccl/cli.py" in names
     assert not any(n.startswith(("tests/", "perf/", "src/")) for n in names)
+    # nccl.h is QNCCL's own declaration of the NCCL API, not NVIDIA's header
+    nccl_h = archive.read("qnccl/_native/include/nccl.h").decode()
+    assert '#include "nccl_abi.h"' in nccl_h and "NVIDIA" not in nccl_h
+    assert archive.read("qnccl/_native/host/libnccl.so") == \
+        archive.read("qnccl/_native/host/libnccl.so.2")
 
 
-def test_info_works_outside_the_tree(venv, tmp_path):
+def test_the_wheels_binaries_carry_no_debug_sections(wheel, tmp_path):
+    """Its ELF files are stripped of -g's debug sections (two thirds of the library's size) and
+    keep their symbols; the library keeps its CUDA images. Size: the parts' sum, no more."""
+    zipfile.ZipFile(wheel).extractall(tmp_path)
+    native = tmp_path / "qnccl" / "_native"
+    for part in ELF:
+        sections = subprocess.run(["readelf", "-S", "-W", str(native / part)],
+                                  capture_output=True, text=True, check=True).stdout
+        assert ".debug_info" not in sections, f"{part} still has debug sections"
+        assert ".symtab" in sections or part != "lib/libqnccl.so", part
+    symbols = subprocess.run(["nm", "-D", "--defined-only", str(native / "lib/libqnccl.so")],
+                             capture_output=True, text=True, check=True).stdout
+    assert re.search(r" T ncclAllReduce$", symbols, re.M)
+    assert re.search(r" T qncclQuantize$", symbols, re.M)
+    unpacked = sum(f.stat().st_size for f in native.rglob("*") if f.is_file())
+    built = sum((REPO / source).stat().st_size for source in _native.PARTS.values())
+    assert unpacked < built, "the wheel's parts are not smaller than the build's"
+    assert wheel.stat().st_size < unpacked  # compressed
+
+
+def test_info_works_outside_the_tree(venv, tmp_path, tree_info):
+    """`qnccl info` of the installed package: its library, and the CUDA architectures it
+    carries, the same as the build the wheel came from."""
     result = outside(venv, tmp_path, "qnccl", "info")
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"qnccl package  {header_version()}" in result.stdout
     assert re.search(rf"library +{re.escape(header_version())} at {re.escape(str(venv))}\S*"
                      r"/qnccl/_native/lib/libqnccl\.so", result.stdout), result.stdout
     assert "Traceback" not in result.stderr and "CUDA toolkit" not in result.stdout
+    want = cuda_archs_row(tree_info)
+    assert want and re.search(r"sm_\d+", want), tree_info  # the tree's build has kernels
+    assert cuda_archs_row(result.stdout) == want, result.stdout
+
+
+def test_config_prints_the_packages_flags(venv, tmp_path):
+    result = outside(venv, tmp_path, "qnccl", "config", "--cflags", "--libs")
+    assert result.returncode == 0, result.stderr
+    native = next(venv.glob("lib/python3*/site-packages/qnccl/_native"))
+    assert result.stdout.split() == [f"-I{native / 'include'}", f"-L{native / 'host'}",
+                                     f"-Wl,-rpath,{native / 'host'}", "-lnccl"]
+    pkg_config = shutil.which("pkg-config") or shutil.which("pkgconf")
+    if pkg_config:  # the .pc file gives the same flags, relative to where it is
+        path = outside(venv, tmp_path, "qnccl", "config", "--pkg-config-path").stdout.strip()
+        flags = subprocess.run([pkg_config, "--cflags", "--libs", "qnccl"], capture_output=True,
+                               text=True, env=dict(os.environ, PKG_CONFIG_PATH=path))
+        assert flags.returncode == 0, flags.stderr
+        assert [Path(f[2:]).resolve() for f in flags.stdout.split() if f.startswith("-I")] == \
+            [native / "include"]
+        assert "-lnccl" in flags.stdout.split()
+
+
+def test_a_program_built_against_the_package_runs_quantized(venv, tmp_path):
+    """tests/programs/nccl_allreduce.c (a plain NCCL + MPI program), copied out of the tree,
+    compiled with `mpicc $(qnccl config --cflags --libs)` and run on 2 ranks as the README
+    says, `qnccl run <flags> -- mpirun -np 2 ./prog`, from that folder, with nothing of the
+    tree in the environment: every eligible call bit for bit the emulator's allreduce, every
+    other call the program's plain run's bytes (linked to the package's host backend by the
+    rpath of --libs alone)."""
+    mpicc = shutil.which("mpicc") or pytest.fail("mpicc not found: run `make setup`")
+    shutil.copy(PROGRAM_SOURCE, tmp_path / "prog.c")
+    flags = outside(venv, tmp_path, "qnccl", "config", "--cflags", "--libs").stdout.split()
+    compiled = subprocess.run([mpicc, "-std=c11", "-O2", "-Wall", "-Werror", "prog.c", *flags,
+                               "-o", "prog"], cwd=tmp_path, capture_output=True, text=True)
+    assert compiled.returncode == 0, compiled.stderr
+    runs = {}
+    for name, launcher in (("plain", ()), ("quantized", (str(venv / "bin" / "qnccl"), "run",
+                                                          *RUN_FLAGS, "--"))):
+        (tmp_path / name).mkdir()
+        with pytest.MonkeyPatch.context() as patch:
+            for variable in [k for k in os.environ if k not in clean_env()]:
+                patch.delenv(variable)
+            job = mpi.run(2, ["./prog", name], timeout=180, cwd=tmp_path, launcher=launcher)
+        runs[name] = load_run(tmp_path / name, nranks=2)
+    assert "QNCCL INFO" in job.stdout and str(venv) in job.stdout  # the package's library
+    number = 0
+    for before, call in zip(runs["plain"], runs["quantized"]):
+        if not eligible(call):
+            assert all(same_bytes(a, b) for a, b in zip(call.outputs, before.outputs)), call.name
+            continue
+        expected = emulate(call, number)
+        assert all(same_bytes(out, expected) for out in call.outputs), call.name
+        assert not same_bytes(expected, before.outputs[0]), call.name  # quantized, not exact
+        number += 1
+    assert number >= 8
+
+
+def test_bench_runs_from_the_package_and_writes_under_the_current_folder(venv, tmp_path):
+    """`qnccl bench --sizes 1M:1M` (cut to one quantized row and its baseline) runs the
+    package's perf binaries and netlab, and writes its results under the current folder."""
+    result = outside(venv, tmp_path, "qnccl", "bench", "--sizes", "1M:1M", "--rates", "1gbit",
+                     "--bits", "4", "--buckets", "128", "--algos", "sra", "--dtypes",
+                     "float32", "--baselines", "mpi", "--rotated-rows", "off", "--nodes-section", "off",
+                     "--collectives-section", "off", "--shm-section", "off", timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    out = tmp_path / "qnccl-bench"
+    for name in ("report.json", "summary.md", "busbw.png"):
+        assert (out / name).is_file(), name
+    site = next(venv.glob("lib/python3*/site-packages"))
+    assert not list(site.rglob("report.json")), "bench wrote inside site-packages"
+    report = (out / "report.json").read_text()
+    assert f"{site}/qnccl/_native/bin/all_reduce_perf" in report
+    assert f"{site}/qnccl/_native/bin/mpi_all_reduce_perf" in report
 
 
 def test_round_trip_matches_the_emulator(venv, tmp_path):

@@ -1,5 +1,6 @@
 #include "config/config.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -20,7 +21,7 @@ ncclResult_t bad(Var var, const char* value, const char* allowed) {
 }
 
 /* An unsigned decimal integer, optionally with a K, M or G suffix (powers of
- * 1024) when `suffixes`; all of the text must be used and fit 64 bits. */
+ * 1024, either case, as qnccl run's flags take them) when `suffixes`; all of the text must be used and fit 64 bits. */
 bool parse_unsigned(const char* text, bool suffixes, uint64_t* out) {
   if (text[0] < '0' || text[0] > '9') return false;
   errno = 0;
@@ -30,7 +31,7 @@ bool parse_unsigned(const char* text, bool suffixes, uint64_t* out) {
   int shift = 0;
   if (suffixes && *end != '\0' && end[1] == '\0') {
     const char* units = "KMG";
-    const char* unit = strchr(units, *end);
+    const char* unit = strchr(units, toupper((unsigned char)*end));
     if (unit == nullptr) return false;
     shift = 10 * (int)(unit - units + 1);
     end++;
@@ -173,8 +174,8 @@ ncclResult_t config_from_env(qncclEnvConfig_t* config) {
   QNCCL_CHECK(read_unsigned(Var::kBits, QNCCL_MIN_BITS, QNCCL_MAX_BITS, false, "1..8", &v));
   c.allreduce.codec.bits = (int)v;
   v = c.allreduce.codec.bucketSize;
-  QNCCL_CHECK(read_unsigned(Var::kBucketSize, 1, (uint64_t)1 << 40, false,
-                            "an integer >= 1 (values per bucket)", &v));
+  QNCCL_CHECK(read_unsigned(Var::kBucketSize, 1, (uint64_t)1 << 40, true,
+                            "1..2^40 values per bucket, optionally with K, M or G (x1024)", &v));
   c.allreduce.codec.bucketSize = (size_t)v;
   QNCCL_CHECK(read_choice(Var::kRounding, kRoundings, "stochastic or nearest",
                           &c.allreduce.codec.rounding));
