@@ -12,7 +12,7 @@ same data; it prints seconds per step (the median over the timed steps of the sl
 step) and the final training loss (the mean over the last 5 steps).
 
     .venv/bin/python perf/torch_ddp_bench.py                    # 4 ranks, 1 Gbit/s, ~4 min
-    .venv/bin/python perf/torch_ddp_bench.py --steps 30         # the README's table, ~8 min
+    .venv/bin/python perf/torch_ddp_bench.py --steps 30         # docs/torch-hook.md's table, ~8 min
     .venv/bin/python perf/torch_ddp_bench.py --rate 10gbit --steps 20
 
 Writes OUT/ddp_hooks.json and OUT/ddp_hooks.md (OUT: --out, default build/bench). Exit status:

@@ -166,7 +166,7 @@ def test_mismatch_is_caught(ab, kind):
     assert f"MISMATCH {fact}\n" in result.stdout, result.stdout
 
 
-# The explicit-use mode of DESIGN.md with NVIDIA's header: <nccl.h> first, then
+# The explicit-use mode (docs/install.md, "Using the package from C and C++") with NVIDIA's header: <nccl.h> first, then
 # qnccl.h, whose nccl_abi.h then declares nothing NVIDIA's header has.
 EXPLICIT_USE_SOURCE = r"""
 #include <nccl.h>

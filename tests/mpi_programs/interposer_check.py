@@ -68,7 +68,7 @@ from qnccl.emulate import allreduce as emulate_allreduce
 TYPES = dict(NCCL_TYPES, int32=lib.ncclInt32)
 EXACT_OPS = dict(OPS, max=lib.ncclMax)
 ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "int32": 4}
-# Every variable of the interposer's configuration (README, Environment variables).
+# Every variable of the interposer's configuration (docs/environment.md).
 CONFIG_VARIABLES = ("QNCCL_ENABLE", "QNCCL_BITS", "QNCCL_BUCKET_SIZE", "QNCCL_ROUNDING",
                     "QNCCL_ALGO", "QNCCL_MIN_BYTES", "QNCCL_SEED", "QNCCL_ERROR_FEEDBACK",
                     "QNCCL_WARMUP_CALLS", "QNCCL_DEBUG", "QNCCL_COLLECTIVES")
