@@ -19,6 +19,7 @@ from typing import Any, Optional, Tuple
 
 import numpy as np
 
+from . import _checks
 from .emulate import codec as _emulator
 
 # torch dtype name -> (numpy view type, codec type it implies or None)
@@ -36,6 +37,7 @@ class Memory:
     kind: str  # "numpy", "torch" or "cupy": what empty() makes next to it
     implied: Optional[str]  # the codec type uint16 bits are (torch's bfloat16), else None
     owner: Any  # keeps the memory alive while it is used
+    source: Any  # the object handed in (what messages describe: a list, not its float64 copy)
 
     @property
     def count(self):
@@ -59,8 +61,8 @@ def _torch(tensor, what, writable):
     import torch
     name = str(tensor.dtype).replace("torch.", "")
     if name not in _TORCH_TYPES:
-        raise TypeError(f"{what} is a torch tensor of {tensor.dtype}; the codec takes "
-                        "torch.float32, torch.float16 and torch.bfloat16 tensors")
+        raise TypeError(f"{what} must be a torch.Tensor of dtype torch.float32, torch.float16 "
+                        f"or torch.bfloat16, got {_checks.describe(tensor)}")
     t = tensor.detach()
     if not t.is_contiguous():
         if writable:
@@ -69,7 +71,7 @@ def _torch(tensor, what, writable):
     view, implied = _TORCH_TYPES[name]
     stream = torch.cuda.current_stream(t.device).cuda_stream if t.is_cuda else 0
     return Memory(t.data_ptr(), np.dtype(view), tuple(t.shape), t.is_cuda, stream, "torch",
-                  implied, t)
+                  implied, t, tensor)
 
 
 def _cuda_interface(array, what, writable):
@@ -77,15 +79,18 @@ def _cuda_interface(array, what, writable):
     dtype, shape = np.dtype(interface["typestr"]), tuple(interface["shape"])
     strides = interface.get("strides")
     address, readonly = interface["data"]
-    if (strides is not None and tuple(strides) != _c_strides(shape, dtype.itemsize)) or (
-            writable and readonly):
+    strided = strides is not None and tuple(strides) != _c_strides(shape, dtype.itemsize)
+    if strided or (writable and readonly):
         kind = "C-contiguous writable" if writable else "C-contiguous"
-        raise ValueError(f"{what} must be a {kind} device array")
+        flaw = "non-contiguous" if strided else "read-only"
+        raise ValueError(f"{what} must be a {kind} device array, got a {flaw} "
+                         f"{_checks.describe(array).split(' ', 1)[1]}")
     stream = interface.get("stream") or 0  # None: the producer needs no synchronization
-    return Memory(address, dtype, shape, True, int(stream), "cupy", None, array)
+    return Memory(address, dtype, shape, True, int(stream), "cupy", None, array, array)
 
 
 def _host(array, what, writable):
+    source = array
     if not isinstance(array, np.ndarray) and hasattr(array, "__dlpack_device__"):
         device_type, _ = array.__dlpack_device__()
         if device_type != 1:  # kDLCPU
@@ -97,10 +102,11 @@ def _host(array, what, writable):
         if not (isinstance(array, np.ndarray) and array.flags.c_contiguous
                 and array.flags.writeable):
             raise ValueError(f"{what} must be a C-contiguous writable array (numpy, torch "
-                             "tensor or device array)")
+                             f"tensor or device array), got {_checks.describe_layout(array)}")
     else:
         array = np.ascontiguousarray(array)  # any array-like; a non-contiguous one is copied
-    return Memory(array.ctypes.data, array.dtype, array.shape, False, 0, "numpy", None, array)
+    return Memory(array.ctypes.data, array.dtype, array.shape, False, 0, "numpy", None, array,
+                  source)
 
 
 def adopt(array, what, writable):
@@ -112,12 +118,13 @@ def adopt(array, what, writable):
     return _host(array, what, writable)
 
 
-def codec_type(memory, dtype):
-    """The codec type of `memory`'s elements: `dtype` (a name) must agree with typed
-    elements and is needed for bare uint16 bits, unless the array itself implies it."""
+def codec_type(memory, dtype, what="array"):
+    """The codec type of `memory`'s elements (the array named `what` in messages): `dtype`
+    (a name) must agree with typed elements and is needed for bare uint16 bits, unless the
+    array itself implies it."""
     if memory.implied is not None and dtype is None:
         dtype = memory.implied
-    return _emulator.dtype_name(memory.numpy_dtype, dtype)
+    return _emulator.dtype_name(memory.numpy_dtype, dtype, what, memory.source)
 
 
 def empty(like, shape, name):

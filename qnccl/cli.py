@@ -18,7 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from . import __version__, _native
+from . import __version__, _checks, _native
 from .emulate import rotation
 from .comm import COLLECTIVES
 
@@ -50,20 +50,14 @@ def _int_list(low, high=None):
 
 
 def _rotation_block(text):
-    """argparse type: a rotation block size (docs/rotation.md)."""
-    from .emulate import rotation
-    try:
-        block = int(text)
-        rotation.check("hadamard", block)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"a power of two from {rotation.MIN_BLOCK} to {rotation.MAX_BLOCK}, got {text!r}")
-    return block
+    """argparse type: a rotation block size (docs/rotation.md), as --rotation-block's."""
+    return power_of_two_in(rotation.MIN_BLOCK, rotation.MAX_BLOCK)(text)
 
 
 def power_of_two_in(low, high):
-    """argparse type: a power of two in [low, high]."""
-    parse_int = int_in(low, high)
+    """argparse type: a power of two in [low, high], K, M and G suffixes allowed (a count of
+    values, as size_in's)."""
+    parse_int = size_in(low, high)
 
     def parse(text):
         value = parse_int(text)
@@ -92,14 +86,25 @@ def int_in(low, high=None):
 _SIZE_SUFFIXES = {"": 0, "K": 10, "M": 20, "G": 30}
 
 
-def _byte_size(text):
-    """argparse type: bytes >= 0, with an optional K, M or G suffix (2^10, 2^20, 2^30)."""
-    match = re.fullmatch(r"\s*(\d+)\s*([KMG]?)\s*", text, re.IGNORECASE)
-    if match is None:
-        raise argparse.ArgumentTypeError(
-            f"must be an integer >= 0 with an optional K, M or G suffix (x 2^10, 2^20, 2^30), "
-            f"got {text!r}")
-    return int(match.group(1)) << _SIZE_SUFFIXES[match.group(2).upper()]
+def size_in(low, high=None):
+    """argparse type: a size or a count in [low, high] (no upper limit when None), decimal
+    with an optional K, M or G suffix in either case (x 2^10, 2^20, 2^30): what every
+    QNCCL_* size variable takes (src/config/config.cc), so a flag and its variable read alike.
+    argparse prefixes the message with the flag's name."""
+    allowed = (f"an integer {_checks.span(low, high)} with an optional K, M or G suffix "
+               f"(x 2^10, 2^20, 2^30)")
+
+    def parse(text):
+        match = re.fullmatch(r"(\d+)([KMG]?)", text, re.IGNORECASE)
+        value = (None if match is None
+                 else int(match.group(1)) << _SIZE_SUFFIXES[match.group(2).upper()])
+        if value is None or value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"must be {allowed}, got {text!r}")
+        return value
+    return parse
+
+
+_byte_size = size_in(0, 2**64 - 1)  # bytes
 
 
 def _library_path(text):
@@ -120,8 +125,9 @@ def _library_path(text):
 RUN_OPTIONS = (
     ("--bits", "QNCCL_BITS", dict(type=int_in(1, 8), metavar="N",
                                   help="bits per value, 1..8 (default 4)")),
-    ("--bucket-size", "QNCCL_BUCKET_SIZE", dict(type=int_in(1), metavar="N",
-                                                help="values per bucket, >= 1 (default 128)")),
+    ("--bucket-size", "QNCCL_BUCKET_SIZE", dict(
+        type=size_in(1, 2**40), metavar="N",
+        help="values per bucket, 1..2^40; K, M, G suffixes allowed (default 128)")),
     ("--rounding", "QNCCL_ROUNDING", dict(choices=("stochastic", "nearest"),
                                           help="default stochastic")),
     ("--rotation", "QNCCL_ROTATION", dict(choices=("none", "hadamard"),
@@ -129,7 +135,8 @@ RUN_OPTIONS = (
                                                "(docs/rotation.md)")),
     ("--rotation-block", "QNCCL_ROTATION_BLOCK", dict(
         type=power_of_two_in(rotation.MIN_BLOCK, rotation.MAX_BLOCK), metavar="N",
-        help="values per rotation block, a power of two 2..16384 (default 256)")),
+        help="values per rotation block, a power of two 2..16384; K suffix allowed (default "
+             "256)")),
     ("--clip", "QNCCL_CLIP", dict(choices=("none", "gaussian"),
                                   help="default none; gaussian: clipped ranges for rotated "
                                        "buckets, with --rotation hadamard (docs/rotation.md)")),
@@ -148,7 +155,7 @@ RUN_OPTIONS = (
         help="lanes of a flat call's pipeline, 1..8; 0: 2 on device buffers, 1 on host "
              "buffers (default 0)")),
     ("--segment-values", "QNCCL_SEGMENT_VALUES", dict(
-        type=_byte_size, metavar="N",
+        type=size_in(0, 2**40), metavar="N",
         help="values per pipelined segment of an allreduce (bounds its workspace); K, M, G "
              "suffixes allowed; 0: 4M (default 0)")),
     ("--collectives", "QNCCL_COLLECTIVES", dict(
@@ -172,7 +179,7 @@ RUN_OPTIONS = (
         help="1: carry each buffer's quantization error into its next allreduce "
              "(docs/allreduce.md, Error feedback)")),
     ("--error-feedback-max-bytes", "QNCCL_ERROR_FEEDBACK_MAX_BYTES", dict(
-        type=_byte_size, metavar="N",
+        type=size_in(1, 2**64 - 1), metavar="N",
         help="the residuals a communicator keeps at most; past it the least recently used "
              "go; K, M, G suffixes allowed (default 4G)")),
     ("--debug", "QNCCL_DEBUG", dict(type=str.upper, choices=("WARN", "INFO", "TRACE"),
@@ -596,7 +603,8 @@ def build_parser():
                     "algorithm, beside MPI_Allreduce and torch.distributed (gloo) when torch is "
                     "installed. Prints one table per rate (busbw, speedup over uncompressed at "
                     "each size, bytes on the wire per input byte, error), writes "
-                    "OUT/report.json and OUT/busbw.png. Exits 1 when a run fails or a result "
+                    "OUT/report.json, OUT/summary.md (the tables as markdown) and OUT/busbw.png. "
+                    "Exits 1 when a run fails or a result "
                     "misses its error bound.")
     bench.add_argument("--ranks", type=int_in(2, 64), default=4, metavar="N",
                        help="MPI ranks (default 4)")
@@ -654,6 +662,10 @@ def build_parser():
                        help=f"output folder (default {RESULTS}/ under the current directory)")
     bench.add_argument("--quick", action="store_true",
                        help="a short run: 1M..4M, 4 bits, bucket 128, one call per size")
+    bench.add_argument("--wide", action="store_true",
+                       help="print the full tables (busbw and speedup at every size, the "
+                            "wire-size limit per row) instead of ones that fit 120 columns; "
+                            "report.json has both")
     bench.set_defaults(func=cmd_bench)
 
     codec_bench = commands.add_parser(

@@ -16,19 +16,20 @@ device, or the stream the interface names (CuPy's current one). What this
 module allocates is of the input's kind: numpy, torch (on the same device) or
 CuPy. qnccl.emulate computes the same bytes in numpy.
 
-Arguments the library rejects raise QncclError with its message (naming the
-argument and the values allowed); Python-level type problems raise TypeError
-or ValueError.
+Bad arguments are refused in Python before the library sees them
+(qnccl/_checks.py): TypeError for a wrong type, ValueError for a value out of
+range, each naming the argument as spelled here, the values allowed and what
+was given. QncclError is what the library itself reports (a failed CUDA call,
+a device it cannot use).
 """
 from __future__ import annotations
 
 import dataclasses
-import operator
 from typing import Any, Tuple
 
 import numpy as np
 
-from . import _arrays, _lib
+from . import _arrays, _checks, _lib
 from .emulate import codec as _emulator
 from .emulate import rotation as _rotation
 
@@ -84,37 +85,20 @@ class QuantizedArray:
         return _emulator.unpack_codes(self._host_bytes()[meta_bytes:], self.count, self.bits)
 
 
-def _integer(name, value):
-    try:
-        return operator.index(value)
-    except TypeError:
-        raise TypeError(f"{name} must be an integer, got {type(value).__name__}") from None
-
-
-def _c_value(ctype, name, value):
-    """`value`, an integer that fits the C type `ctype` (else ValueError)."""
-    value = _integer(name, value)
-    try:
-        _lib.ffi().new(f"{ctype}*", value)
-    except OverflowError:
-        raise ValueError(f"{name} = {value} does not fit the C type {ctype}") from None
-    return value
-
-
 def _config(bits, bucket_size, rounding="nearest", seed=0, rotation="none",
             rotation_block=_rotation.DEFAULT_BLOCK, clip="none"):
-    if rounding not in _ROUNDING_NAMES:
-        raise ValueError(f"rounding must be 'nearest' or 'stochastic', got {rounding!r}")
-    _rotation.check(rotation, rotation_block)
-    _emulator.check_clip(clip, rotation)
+    """The qncclCodecConfig_t of the arguments, each checked first in Python's terms
+    (qnccl/_checks.py: the library refuses none of them then). A rotation_block of 0 is the
+    default (256), as in C; the config holds the block it stands for."""
+    lib = _lib.lib()
     config = _lib.ffi().new("qncclCodecConfig_t*")
-    config.bits = _c_value("int", "bits", bits)
-    config.bucketSize = _c_value("size_t", "bucket_size", bucket_size)
-    config.rounding = getattr(_lib.lib(), _ROUNDING_NAMES[rounding])
-    config.seed = _c_value("uint64_t", "seed", seed)
-    config.rotation = getattr(_lib.lib(), _ROTATION_NAMES[rotation])
-    config.rotationBlock = rotation_block
-    config.clip = getattr(_lib.lib(), _CLIP_NAMES[clip])
+    config.bits = _checks.bits(bits)
+    config.bucketSize = _checks.bucket_size(bucket_size)
+    config.rounding = getattr(lib, _ROUNDING_NAMES[_checks.rounding(rounding)])
+    config.seed = _checks.uint64("seed", seed)
+    config.rotation = getattr(lib, _ROTATION_NAMES[_checks.rotation(rotation)])
+    config.rotationBlock = _checks.rotation_block(rotation_block, zero_is_default=True)
+    config.clip = getattr(lib, _CLIP_NAMES[_checks.clip(clip, rotation)])
     return config
 
 
@@ -126,8 +110,8 @@ def _config_of(q):
 def compressed_size(count, bits, bucket_size):
     """Bytes that `count` values take quantized at `bits` bits, `bucket_size` values per bucket."""
     size = _lib.ffi().new("size_t*")
-    _lib.check(_lib.lib().qncclCompressedSize(_c_value("size_t", "count", count),
-                                               _config(bits, bucket_size), size))
+    _lib.check(_lib.lib().qncclCompressedSize(_checks.count(count), _config(bits, bucket_size),
+                                               size))
     return int(size[0])
 
 
@@ -170,19 +154,20 @@ def _output(array, dtype, q, src, what, allowed):
     implied = dtype if dtype is not None else (
         q.dtype if dst.numpy_dtype == np.uint16 and dst.implied is None else None)
     try:
-        name = _arrays.codec_type(dst, implied)
+        name = _arrays.codec_type(dst, implied, what)
     except (TypeError, ValueError):
         name = None
     if name not in allowed:
-        raise ValueError(f"{what} must be an array of {' or '.join(allowed)} (16-bit types also "
-                         f"as uint16 bits), got {dst.numpy_dtype}"
+        bits = " (16-bit types also as uint16 bits)" if set(allowed) - {"float32"} else ""
+        raise ValueError(f"{what} must be {_checks.with_article(_checks.alternatives(allowed))} "
+                         f"array{bits}, got {_checks.describe(dst.source)}"
                          + (f" with dtype={dtype!r}" if dtype is not None else ""))
     return dst, name
 
 
 def _quantized_bytes(q):
     if not isinstance(q, QuantizedArray):
-        raise TypeError(f"expected a QuantizedArray (from quantize), got {type(q).__name__}")
+        raise TypeError(f"q must be a QuantizedArray (from quantize), got {_checks.describe(q)}")
     return _memory(q.data, "q.data", writable=False)
 
 
@@ -204,9 +189,8 @@ def quantize(array, bits=4, bucket_size=128, rounding="stochastic", seed=0, stre
     clip: "none", or with a rotation "gaussian" (docs/rotation.md, "Clipped ranges": every
     bucket's range cut where a Gaussian's quantizes best; dequantize needs nothing more).
     """
-    rotation_block = rotation_block or _rotation.DEFAULT_BLOCK  # 0: the default, as in C
     config = _config(bits, bucket_size, rounding, seed, rotation, rotation_block, clip)
-    random_stream = _c_value("uint64_t", "stream", stream)
+    random_stream = _checks.uint64("stream", stream)
     src = _memory(array, "array", False)  # a non-contiguous input is copied
     name = _arrays.codec_type(src, dtype)
     size = compressed_size(src.count, bits, bucket_size)
@@ -218,7 +202,7 @@ def quantize(array, bits=4, bucket_size=128, rounding="stochastic", seed=0, stre
     return QuantizedArray(data=data, count=src.count, shape=src.shape, dtype=name,
                           bits=config.bits, bucket_size=config.bucketSize, rounding=rounding,
                           seed=config.seed, stream=random_stream, rotation=rotation,
-                          rotation_block=rotation_block, clip=clip)
+                          rotation_block=config.rotationBlock, clip=clip)
 
 
 def dequantize(q, dtype=None, out=None):
@@ -226,11 +210,10 @@ def dequantize(q, dtype=None, out=None):
     array or to `out` (C-contiguous, writable, q.count values of float32,
     float16 or bfloat16; uint16 bits are of `dtype`, default q.dtype). Returns it."""
     src = _quantized_bytes(q)
+    if dtype is not None:
+        dtype = _checks.dtype(dtype, _emulator.DTYPES)
     if out is None:
-        name = q.dtype if dtype is None else dtype
-        if name not in _emulator.DTYPES:
-            raise ValueError(f"dtype must be one of {', '.join(_emulator.DTYPES)}, got {dtype!r}")
-        out = _arrays.empty(src, q.shape, name)
+        out = _arrays.empty(src, q.shape, q.dtype if dtype is None else dtype)
     dst, name = _output(out, dtype, q, src, "out", _emulator.DTYPES)
     lib = _lib.lib()
     _lib.check(lib.qncclDequantize(_ptr(src), q.nbytes, q.count, _config_of(q),
@@ -242,7 +225,7 @@ def dequantize(q, dtype=None, out=None):
 def _rotation_config(seed, rotation_block):
     """The codec config of qncclRotate / qncclUnrotate (bits and bucket size unused); a
     rotation_block of 0 is the default, as in C."""
-    return _config(4, 128, "nearest", seed, "hadamard", rotation_block or _rotation.DEFAULT_BLOCK)
+    return _config(4, 128, "nearest", seed, "hadamard", rotation_block)
 
 
 def rotate(array, seed=0, rotation_block=_rotation.DEFAULT_BLOCK, dtype=None, out=None):
@@ -273,18 +256,19 @@ def unrotate(values, seed=0, rotation_block=_rotation.DEFAULT_BLOCK, dtype=None,
     config = _rotation_config(seed, rotation_block)
     src = _memory(values, "values", False)
     if src.numpy_dtype != np.float32:
-        raise ValueError(f"values must be float32 (rotate's output), got {src.numpy_dtype}")
+        raise ValueError(f"values must be a float32 array (rotate's output), got "
+                         f"{_checks.describe(src.source)}")
+    if dtype is not None:
+        dtype = _checks.dtype(dtype, _emulator.DTYPES)
     if out is None:  # of the type asked for (bfloat16 as uint16 bits without ml_dtypes)
         name = "float32" if dtype is None else dtype
-        if name not in _emulator.DTYPES:
-            raise ValueError(f"dtype must be one of {', '.join(_emulator.DTYPES)}, got {dtype!r}")
         out = _arrays.empty(src, src.shape, name)
         dst = _memory(out, "out", writable=True)
     else:
         dst = _memory(out, "out", writable=True)
         if dst.count != src.count:
             raise ValueError(f"out holds {dst.count} values; values has {src.count}")
-        name = _arrays.codec_type(dst, dtype)
+        name = _arrays.codec_type(dst, dtype, "out")
     lib = _lib.lib()
     _lib.check(lib.qncclUnrotate(_lib.ffi().cast("float*", src.address), src.count, config,
                                  _ptr(dst), getattr(lib, _NCCL_TYPE_NAMES[name]), _stream(dst)))
@@ -295,7 +279,7 @@ def _float32_output(out, src):
     """The memory of rotate's `out`: writable float32, as many values as the input."""
     dst = _memory(out, "out", writable=True)
     if dst.numpy_dtype != np.float32:
-        raise ValueError(f"out must be a float32 array, got {dst.numpy_dtype}")
+        raise ValueError(f"out must be a float32 array, got {_checks.describe(dst.source)}")
     if dst.count != src.count:
         raise ValueError(f"out holds {dst.count} values; the array has {src.count}")
     return dst

@@ -22,7 +22,7 @@ import contextlib
 
 import numpy as np
 
-from . import _lib
+from . import _checks, _lib
 
 __all__ = ["ALGOS", "COLLECTIVES", "allreduce", "async_error", "call_counts", "forget",
            "get_quantization", "quantization", "reset_error_feedback", "residual",
@@ -43,13 +43,19 @@ _STATS = (("callsCompressed", "calls_compressed"), ("callsPassedThrough", "calls
           ("computeSteps", "compute_steps"), ("groups", "groups"))
 
 
+_COMM = "an ncclComm_t (cffi) or its address (an int in 1..2**64-1)"
+_ADDRESS = "a numpy array or an address (an int in 0..2**64-1, e.g. a torch tensor's data_ptr())"
+
+
 def _comm(comm):
     ffi = _lib.ffi()
-    if isinstance(comm, int):
-        return ffi.cast("ncclComm_t", comm)
-    if isinstance(comm, ffi.CData) and ffi.typeof(comm) is ffi.typeof("ncclComm_t"):
+    if isinstance(comm, ffi.CData):
+        if comm == ffi.NULL:
+            raise ValueError(f"comm must be {_COMM}, got NULL")
+        if ffi.typeof(comm) is not ffi.typeof("ncclComm_t"):
+            raise TypeError(f"comm must be {_COMM}, got a cffi {ffi.typeof(comm).cname}")
         return comm
-    raise TypeError(f"comm must be an ncclComm_t (cffi) or its address (int), got {comm!r}")
+    return ffi.cast("ncclComm_t", _checks.integer("comm", comm, 1, _checks.UINT64_MAX, _COMM))
 
 
 def _comm_address(comm):
@@ -57,13 +63,22 @@ def _comm_address(comm):
     return int(_lib.ffi().cast("uintptr_t", _comm(comm)))
 
 
-def _address(buffer):
-    if isinstance(buffer, int):
-        return buffer
+def _address(buffer, name="buffer"):
+    if isinstance(buffer, int) and not isinstance(buffer, bool):
+        return _checks.integer(name, buffer, 0, _checks.UINT64_MAX, _ADDRESS)
     if isinstance(buffer, np.ndarray):
         return buffer.ctypes.data
-    raise TypeError(f"buffer must be a numpy array or an address (int, e.g. a torch tensor's "
-                    f"data_ptr()), got {type(buffer).__name__}")
+    raise TypeError(f"{name} must be {_ADDRESS}, got {_checks.describe(buffer)}")
+
+
+def _stream(stream):
+    """A cudaStream_t: a cffi pointer as it is, or an address (an int)."""
+    ffi = _lib.ffi()
+    if not isinstance(stream, ffi.CData):
+        stream = _checks.integer("stream", stream, 0, _checks.UINT64_MAX,
+                                 "a CUDA stream's address (an int in 0..2**64-1, 0: the "
+                                 "legacy default stream) or a cffi cudaStream_t")
+    return ffi.cast("cudaStream_t", stream)
 
 
 def stats(comm):
@@ -147,11 +162,12 @@ def residual(comm, buffer, count=None, dtype=None):
         dtype = dtype or np.dtype(buffer.dtype).name
     if count is None or dtype is None:
         raise ValueError("count and dtype are required when buffer is an address")
-    if dtype not in _NCCL_TYPES:
-        raise ValueError(f"dtype must be one of {', '.join(_NCCL_TYPES)}, got {dtype!r}")
+    count = _checks.count(count)
+    dtype = _checks.dtype(dtype, tuple(_NCCL_TYPES))
     ffi, lib = _lib.ffi(), _lib.lib()
+    address = _address(buffer)
     out = np.empty(count, np.float32)
-    _lib.check(lib.qncclCommGetResidual(_comm(comm), ffi.cast("void*", _address(buffer)), count,
+    _lib.check(lib.qncclCommGetResidual(_comm(comm), ffi.cast("void*", address), count,
                                         getattr(lib, _NCCL_TYPES[dtype]), ffi.from_buffer("float[]", out)))
     return out
 
@@ -172,28 +188,27 @@ def allreduce(comm, sendbuff, recvbuff, count, dtype, op="sum", *, bits=4, bucke
     buffers); "prerotated" takes values the caller rotated (qnccl.codec.rotate) onto the
     uniform grid, rotating nothing; with either, clip="gaussian" clips every bucket's range
     (docs/rotation.md, "Clipped ranges").
-    Raises QncclError with the library's message on bad arguments."""
-    from .codec import _c_value, _config  # the codec's argument checks, in one place
-    if dtype not in _NCCL_TYPES:
-        raise ValueError(f"dtype must be one of {', '.join(_NCCL_TYPES)}, got {dtype!r}")
-    if op not in _OPS:
-        raise ValueError(f"op must be 'sum' or 'avg', got {op!r}")
-    if algo not in ALGOS:
-        raise ValueError(f"algo must be one of {', '.join(ALGOS)}, got {algo!r}")
-    if not isinstance(error_feedback, bool):
-        raise ValueError(f"error_feedback must be True or False, got {error_feedback!r}")
+    Arguments are checked in Python first (TypeError, ValueError naming the argument and the
+    values allowed); QncclError carries what the library reports about the call itself (a
+    communicator it does not know, buffers it cannot use)."""
+    from .codec import _config  # the codec's arguments, checked there
+    count = _checks.count(count)
+    dtype = _checks.dtype(dtype, tuple(_NCCL_TYPES))
+    _checks.one_of("op", op, tuple(_OPS))
+    _checks.one_of("algo", algo, ALGOS)
+    _checks.boolean("error_feedback", error_feedback)
     ffi, lib = _lib.ffi(), _lib.lib()
     config = ffi.new("qncclAllReduceConfig_t*")
     config.codec = _config(bits, bucket_size, rounding, seed, rotation, rotation_block, clip)[0]
     config.algo = ALGOS.index(algo)
     config.interAlgo = 0
     config.errorFeedback = int(error_feedback)
-    config.segmentValues = _c_value("size_t", "segment_values", segment_values)
-    config.lanes = _c_value("int", "lanes", lanes)
-    _lib.check(lib.qncclAllReduce(ffi.cast("void*", _address(sendbuff)),
-                                  ffi.cast("void*", _address(recvbuff)), count,
+    config.segmentValues = _checks.segment_values(segment_values)
+    config.lanes = _checks.lanes(lanes)
+    send, recv = _address(sendbuff, "sendbuff"), _address(recvbuff, "recvbuff")
+    _lib.check(lib.qncclAllReduce(ffi.cast("void*", send), ffi.cast("void*", recv), count,
                                   getattr(lib, _NCCL_TYPES[dtype]), getattr(lib, _OPS[op]),
-                                  config, _comm(comm), ffi.cast("cudaStream_t", stream)))
+                                  config, _comm(comm), _stream(stream)))
 
 
 def call_counts(comm):
@@ -209,38 +224,48 @@ def set_call_counts(comm, calls, p2p_calls=None):
     """qncclCommSetCallCounts: the next quantized calls on `comm` take these numbers (None:
     p2p_calls as it is), e.g. call_counts() of a checkpointed job on its new communicator,
     so that stochastic rounding continues bit for bit. Every rank sets its own."""
-    from .codec import _c_value
+    calls = _checks.uint64("calls", calls)
     if p2p_calls is None:
         p2p_calls = call_counts(comm)[1]
-    _lib.check(_lib.lib().qncclCommSetCallCounts(
-        _comm(comm), _c_value("uint64_t", "calls", calls),
-        _c_value("uint64_t", "p2p_calls", p2p_calls)))
+    _lib.check(_lib.lib().qncclCommSetCallCounts(_comm(comm), calls,
+                                                 _checks.uint64("p2p_calls", p2p_calls)))
 
 
 def _flags(collectives):
-    names = collectives.split(",") if isinstance(collectives, str) else list(collectives)
+    allowed = (f"collectives must be one or more of {', '.join(COLLECTIVES)} (a comma string "
+               f"or a list of names)")
+    if isinstance(collectives, str):
+        names = collectives.split(",")
+    elif isinstance(collectives, (list, tuple, set, frozenset)):
+        names = list(collectives)
+    else:
+        raise TypeError(f"{allowed}, got {_checks.describe(collectives)}")
     unknown = [n for n in names if n not in COLLECTIVES]
     if unknown or not names:
-        raise ValueError(f"collectives must name some of {', '.join(COLLECTIVES)} (a comma "
-                         f"string or a list), got {collectives!r}")
+        raise ValueError(f"{allowed}, got {collectives!r}")
     return sum(1 << COLLECTIVES.index(n) for n in set(names))
+
+
+def _policy_bits(bits):
+    """set_quantization's bits as the C API takes them: 1..8, 0 exact, -1 for None."""
+    if bits is None:
+        return -1
+    return _checks.integer("bits", bits, 0, _checks.MAX_BITS,
+                           f"0 (exact), an integer in {_checks.MIN_BITS}..{_checks.MAX_BITS} "
+                           f"(quantized) or None (the environment's policy)")
 
 
 def set_quantization(comm, collectives, bits):
     """qncclCommSetQuantization: the interposed calls of `collectives` (names of COLLECTIVES,
     a comma string or a list) on `comm` run with `bits` 1..8, 0 exact, None back to the
     environment's QNCCL_COLLECTIVES / QNCCL_<NAME>_BITS. Every rank must set the same."""
-    value = -1 if bits is None else bits
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"bits must be an int 0..8 or None, got {bits!r}")
+    value = _policy_bits(bits)
     _lib.check(_lib.lib().qncclCommSetQuantization(_comm(comm), _flags(collectives), value))
 
 
 def get_quantization(comm, collective):
     """The bits an eligible interposed call of `collective` on `comm` runs with now (0: exact)."""
-    if collective not in COLLECTIVES:
-        raise ValueError(f"collective must be one of {', '.join(COLLECTIVES)}, got "
-                         f"{collective!r}")
+    _checks.one_of("collective", collective, COLLECTIVES)
     out = _lib.ffi().new("int*")
     _lib.check(_lib.lib().qncclCommGetQuantization(_comm(comm), 1 << COLLECTIVES.index(collective),
                                                    out, _lib.ffi().NULL))
@@ -252,6 +277,7 @@ def quantization(comm, collectives, bits):
     """set_quantization for the calls issued inside the block, then each collective's bits as
     they were (e.g. an embedding's all-to-all at 4 bits forward and 2 backward)."""
     flags = _flags(collectives)
+    _policy_bits(bits)  # refused before anything is changed
     names = [n for i, n in enumerate(COLLECTIVES) if flags & (1 << i)]
     before = {n: get_quantization(comm, n) for n in names}
     set_quantization(comm, names, bits)

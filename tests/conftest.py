@@ -5,6 +5,7 @@ conversions (numpy's own float16, and bfloat16 as the top half of float32
 bits), so a conversion bug in the emulator cannot hide in the data.
 """
 import ctypes
+import re
 import subprocess
 import zlib
 from pathlib import Path
@@ -91,6 +92,25 @@ def nccl_config(ffi, blocking=None):
     if blocking is not None:
         config.blocking = blocking
     return config
+
+
+# What a Python message must not say: a C function, a C field or a C type (qnccl.h's
+# spellings), where the Python API has names of its own. (ncclComm_t is the cffi type a
+# Python caller passes, and stays.)
+C_NAMES = re.compile(r"\bqnccl[A-Z]\w*|\bnccl(?!Comm_t\b)[A-Z]\w*|\b(?:bucketSize|"
+                     r"rotationBlock|segmentValues|errorFeedback|interAlgo|intraBits|"
+                     r"size_t|uint64_t|int64_t|uint32_t)\b|the C type")
+
+
+def assert_python_message(error, name, allowed, given):
+    """`error` (an exception) says, in Python's terms, "<name> must be <allowed>..., got
+    <given>": the argument as the Python API spells it, the values allowed, what was given
+    (its real type), and no C name."""
+    message = str(error)
+    assert message.startswith(f"{name} must be {allowed}"), (
+        f"{message!r} does not start with {name!r} must be {allowed!r}")
+    assert message.endswith(f"got {given}"), f"{message!r} does not end with got {given!r}"
+    assert not C_NAMES.search(message), f"{message!r} names C's {C_NAMES.search(message)[0]!r}"
 
 
 @pytest.fixture

@@ -16,9 +16,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import (DTYPES, F32_MAX, F32_TINY, from_float32, make_values, special_values,
-                      widen)
-from qnccl import QncclError, codec
+from conftest import (DTYPES, F32_MAX, F32_TINY, assert_python_message, from_float32,
+                      make_values, special_values, widen)
+from qnccl import codec
 from qnccl.emulate import codec as emu
 from qnccl.emulate import rotation as rot
 
@@ -146,7 +146,8 @@ def test_rotated_codec_rotates_back_and_keeps_nans_canonical():
 
 @pytest.mark.parametrize("rotation,block,match", [
     ("hadamrd", 256, "rotation must be one of none, hadamard, prerotated"),
-    ("hadamard", 100, r"rotation_block must be a power of two in \[2, 16384\]")])
+    ("hadamard", 100, r"rotation_block must be 0 \(the default, 256\) or a power of two in "
+                      r"2\.\.16384, got 100")])
 def test_rotated_codec_refuses_bad_settings(rotation, block, match):
     with pytest.raises(ValueError, match=match):
         codec.quantize(np.ones(8, np.float32), rotation=rotation, rotation_block=block)
@@ -263,11 +264,11 @@ def test_clip_bad_config_through_the_python_and_c_apis():
 
 
 @pytest.mark.parametrize("call, match", [
-    (lambda x: codec.rotate(x, rotation_block=48), "rotation_block must be a power of two"),
+    (lambda x: codec.rotate(x, rotation_block=48), "or a power of two in 2..16384, got 48"),
     (lambda x: codec.rotate(x, out=np.zeros(7, np.float32)),
      "out holds 7 values; the array has 8"),
     (lambda x: codec.rotate(x, out=np.zeros(8, np.float64)), "out must be a float32 array"),
-    (lambda x: codec.unrotate(x.astype(np.float16)), "values must be float32"),
+    (lambda x: codec.unrotate(x.astype(np.float16)), "values must be a float32 array"),
     (lambda x: codec.unrotate(x, dtype="int8"), "dtype must be one of"),
     (lambda x: codec.unrotate(x, out=np.zeros(9, np.float32)), "out holds 9 values"),
 ])
@@ -929,14 +930,15 @@ def test_bad_arguments_are_rejected_with_a_message_naming_them(capi, case):
     assert not missing, f"{message!r} does not mention {missing}"
 
 
-def test_python_api_raises_the_library_message():
+def test_python_api_refuses_what_the_library_would_in_python_terms():
+    """The library's refusals (the table above) never reach a Python caller for an argument
+    the Python API checks first: ValueError in its own words, not QncclError in C's."""
     x = np.ones(10, np.float32)
-    with pytest.raises(QncclError, match=r"bits.*1\.\.8") as error:
+    with pytest.raises(ValueError, match=r"^bits must be an integer in 1\.\.8, got 9$"):
         codec.quantize(x, bits=9)
-    assert (error.value.code, error.value.name) == (4, "ncclInvalidArgument")
-    with pytest.raises(QncclError, match="bucketSize.*>= 1"):
+    with pytest.raises(ValueError, match=r"^bucket_size must be an integer in 1\.\.2\*\*64-1"):
         codec.quantize(x, bucket_size=0)
-    with pytest.raises(QncclError, match="bits"):
+    with pytest.raises(ValueError, match=r"^bits must be an integer in 1\.\.8, got 0$"):
         codec.compressed_size(10, 0, 8)
 
 
@@ -946,10 +948,10 @@ def test_python_api_raises_the_library_message():
     (lambda x: codec.quantize(x.view(np.uint16)), TypeError, "dtype='bfloat16'"),
     (lambda x: codec.quantize(x, dtype="bfloat16"), TypeError, "float32, float16 or bfloat16"),
     (lambda x: codec.quantize(x, dtype="float64"), ValueError, "float32, float16, bfloat16"),
-    (lambda x: codec.quantize(x, rounding="up"), ValueError, "'nearest' or 'stochastic'"),
+    (lambda x: codec.quantize(x, rounding="up"), ValueError, "one of nearest, stochastic"),
     (lambda x: codec.quantize(x, bits="4"), TypeError, "bits must be an integer"),
-    (lambda x: codec.quantize(x, bucket_size=-1), ValueError, "bucket_size = -1"),
-    (lambda x: codec.quantize(x, seed=-1), ValueError, "seed = -1"),
+    (lambda x: codec.quantize(x, bucket_size=-1), ValueError, "bucket_size must be an integer"),
+    (lambda x: codec.quantize(x, seed=-1), ValueError, "seed must be an integer"),
     (lambda x: codec.quantize(x, stream=2**64), ValueError, "stream"),
     (lambda x: codec.dequantize(x), TypeError, "QuantizedArray"),
 ])
@@ -958,10 +960,136 @@ def test_python_argument_errors_name_what_is_allowed(call, error, words):
         call(np.ones(16, np.float32))
 
 
+BITS = "an integer in 1..8"
+BUCKET = "an integer in 1..2**64-1"
+UINT64 = "an integer in 0..2**64-1"
+BLOCK = "0 (the default, 256) or a power of two in 2..16384"
+VALUES = "a float32, float16 or bfloat16 array (bfloat16 as ml_dtypes.bfloat16, or uint16 bits"
+CODEC_TYPES = "one of float32, float16, bfloat16"
+WRITABLE = "a C-contiguous writable array (numpy, torch tensor or device array)"
+
+
+def _q(x):
+    return codec.quantize(x, 4, 8)
+
+
+PYTHON_MESSAGES = {
+    # case: (call on 16 float32 ones, error, argument, what is allowed, what was given)
+    "size bucket 0": (lambda x: codec.compressed_size(10, 4, 0), ValueError,
+                      "bucket_size", BUCKET, "0"),
+    "size bucket -1": (lambda x: codec.compressed_size(10, 4, -1), ValueError,
+                       "bucket_size", BUCKET, "-1"),
+    "size bucket 2**64": (lambda x: codec.compressed_size(10, 4, 2**64), ValueError,
+                          "bucket_size", BUCKET, str(2**64)),
+    "size bucket float": (lambda x: codec.compressed_size(10, 4, 128.0), TypeError,
+                          "bucket_size", BUCKET, "a float (128.0)"),
+    "size bits 0": (lambda x: codec.compressed_size(10, 0, 8), ValueError, "bits", BITS, "0"),
+    "size bits 9": (lambda x: codec.compressed_size(10, 9, 8), ValueError, "bits", BITS, "9"),
+    "size bits str": (lambda x: codec.compressed_size(10, "4", 8), TypeError,
+                      "bits", BITS, "a str ('4')"),
+    "size count -1": (lambda x: codec.compressed_size(-1, 4, 8), ValueError,
+                      "count", "an integer in 0..2**60-1", "-1"),
+    "size count 2**60": (lambda x: codec.compressed_size(2**60, 4, 8), ValueError,
+                         "count", "an integer in 0..2**60-1", str(2**60)),
+    "size count list": (lambda x: codec.compressed_size([10], 4, 8), TypeError,
+                        "count", "an integer in 0..2**60-1", "a list"),
+    "bucket bool": (lambda x: codec.quantize(x, bucket_size=True), TypeError,
+                    "bucket_size", BUCKET, "a bool (True)"),
+    "bits numpy float": (lambda x: codec.quantize(x, bits=np.float32(4)), TypeError,
+                         "bits", BITS, "a numpy.float32 scalar"),
+    "rounding word": (lambda x: codec.quantize(x, rounding="up"), ValueError,
+                      "rounding", "one of nearest, stochastic", "'up'"),
+    "rounding None": (lambda x: codec.quantize(x, rounding=None), TypeError,
+                      "rounding", "one of nearest, stochastic", "None"),
+    "seed -1": (lambda x: codec.quantize(x, seed=-1), ValueError, "seed", UINT64, "-1"),
+    "seed 2**64": (lambda x: codec.quantize(x, seed=2**64), ValueError,
+                   "seed", UINT64, str(2**64)),
+    "stream -1": (lambda x: codec.quantize(x, stream=-1), ValueError, "stream", UINT64, "-1"),
+    "stream str": (lambda x: codec.quantize(x, stream="0"), TypeError,
+                   "stream", UINT64, "a str ('0')"),
+    "rotation word": (lambda x: codec.quantize(x, rotation="walsh"), ValueError,
+                      "rotation", "one of none, hadamard, prerotated", "'walsh'"),
+    "block 48": (lambda x: codec.quantize(x, rotation="hadamard", rotation_block=48),
+                 ValueError, "rotation_block", BLOCK, "48"),
+    "block 2**15": (lambda x: codec.quantize(x, rotation="hadamard", rotation_block=2**15),
+                    ValueError, "rotation_block", BLOCK, "32768"),
+    "block -2": (lambda x: codec.quantize(x, rotation="hadamard", rotation_block=-2),
+                 ValueError, "rotation_block", BLOCK, "-2"),
+    "block float": (lambda x: codec.quantize(x, rotation="hadamard", rotation_block=256.0),
+                    TypeError, "rotation_block", BLOCK, "a float (256.0)"),
+    "clip word": (lambda x: codec.quantize(x, rotation="hadamard", clip="max"), ValueError,
+                  "clip", "one of none, gaussian", "'max'"),
+    "array list": (lambda x: codec.quantize([1.0, 2.0]), TypeError, "array", VALUES, "a list"),
+    "array tuple": (lambda x: codec.quantize((1.0, 2.0)), TypeError, "array", VALUES,
+                    "a tuple"),
+    "array int32": (lambda x: codec.quantize(x.astype(np.int32)), TypeError, "array", VALUES,
+                    "an int32 numpy array"),
+    "array int8": (lambda x: codec.quantize(x.astype(np.int8)), TypeError, "array", VALUES,
+                   "an int8 numpy array"),
+    "array uint8": (lambda x: codec.quantize(x.astype(np.uint8)), TypeError, "array", VALUES,
+                    "a uint8 numpy array"),
+    "array float64": (lambda x: codec.quantize(x.astype(np.float64)), TypeError, "array",
+                      VALUES, "a float64 numpy array"),
+    "array uint16 alone": (lambda x: codec.quantize(x.view(np.uint16)), TypeError, "array",
+                           VALUES, "a uint16 numpy array"),
+    "array str": (lambda x: codec.quantize("1.0"), TypeError, "array", VALUES,
+                  "a str ('1.0')"),
+    "dtype word": (lambda x: codec.quantize(x, dtype="float64"), ValueError,
+                   "dtype", CODEC_TYPES, "'float64'"),
+    "dtype numpy type": (lambda x: codec.quantize(x, dtype=np.int8), ValueError,
+                         "dtype", CODEC_TYPES, "the numpy dtype int8"),
+    "dtype int": (lambda x: codec.quantize(x, dtype=5), TypeError,
+                  "dtype", CODEC_TYPES, "an int (5)"),
+    "q list": (lambda x: codec.dequantize([1, 2]), TypeError,
+               "q", "a QuantizedArray (from quantize)", "a list"),
+    "q array": (lambda x: codec.dequantize_accumulate(x, x), TypeError,
+                "q", "a QuantizedArray (from quantize)", "a float32 numpy array"),
+    "dequantize dtype": (lambda x: codec.dequantize(_q(x), dtype="int8"), ValueError,
+                         "dtype", CODEC_TYPES, "'int8'"),
+    "out list": (lambda x: codec.dequantize(_q(x), out=[0.0] * 16), ValueError,
+                 "out", WRITABLE, "a list"),
+    "out read-only": (lambda x: codec.dequantize(_q(x), out=np.broadcast_to(x, (16,))),
+                      ValueError, "out", WRITABLE, "a read-only float32 numpy array"),
+    "out int32": (lambda x: codec.dequantize(_q(x), out=np.zeros(16, np.int32)), ValueError,
+                  "out", "a float32, float16 or bfloat16 array", "an int32 numpy array"),
+    "acc float16": (lambda x: codec.dequantize_accumulate(_q(x), np.zeros(16, np.float16)),
+                    ValueError, "acc", "a float32 array", "a float16 numpy array"),
+    "acc strided": (lambda x: codec.dequantize_accumulate(_q(x), np.zeros(32, np.float32)[::2]),
+                    ValueError, "acc", WRITABLE, "a non-contiguous float32 numpy array"),
+    "acc tuple": (lambda x: codec.dequantize_accumulate(_q(x), (0.0,) * 16), ValueError,
+                  "acc", WRITABLE, "a tuple"),
+    "rotate list": (lambda x: codec.rotate([1.0] * 8), TypeError, "array", VALUES, "a list"),
+    "rotate seed": (lambda x: codec.rotate(x, seed=-1), ValueError, "seed", UINT64, "-1"),
+    "rotate block": (lambda x: codec.rotate(x, rotation_block=3), ValueError,
+                     "rotation_block", BLOCK, "3"),
+    "rotate out float64": (lambda x: codec.rotate(x, out=np.zeros(16)), ValueError,
+                           "out", "a float32 array", "a float64 numpy array"),
+    "unrotate float16": (lambda x: codec.unrotate(x.astype(np.float16)), ValueError,
+                         "values", "a float32 array (rotate's output)", "a float16 numpy array"),
+    "unrotate list": (lambda x: codec.unrotate([0.0] * 8), ValueError,
+                      "values", "a float32 array (rotate's output)", "a list"),
+    "unrotate dtype": (lambda x: codec.unrotate(x, dtype="int8"), ValueError,
+                       "dtype", CODEC_TYPES, "'int8'"),
+}
+
+
+@pytest.mark.parametrize("case", PYTHON_MESSAGES)
+def test_python_messages_name_the_argument_the_range_and_the_type(case):
+    """qnccl.codec refuses a bad argument itself, before the library sees it: the message
+    names the argument as the Python API spells it, says what is allowed and what was given
+    (its real type: a list is "a list", not the float64 array numpy makes of it), in
+    English ("an int32", "a uint8"), and no C name (qncclCompressedSize, bucketSize,
+    size_t) reaches the caller."""
+    call, error, name, allowed, given = PYTHON_MESSAGES[case]
+    with pytest.raises(error) as caught:
+        call(np.ones(16, np.float32))
+    assert_python_message(caught.value, name, allowed, given)
+
+
 @pytest.mark.parametrize("make_target,words", [
     (lambda: np.zeros(32, np.float32)[::2], "C-contiguous writable"),
     (lambda: np.zeros(8, np.float32), "holds 8 values"),
-    (lambda: np.zeros(16, np.float64), "must be an array of float32"),
+    (lambda: np.zeros(16, np.float64), "must be a float32"),
     (lambda: np.frombuffer(np.zeros(16, np.float32).tobytes(), np.float32), "writable"),
 ])
 def test_out_and_acc_must_be_writable_contiguous_and_fit(make_target, words):
@@ -974,7 +1102,7 @@ def test_out_and_acc_must_be_writable_contiguous_and_fit(make_target, words):
 
 def test_accumulator_is_float32_or_the_quantized_type():
     q = codec.quantize(np.ones(16, np.float32), 4, 8)
-    with pytest.raises(ValueError, match="acc must be an array of float32"):
+    with pytest.raises(ValueError, match="acc must be a float32 array"):
         codec.dequantize_accumulate(q, np.zeros(16, np.float16))
     q16 = codec.quantize(np.ones(16, np.uint16) * 0x3F80, 4, 8, dtype="bfloat16")
     acc = np.zeros(16, np.uint16)  # bfloat16 bits, like the data

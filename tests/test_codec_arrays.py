@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import qnccl.codec as codec
+from conftest import assert_python_message
 from qnccl import _arrays
 
 torch = pytest.importorskip("torch")
@@ -65,10 +66,38 @@ def test_outputs_must_be_writable_in_place():
         codec.dequantize(q, out=torch.zeros(50))
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.int32])
-def test_other_tensor_types_are_refused(dtype):
-    with pytest.raises(TypeError, match="torch.float32, torch.float16 and torch.bfloat16"):
-        codec.quantize(torch.zeros(10, dtype=dtype))
+TENSOR_TYPES = "a torch.Tensor of dtype torch.float32, torch.float16 or torch.bfloat16"
+VALUES = "a float32, float16 or bfloat16 array (bfloat16 as ml_dtypes.bfloat16, or uint16 bits"
+
+
+@pytest.mark.parametrize("call, error, name, allowed, given", [
+    (lambda: codec.quantize(torch.zeros(10, dtype=torch.float64)), TypeError, "array",
+     TENSOR_TYPES, "a torch.Tensor of dtype torch.float64"),
+    (lambda: codec.quantize(torch.zeros(10, dtype=torch.int32)), TypeError, "array",
+     TENSOR_TYPES, "a torch.Tensor of dtype torch.int32"),
+    (lambda: codec.quantize(torch.zeros(10, dtype=torch.uint8)), TypeError, "array",
+     VALUES, "a torch.Tensor of dtype torch.uint8"),
+    (lambda: codec.quantize(torch.zeros(10), bucket_size=torch.tensor(0)), ValueError,
+     "bucket_size", "an integer in 1..2**64-1", "0"),
+    (lambda: codec.quantize(torch.zeros(10), bits=torch.tensor(4.0)), TypeError, "bits",
+     "an integer in 1..8", "a torch.Tensor of dtype torch.float32"),
+    (lambda: codec.dequantize(codec.quantize(torch.zeros(10)),
+                              out=torch.zeros(10, dtype=torch.int32)), TypeError, "out",
+     TENSOR_TYPES, "a torch.Tensor of dtype torch.int32"),
+    (lambda: codec.dequantize_accumulate(codec.quantize(torch.zeros(10)),
+                                         torch.zeros(10, dtype=torch.float16)), ValueError,
+     "acc", "a float32 array", "a torch.Tensor of dtype torch.float16"),
+    (lambda: codec.dequantize(torch.zeros(10)), TypeError, "q",
+     "a QuantizedArray (from quantize)", "a torch.Tensor of dtype torch.float32"),
+    (lambda: codec.unrotate(torch.zeros(8, dtype=torch.float16)), ValueError, "values",
+     "a float32 array (rotate's output)", "a torch.Tensor of dtype torch.float16"),
+])
+def test_other_tensor_types_are_refused(call, error, name, allowed, given):
+    """A tensor of a type the codec cannot take, or where an integer belongs, is named as
+    what it is: "a torch.Tensor of dtype torch.int32"."""
+    with pytest.raises(error) as caught:
+        call()
+    assert_python_message(caught.value, name, allowed, given)
 
 
 class DLPackOnly:
@@ -110,6 +139,33 @@ def test_device_interfaces_name_their_stream_and_type():
         _arrays.adopt(Described(data=(0x7000, True)), "out", writable=True)
     with pytest.raises(ValueError, match="C-contiguous device array"):
         _arrays.adopt(Described(strides=(4, 16)), "x", writable=False)
+
+
+class CupyLike:
+    """A device array as CuPy's are described (its class's module is cupy's)."""
+    __module__ = "cupy._core.core"
+
+    def __init__(self, typestr="<f4", data=(0x7000, False), **interface):
+        self.__cuda_array_interface__ = dict(
+            {"shape": (4, 8), "typestr": typestr, "data": data, "version": 3}, **interface)
+
+
+@pytest.mark.parametrize("array, writable, error, name, allowed, given", [
+    (CupyLike("<i4"), False, TypeError, "array", VALUES, "an int32 CuPy array"),
+    (CupyLike("<f8"), False, TypeError, "array", VALUES, "a float64 CuPy array"),
+    (CupyLike("<u1"), False, TypeError, "array", VALUES, "a uint8 CuPy array"),
+    (CupyLike(data=(0x7000, True)), True, ValueError, "out", "a C-contiguous writable device "
+     "array", "a read-only float32 CuPy array"),
+    (CupyLike(strides=(4, 16)), False, ValueError, "array", "a C-contiguous device array",
+     "a non-contiguous float32 CuPy array"),
+])
+def test_device_arrays_are_named_as_what_they_are(array, writable, error, name, allowed, given):
+    """What the codec refuses of a device array names its element type and kind ("an int32
+    CuPy array"), as it would for a numpy array. The checks run on the interface's
+    description: no GPU here."""
+    with pytest.raises(error) as caught:
+        _arrays.codec_type(_arrays.adopt(array, name, writable), None, name)
+    assert_python_message(caught.value, name, allowed, given)
 
 
 @pytest.mark.gpu

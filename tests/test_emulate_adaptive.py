@@ -148,12 +148,13 @@ def test_state_dict_continues_the_same_decisions():
 
 @pytest.mark.parametrize("kwargs, message", [
     (dict(layers={}), "at least one name"),
-    (dict(layers={"a": 0}), "count >= 1"),
-    (dict(layers={"a": 8}, bits=9), "bits must be 1..8"),
+    (dict(layers={"a": 0}), r"layers\['a'\] must be an integer >= 1, got 0"),
+    (dict(layers={"a": 8}, bits=9), r"bits must be an integer in 1\.\.8, got 9"),
     (dict(layers={"a": 8}, bits=7), "must hold bits=7"),
-    (dict(layers={"a": 8}, choices=(2, 4, 9)), "bits must be 1..8"),
-    (dict(layers={"a": 8}, every=0), "every and resolution must be >= 1"),
-    (dict(layers={"a": 8}, bucket_size=0), "bucket_size must be >= 1"),
+    (dict(layers={"a": 8}, choices=(2, 4, 9)), r"choices\[2\] must be an integer in 1\.\.8, got 9"),
+    (dict(layers={"a": 8}, every=0), "every must be an integer >= 1, got 0"),
+    (dict(layers={"a": 8}, resolution=-1), "resolution must be an integer >= 1, got -1"),
+    (dict(layers={"a": 8}, bucket_size=0), r"bucket_size must be an integer in 1\.\.2\*\*64-1"),
 ])
 def test_bad_arguments_name_what_is_allowed(kwargs, message):
     with pytest.raises(ValueError, match=message):

@@ -4,8 +4,10 @@ Python loops and the formulas of docs/wire-format.md. No library needed."""
 import numpy as np
 import pytest
 
-from conftest import F32_MAX, F32_TINY, widen
+from conftest import F32_MAX, F32_TINY, assert_python_message, widen
+import qnccl.emulate as emulate
 from qnccl.emulate import codec as emu
+from qnccl.emulate import rotation as rot
 
 
 def f32(*values):
@@ -197,12 +199,62 @@ def test_compressed_size(count, bits, bucket, expected):
 
 
 @pytest.mark.parametrize("bits,bucket,rounding,message", [
-    (0, 8, "nearest", "bits must be 1..8"), (9, 8, "nearest", "bits must be 1..8"),
-    (4, 0, "nearest", "bucket_size must be >= 1"),
-    (4, 8, "up", "rounding must be 'nearest' or 'stochastic'")])
+    (0, 8, "nearest", r"bits must be an integer in 1\.\.8, got 0"),
+    (9, 8, "nearest", r"bits must be an integer in 1\.\.8, got 9"),
+    (4, 0, "nearest", r"bucket_size must be an integer in 1\.\.2\*\*64-1, got 0"),
+    (4, 8, "up", "rounding must be one of nearest, stochastic, got 'up'")])
 def test_bad_configuration_is_named(bits, bucket, rounding, message):
     with pytest.raises(ValueError, match=message):
         emu.quantize(f32(1, 2), bits, bucket, rounding)
+
+
+VALUES = "a float32, float16 or bfloat16 array (bfloat16 as ml_dtypes.bfloat16, or uint16 bits"
+
+
+@pytest.mark.parametrize("call, error, name, allowed, given", [
+    (lambda: emu.quantize([1.0, 2.0], 4, 8, "nearest"), TypeError, "array", VALUES, "a list"),
+    (lambda: emu.quantize(f32(1, 2).astype(np.int32), 4, 8, "nearest"), TypeError, "array",
+     VALUES, "an int32 numpy array"),
+    (lambda: emu.quantize(f32(1, 2), 4.0, 8, "nearest"), TypeError, "bits",
+     "an integer in 1..8", "a float (4.0)"),
+    (lambda: emu.compressed_size(-1, 4, 8), ValueError, "count", "an integer in 0..2**60-1",
+     "-1"),
+    (lambda: emu.dequantize([0] * 16, 2, 4, 8), TypeError, "buf",
+     "a uint8 numpy array or a bytes-like object", "a list"),
+    (lambda: emu.dequantize(np.zeros(16, np.uint8), 2, 4, 8, dtype="int8"), ValueError, "dtype",
+     "one of float32, float16, bfloat16", "'int8'"),
+    (lambda: emu.dequantize_accumulate(np.zeros(16, np.uint8), 2, 4, 8, [0.0, 0.0]),
+     ValueError, "acc", "a C-contiguous writable numpy array", "a list"),
+    (lambda: emu.rng_uniform(-1, 0, 0), ValueError, "seed", "an integer in 0..2**64-1", "-1"),
+    (lambda: emu.rng_uniform(0, 2**64, 0), ValueError, "stream", "an integer in 0..2**64-1",
+     str(2**64)),
+    (lambda: emulate.stream_id(0, 0, 2**32, 0), ValueError, "rank", "an integer in 0..2**32-1",
+     str(2**32)),
+    (lambda: rot.rotate([1.0, 2.0], 2, 0), ValueError, "x", "a float32 array", "a list"),
+    (lambda: rot.rotate(f32(1, 2), 3, 0), ValueError, "block", "a power of two in 2..16384",
+     "3"),
+    (lambda: emulate.allreduce([[1.0], [2.0]]), TypeError, "inputs[0]", VALUES, "a list"),
+    (lambda: emulate.allreduce([f32(1)] * 2, seed=-1), ValueError, "seed",
+     "an integer in 0..2**64-1", "-1"),
+    (lambda: emulate.allreduce([f32(1)] * 2, segment_values=-1), ValueError, "segment_values",
+     "0 (the default, 2**22) or an integer in 1..2**64-1", "-1"),
+    (lambda: emulate.allgather([f32(1)] * 2, call=-1), ValueError, "call",
+     "an integer in 0..2**64-1", "-1"),
+    (lambda: emulate.sendrecv(f32(1), 2, 0, 2), ValueError, "rank", "an integer in 0..1", "2"),
+    (lambda: emulate.sendrecv([1.0], 0, 1, 2), TypeError, "x", VALUES, "a list"),
+    (lambda: emulate.EmulatedAllReduce(0), ValueError, "nranks", "an integer >= 1", "0"),
+    (lambda: emulate.EmulatedAllReduce(2, error_feedback=1), TypeError, "error_feedback",
+     "True or False", "an int (1)"),
+    (lambda: emulate.EmulatedAllReduce(2, warmup_calls=-1), ValueError, "warmup_calls",
+     "an integer >= 0", "-1"),
+])
+def test_emulator_messages_name_the_argument_the_range_and_the_type(call, error, name, allowed,
+                                                                   given):
+    """qnccl.emulate's public functions refuse bad arguments as qnccl.codec does: the
+    argument's name, what is allowed, what was given (its real type)."""
+    with pytest.raises(error) as caught:
+        call()
+    assert_python_message(caught.value, name, allowed, given)
 
 
 def test_bucket_params_follow_the_doc():

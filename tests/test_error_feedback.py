@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import mpi
+from conftest import assert_python_message
 
 PROGRAM = Path(__file__).resolve().parent / "mpi_programs" / "error_feedback_check.py"
 
@@ -142,39 +143,97 @@ def test_resets_and_lookups_check_their_arguments(capi):
         qnccl.comm.residual(1, np.zeros(3, np.int32))
 
 
-@pytest.mark.parametrize("kwargs, error, message", [
-    ({}, "QncclError", "qncclAllReduce: comm is NULL"),
-    ({"dtype": "int8"}, "ValueError", "dtype must be one of float32, float16, bfloat16"),
-    ({"op": "max"}, "ValueError", "op must be 'sum' or 'avg'"),
-    ({"algo": "butterfly"}, "ValueError", "algo must be one of auto, ring, tree, sra, hier"),
-    ({"error_feedback": 1}, "ValueError", "error_feedback must be True or False"),
-    ({"bits": 9}, "QncclError", r"bits = 9 is out of range; allowed: 1\.\.8"),
-    ({"lanes": -1}, "QncclError", r"lanes = -1; allowed: 0 \(auto"),
-    ({"rotation": "walsh"}, "ValueError", "rotation must be one of none, hadamard, prerotated"),
-    ({"rotation": "hadamard", "rotation_block": 3}, "ValueError",
-     r"rotation_block must be a power of two in \[2, 16384\]"),
+COMM = "an ncclComm_t (cffi) or its address (an int in 1..2**64-1)"
+ADDRESS = "a numpy array or an address (an int in 0..2**64-1, e.g. a torch tensor's data_ptr())"
+BLOCK = "0 (the default, 256) or a power of two in 2..16384"
+LANES = "0 (auto: 2 on device buffers, 1 on host buffers) or an integer in 1..8"
+SEGMENT = "0 (the default, 2**22) or an integer in 1..2**64-1"
+COUNT = "an integer in 0..2**60-1"
+POLICY_BITS = "0 (exact), an integer in 1..8 (quantized) or None (the environment's policy)"
+
+
+@pytest.mark.parametrize("kwargs, error, name, allowed, given", [
+    ({"comm": 0}, ValueError, "comm", COMM, "0"),
+    ({"comm": "comm"}, TypeError, "comm", COMM, "a str ('comm')"),
+    ({"count": -1}, ValueError, "count", COUNT, "-1"),
+    ({"count": 8.0}, TypeError, "count", COUNT, "a float (8.0)"),
+    ({"dtype": "int8"}, ValueError, "dtype", "one of float32, float16, bfloat16", "'int8'"),
+    ({"op": "max"}, ValueError, "op", "one of sum, avg", "'max'"),
+    ({"algo": "butterfly"}, ValueError, "algo", "one of auto, ring, tree, sra, hier",
+     "'butterfly'"),
+    ({"error_feedback": 1}, TypeError, "error_feedback", "True or False", "an int (1)"),
+    ({"bits": 9}, ValueError, "bits", "an integer in 1..8", "9"),
+    ({"bits": "4"}, TypeError, "bits", "an integer in 1..8", "a str ('4')"),
+    ({"bucket_size": 0}, ValueError, "bucket_size", "an integer in 1..2**64-1", "0"),
+    ({"rounding": "up"}, ValueError, "rounding", "one of nearest, stochastic", "'up'"),
+    ({"seed": -1}, ValueError, "seed", "an integer in 0..2**64-1", "-1"),
+    ({"lanes": -1}, ValueError, "lanes", LANES, "-1"),
+    ({"lanes": 9}, ValueError, "lanes", LANES, "9"),
+    ({"segment_values": -1}, ValueError, "segment_values", SEGMENT, "-1"),
+    ({"rotation": "walsh"}, ValueError, "rotation", "one of none, hadamard, prerotated",
+     "'walsh'"),
+    ({"rotation": "hadamard", "rotation_block": 3}, ValueError, "rotation_block", BLOCK, "3"),
+    ({"rotation": "none", "clip": "gaussian"}, ValueError, "clip='gaussian' clips rotated "
+     "buckets' ranges; it needs rotation='hadamard' or 'prerotated'", " (or clip='none')",
+     "'gaussian'"),
+    ({"sendbuff": [0.0] * 8}, TypeError, "sendbuff", ADDRESS, "a list"),
+    ({"recvbuff": (0.0,) * 8}, TypeError, "recvbuff", ADDRESS, "a tuple"),
+    ({"sendbuff": -8}, ValueError, "sendbuff", ADDRESS, "-8"),
+    ({"stream": "default"}, TypeError, "stream", "a CUDA stream's address", "a str ('default')"),
 ])
-def test_python_allreduce_names_what_is_wrong(kwargs, error, message):
-    """qnccl.comm.allreduce: Python-side checks raise ValueError naming the argument and the
-    values allowed; the library's own checks come back as QncclError with its message."""
+def test_python_allreduce_names_what_is_wrong(kwargs, error, name, allowed, given):
+    """qnccl.comm.allreduce refuses a bad argument itself, before the library sees it:
+    the argument as the Python API spells it, what is allowed (range or names), what was
+    given (its real type), and no C name (qncclAllReduce, bucketSize, size_t)."""
     import qnccl.comm
     x = np.zeros(8, np.float32)
-    args = {"comm": 0, "dtype": "float32", "op": "avg", **kwargs}
-    with pytest.raises(Exception, match=message) as caught:
-        qnccl.comm.allreduce(args.pop("comm"), x, x, 8, args.pop("dtype"), args.pop("op"),
-                             **args)
-    assert type(caught.value).__name__ == error
+    args = {"comm": 1, "sendbuff": x, "recvbuff": x, "count": 8, "dtype": "float32",
+            "op": "avg", **kwargs}
+    with pytest.raises(error) as caught:
+        qnccl.comm.allreduce(args.pop("comm"), args.pop("sendbuff"), args.pop("recvbuff"),
+                             args.pop("count"), args.pop("dtype"), args.pop("op"), **args)
+    if name.startswith("clip="):  # a combination, not one argument's range
+        assert str(caught.value) == f"{name}{allowed}" and given in str(caught.value)
+    else:
+        assert_python_message(caught.value, name, allowed, given)
 
 
-def test_call_counts_of_no_communicator_fail():
+@pytest.mark.parametrize("call, error, name, allowed, given", [
+    (lambda comm: comm.call_counts(0), ValueError, "comm", COMM, "0"),
+    (lambda comm: comm.set_call_counts(1, -1, 0), ValueError, "calls",
+     "an integer in 0..2**64-1", "-1"),
+    (lambda comm: comm.set_call_counts(1, 0, 2**64), ValueError, "p2p_calls",
+     "an integer in 0..2**64-1", str(2**64)),
+    (lambda comm: comm.set_quantization(1, "allreduce", 9), ValueError, "bits",
+     POLICY_BITS, "9"),
+    (lambda comm: comm.set_quantization(1, "allreduce", -1), ValueError, "bits",
+     POLICY_BITS, "-1"),
+    (lambda comm: comm.set_quantization(1, "allreduce", 4.0), TypeError, "bits",
+     POLICY_BITS, "a float (4.0)"),
+    (lambda comm: comm.set_quantization(1, 1, 4), TypeError, "collectives",
+     "one or more of allreduce, reducescatter, allgather, alltoall, sendrecv", "an int (1)"),
+    (lambda comm: comm.set_quantization(1, "allreduce,gather", 4), ValueError, "collectives",
+     "one or more of allreduce, reducescatter, allgather, alltoall, sendrecv",
+     "'allreduce,gather'"),
+    (lambda comm: comm.get_quantization(1, "gather"), ValueError, "collective",
+     "one of allreduce, reducescatter, allgather, alltoall, sendrecv", "'gather'"),
+    (lambda comm: comm.quantization(1, "alltoall", 9).__enter__(), ValueError, "bits",
+     POLICY_BITS, "9"),
+    (lambda comm: comm.residual(1, [0.0] * 4, 4, "float32"), TypeError, "buffer", ADDRESS,
+     "a list"),
+    (lambda comm: comm.residual(1, 4096, -4, "float32"), ValueError, "count", COUNT, "-4"),
+    (lambda comm: comm.residual(1, np.zeros(4, np.float64)), ValueError, "dtype",
+     "one of float32, float16, bfloat16", "'float64'"),
+    (lambda comm: comm.reset_error_feedback(1.5), TypeError, "comm", COMM, "a float (1.5)"),
+])
+def test_python_communicator_calls_name_what_is_wrong(call, error, name, allowed, given):
+    """The rest of qnccl.comm likewise: a NULL communicator, call counters, a policy's bits
+    and collectives, a residual's buffer, count and type are refused in Python's terms
+    (the communicator address 1 is never reached)."""
     import qnccl.comm
-    from qnccl import QncclError
-    with pytest.raises(QncclError, match="qncclCommGetCallCounts: comm is NULL"):
-        qnccl.comm.call_counts(0)
-    with pytest.raises(QncclError, match="qncclCommSetCallCounts: comm is NULL"):
-        qnccl.comm.set_call_counts(0, 5, 0)
-    with pytest.raises(ValueError, match="calls = -1 does not fit the C type uint64_t"):
-        qnccl.comm.set_call_counts(0, -1, 0)
+    with pytest.raises(error) as caught:
+        call(qnccl.comm)
+    assert_python_message(caught.value, name, allowed, given)
 
 
 def test_residuals_of_moving_buffers_stay_bounded():

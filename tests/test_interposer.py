@@ -618,7 +618,9 @@ def test_run_flags_set_the_variables():
     (["--bits", "0"], r"--bits: must be an integer in 1\.\.8"),
     (["--bits", "9"], r"--bits: must be an integer in 1\.\.8"),
     (["--bits", "x"], r"--bits: must be an integer in 1\.\.8"),
-    (["--bucket-size", "0"], r"--bucket-size: must be an integer >= 1"),
+    (["--bucket-size", "0"], r"--bucket-size: must be an integer in 1\.\.2\*\*40 with an "
+                             r"optional K, M or G suffix"),
+    (["--bucket-size", "1KB"], r"--bucket-size: must be an integer in 1\.\.2\*\*40"),
     (["--rounding", "up"], r"--rounding: invalid choice: 'up' \(choose from '?stochastic'?, "
                            r"'?nearest'?\)"),
     (["--rotation", "walsh"], r"--rotation: invalid choice: 'walsh'"),
@@ -629,8 +631,13 @@ def test_run_flags_set_the_variables():
     (["--inter-algo", "hier"], r"--inter-algo: invalid choice: 'hier'"),
     (["--intra-bits", "9"], r"--intra-bits: must be an integer in 0\.\.8"),
     (["--lanes", "9"], r"--lanes: must be an integer in 0\.\.8"),
-    (["--min-bytes", "-1"], r"--min-bytes: must be an integer >= 0 with an optional K, M or G"),
-    (["--min-bytes", "5X"], r"--min-bytes: must be an integer >= 0 with an optional K, M or G"),
+    (["--min-bytes", "-1"], r"--min-bytes: must be an integer in 0\.\.2\*\*64-1 with an "
+                            r"optional K, M or G"),
+    (["--min-bytes", "5X"], r"--min-bytes: must be an integer in 0\.\.2\*\*64-1 with an "
+                            r"optional K, M or G"),
+    (["--segment-values", "1025G"], r"--segment-values: must be an integer in 0\.\.2\*\*40"),
+    (["--error-feedback-max-bytes", "0"], r"--error-feedback-max-bytes: must be an integer in "
+                                          r"1\.\.2\*\*64-1"),
     (["--seed", "-1"], r"--seed: must be an integer in 0\.\.18446744073709551615"),
     (["--seed", str(2**64)], r"--seed: must be an integer in 0\.\.18446744073709551615"),
     (["--warmup-calls", "-1"], r"--warmup-calls: must be an integer >= 0"),
@@ -647,6 +654,38 @@ def test_run_rejects_bad_flags(capsys, argv, message):
         cli.main(["run", *argv, *(["--", "true"] if "missing" not in message else [])])
     assert exit_.value.code == 2
     assert re.search(message, capsys.readouterr().err)
+
+
+# Every size flag of `qnccl run` and the variable it sets, and the name qnccl info shows it by.
+SIZE_FLAGS = (("--bucket-size", "QNCCL_BUCKET_SIZE", "bucket"),
+              ("--rotation-block", "QNCCL_ROTATION_BLOCK", "rotation_block"),
+              ("--segment-values", "QNCCL_SEGMENT_VALUES", "segment_values"),
+              ("--min-bytes", "QNCCL_MIN_BYTES", "min_bytes"),
+              ("--error-feedback-max-bytes", "QNCCL_ERROR_FEEDBACK_MAX_BYTES",
+               "error_feedback_max_bytes"))
+
+
+@pytest.mark.parametrize("flag, variable, shown", SIZE_FLAGS)
+@pytest.mark.parametrize("text", ["64", "1K", "2k", "16K", "4m", "1G", "1024G", "1025G", "0",
+                                  "1KB", "1KiB", "2T", "1.5M", " 4K", "4 K", "+4", "-4", "K"])
+def test_size_flags_read_as_their_variables(capi, monkeypatch, capsys, flag, variable, shown,
+                                            text):
+    """A size flag takes what its variable takes (K, M, G in either case, powers of 1024,
+    nothing else) and means the same by it: `qnccl run` refuses exactly the text the library
+    would refuse in the variable, and sets the value the library would read from it."""
+    from qnccl import QncclError
+    monkeypatch.setenv(variable, text)
+    try:
+        library = re.search(rf"\b{shown}=(\d+)", env_config(capi))[1]
+    except QncclError:
+        library = None
+    try:
+        flag_value = cli.run_environment(parse_run(flag, text, "--", "prog"), {}, LIBQNCCL)
+        flag_value = flag_value[variable]
+    except SystemExit:
+        flag_value = None
+        assert f"{flag}: must be" in capsys.readouterr().err
+    assert flag_value == library, f"{flag} {text!r} gives {flag_value}, {variable} {library}"
 
 
 SHOW_PRELOAD = [sys.executable, "-c", "import os; print(os.environ['LD_PRELOAD'], os.getpid())"]

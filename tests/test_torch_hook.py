@@ -14,6 +14,7 @@ import sys
 import numpy as np
 import pytest
 
+from conftest import assert_python_message
 from mpi import HOST_NCCL, REPO, run_python
 
 sys.path.insert(0, str(REPO / "perf"))
@@ -296,27 +297,76 @@ def test_adaptive_widths_are_rank_0s_decision(records):
 
 
 @pytest.mark.parametrize("kwargs, word", [
-    ({"bits": 0}, "bits"), ({"bits": 9}, "bits"), ({"bucket_size": 0}, "bucket_size"),
-    ({"rounding": "up"}, "rounding"), ({"min_numel": -1}, "min_numel"),
-    ({"warmup_steps": -2}, "warmup_steps"), ({"seed": -1}, "seed"),
-    ({"error_feedback": "yes"}, "error_feedback"), ({"per_layer": 3}, "per_layer"),
-    ({"per_layer": {"fc1": (4,)}}, "per_layer"), ({"per_layer": {"fc1": (2, 0)}}, "bucket_size"),
+    ({"per_layer": {"fc1": (4,)}}, "per_layer"),
     ({"adaptive": {"often": 3}, "min_numel": 0}, "keys every, choices, resolution"),
-    ({"adaptive": {"every": 0}, "min_numel": 0}, "adaptive: every and resolution must be >= 1"),
+    ({"adaptive": {"every": 0}, "min_numel": 0}, "adaptive: every must be an integer >= 1"),
     ({"adaptive": {"choices": (2, 3)}, "min_numel": 0}, "adaptive: choices"),
     ({"adaptive": True, "per_layer": {"fc1": None}}, "per_layer and adaptive exclude"),
     ({"adaptive": True, "min_numel": 100}, "no parameter of 2 or more dimensions"),
-    ({"rotation": "prerotated"}, "rotation must be 'none' or 'hadamard', got 'prerotated'"),
-    ({"rotation": "hadamard", "rotation_block": 48}, "rotation_block must be a power of two"),
     ({"rotation": "hadamard", "error_feedback": True}, "rotation and error_feedback exclude"),
     ({"rotation": "hadamard", "adaptive": True, "min_numel": 0}, "rotation and adaptive exclude"),
-    ({"rotation": "hadamard", "clip": "max"}, "clip must be 'none' or 'gaussian', got 'max'"),
-    ({"clip": "gaussian"}, "clip='gaussian' clips rotated buckets' ranges: pass "
-                           "rotation='hadamard'"),
+    ({"clip": "gaussian"}, "clip='gaussian' clips rotated buckets' ranges; it needs "
+                           "rotation='hadamard' \\(or clip='none'\\)"),
 ])
 def test_bad_arguments(kwargs, word):
     with pytest.raises(ValueError, match=word):
         qtorch.QuantizedHookState(torch.nn.Linear(4, 4), **kwargs)
+
+
+BITS, BUCKET = "an integer in 1..8", "an integer in 1..2**64-1"
+POLICY_BITS = "0 (exact), an integer in 1..8 (quantized) or None (the environment's policy)"
+
+
+@pytest.mark.parametrize("kwargs, error, name, allowed, given", [
+    ({"bits": 0}, ValueError, "bits", BITS, "0"),
+    ({"bits": 9}, ValueError, "bits", BITS, "9"),
+    ({"bits": 4.0}, TypeError, "bits", BITS, "a float (4.0)"),
+    ({"bucket_size": 0}, ValueError, "bucket_size", BUCKET, "0"),
+    ({"bucket_size": "128"}, TypeError, "bucket_size", BUCKET, "a str ('128')"),
+    ({"rounding": "up"}, ValueError, "rounding", "one of stochastic, nearest", "'up'"),
+    ({"min_numel": -1}, ValueError, "min_numel", "an integer >= 0", "-1"),
+    ({"warmup_steps": -2}, ValueError, "warmup_steps", "an integer >= 0", "-2"),
+    ({"seed": -1}, ValueError, "seed", "an integer in 0..2**64-1", "-1"),
+    ({"error_feedback": "yes"}, TypeError, "error_feedback", "True or False", "a str ('yes')"),
+    ({"error_feedback": 1}, TypeError, "error_feedback", "True or False", "an int (1)"),
+    ({"per_layer": 3}, TypeError, "per_layer", "None, a dict", "an int (3)"),
+    ({"per_layer": {"fc1": 4}}, TypeError, "per_layer['fc1']", "(bits, bucket_size) or None",
+     "an int (4)"),
+    ({"per_layer": {"fc1": (2, 0)}}, ValueError, "per_layer['fc1'] bucket_size", BUCKET, "0"),
+    ({"per_layer": {"fc1": (9, 8)}}, ValueError, "per_layer['fc1'] bits", BITS, "9"),
+    ({"rotation": "prerotated"}, ValueError, "rotation", "one of none, hadamard",
+     "'prerotated'"),
+    ({"rotation": "hadamard", "rotation_block": 48}, ValueError, "rotation_block",
+     "a power of two in 2..16384", "48"),
+    ({"rotation": "hadamard", "clip": "max"}, ValueError, "clip", "one of none, gaussian",
+     "'max'"),
+    ({"model": [torch.nn.Linear(4, 4)]}, TypeError, "model", "a torch.nn.Module", "a list"),
+    ({"comm": "comm"}, TypeError, "comm", "an ncclComm_t (cffi) or its address",
+     "a str ('comm')"),
+])
+def test_bad_arguments_name_the_argument_the_range_and_the_type(kwargs, error, name, allowed,
+                                                               given):
+    """QuantizedHookState's arguments in the hook's own terms: the argument's name, what is
+    allowed, what was given (its real type), no C name."""
+    kwargs = {"model": torch.nn.Linear(4, 4), **kwargs}
+    with pytest.raises(error) as caught:
+        qtorch.QuantizedHookState(**kwargs)
+    assert_python_message(caught.value, name, allowed, given)
+
+
+@pytest.mark.parametrize("collectives, bits, error, name, allowed, given", [
+    ("allreduce", 9, ValueError, "bits", POLICY_BITS, "9"),
+    ("allreduce", "4", TypeError, "bits", POLICY_BITS, "a str ('4')"),
+    ("allgather,gather", 4, ValueError, "collectives", "one or more of allreduce, "
+     "reducescatter, allgather, alltoall, sendrecv", "'allgather,gather'"),
+    (None, 4, TypeError, "collectives", "one or more of allreduce", "None"),
+])
+def test_set_quantization_names_what_is_wrong(collectives, bits, error, name, allowed, given):
+    """qnccl.torch.set_quantization checks its arguments before it looks for the group's
+    communicator (none here: no process group at all)."""
+    with pytest.raises(error) as caught:
+        qtorch.set_quantization(None, collectives, bits)
+    assert_python_message(caught.value, name, allowed, given)
 
 
 def test_per_layer_prefixes_and_callable():

@@ -35,10 +35,9 @@ drive one of these (docs/accuracy.md, "Where the bits go").
 """
 from __future__ import annotations
 
-import operator
-
 import numpy as np
 
+from .. import _checks
 from . import codec
 
 __all__ = ["AdaptiveBits", "CHOICES", "assign_bits", "layer_errors"]
@@ -129,19 +128,22 @@ class AdaptiveBits:
 
     def __init__(self, layers, bits=4, bucket_size=128, choices=CHOICES, every=100,
                  resolution=100):
-        self.layers = {str(k): operator.index(v) for k, v in dict(layers).items()}
-        if not self.layers or min(self.layers.values()) < 1:
-            raise ValueError(f"layers must map at least one name to a count >= 1, got "
-                             f"{layers!r}")
+        try:
+            counts = dict(layers)
+        except (TypeError, ValueError):
+            raise TypeError(f"layers must be a dict {{name: count >= 1}}, got "
+                            f"{_checks.describe(layers)}") from None
+        if not counts:
+            raise ValueError("layers must map at least one name to a count >= 1, got {}")
+        self.layers = {str(k): _checks.integer(f"layers[{k!r}]", v, 1) for k, v in counts.items()}
         codec.check_config(bits, bucket_size)
-        self.choices = tuple(sorted({operator.index(c) for c in choices}))
-        for c in self.choices:
-            codec.check_config(c, bucket_size)
+        self.choices = tuple(sorted({_checks.bits(c, f"choices[{i}]")
+                                     for i, c in enumerate(choices)}))
         if bits not in self.choices:
             raise ValueError(f"choices {self.choices} must hold bits={bits}, the uniform "
                              "width the assignment is measured against")
-        if operator.index(every) < 1 or operator.index(resolution) < 1:
-            raise ValueError(f"every and resolution must be >= 1, got {every} and {resolution}")
+        every = _checks.integer("every", every, 1)
+        resolution = _checks.integer("resolution", resolution, 1)
         self.bits, self.bucket_size = bits, bucket_size
         self.every, self.resolution = every, resolution
         self.sizes = np.array([[codec.compressed_size(n, c, bucket_size) for c in self.choices]

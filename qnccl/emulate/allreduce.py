@@ -55,12 +55,12 @@ the output is not finite.
 """
 from __future__ import annotations
 
-import operator
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import numpy as np
 
+from .. import _checks
 from . import codec, hierarchical, rotation as rot
 from .codec import _mix64 as mix64  # the splitmix64 finalizer of wire-format.md
 
@@ -92,8 +92,7 @@ def stream_id(call, segment, rank, step):
     is the quantizing rank and `step` numbers its quantizations in the segment."""
     for name, value, limit in (("call", call, 2**64), ("segment", segment, 2**64),
                                ("rank", rank, 2**32), ("step", step, 2**32)):
-        if not 0 <= operator.index(value) < limit:
-            raise ValueError(f"{name} must be in [0, {limit}), got {value}")
+        _checks.integer(name, value, 0, limit - 1)
     return int(_streams(call, segment, rank, step))
 
 
@@ -101,8 +100,7 @@ def auto_algo(count, dtype, nranks):
     """The algorithm qncclAlgoAuto runs (docs/allreduce.md, Choosing an algorithm):
     ring for one rank, tree below 64 KiB per rank, SRA up to 16 ranks, else ring."""
     itemsize = 4 if _dtype_name(dtype) == "float32" else 2
-    if nranks < 1:
-        raise ValueError(f"nranks must be >= 1, got {nranks}")
+    nranks = _checks.integer("nranks", nranks, 1)
     if nranks == 1:
         return "ring"
     if count * itemsize < AUTO_TREE_BELOW_BYTES:
@@ -122,7 +120,7 @@ def quantizations_per_value(algo, nranks):
         return nranks.bit_length()  # floor(log2 N) + 1
     if algo == "sra":
         return 2 if nranks > 1 else 1
-    raise ValueError(f"algo must be one of {', '.join(ALGOS)}, got {algo!r}")
+    _checks.one_of("algo", algo, ALGOS)
 
 
 def segment_length(segment_values, bucket_size):
@@ -202,24 +200,27 @@ def _stream_ranks(cfg, ranks):
 
 
 def _dtype_name(dtype):
-    name = dtype if isinstance(dtype, str) else np.dtype(dtype).name
-    if name not in codec.DTYPES:
-        raise ValueError(f"dtype must be one of {', '.join(codec.DTYPES)}, got {dtype!r}")
-    return name
+    return _checks.dtype(dtype, codec.DTYPES)
 
 
-def _inputs(inputs, dtype):
-    """(N x n float32 widened inputs, codec type name, storage dtype, shape)."""
-    arrays = [np.asarray(x) for x in inputs]
+def _inputs(inputs, dtype, what="inputs"):
+    """(N x n float32 widened inputs, codec type name, storage dtype, shape); `what` names
+    the inputs in messages ("x" for sendrecv's one array)."""
+    if isinstance(inputs, (str, bytes)) or not hasattr(inputs, "__iter__"):
+        raise TypeError(f"{what} must hold one array per rank (a list, or an N x ... array), "
+                        f"got {_checks.describe(inputs)}")
+    given = list(inputs)
+    arrays = [np.asarray(x) for x in given]
     if not arrays:
-        raise ValueError("inputs must hold one array per rank, got none")
+        raise ValueError(f"{what} must hold one array per rank, got none")
     first = arrays[0]
     for r, a in enumerate(arrays):
         if a.shape != first.shape or a.dtype != first.dtype:
             raise ValueError(f"every rank's input must have the shape and dtype of rank 0's "
                              f"({first.shape}, {first.dtype}); rank {r} has ({a.shape}, "
                              f"{a.dtype})")
-    name = codec.dtype_name(first.dtype, dtype)
+    name = codec.dtype_name(first.dtype, dtype, f"{what}[0]" if what == "inputs" else what,
+                            given[0])
     x = np.empty((len(arrays), first.size), F32)
     for r, a in enumerate(arrays):
         x[r] = codec.to_float32(np.ascontiguousarray(a).reshape(-1), name)
@@ -251,19 +252,16 @@ class _Hier:
 
 def _plan(algo, nodes, inter_algo, intra_bits, count, name, nranks):
     """(the algorithm run, its _Hier plan or None), as the engine resolves them."""
-    if inter_algo != "auto" and inter_algo not in _ALGORITHMS:
-        raise ValueError(f"inter_algo must be one of auto, {', '.join(ALGOS)}, got "
-                         f"{inter_algo!r}")
-    if not (isinstance(intra_bits, int) and 0 <= intra_bits <= 8):
-        raise ValueError(f"intra_bits must be 0 (exact) or 1..8, got {intra_bits!r}")
+    _checks.one_of("inter_algo", inter_algo, ("auto", *ALGOS))
+    intra_bits = _checks.integer("intra_bits", intra_bits, 0, _checks.MAX_BITS,
+                                 f"0 (exact) or an integer in 1..{_checks.MAX_BITS}")
     lay = None if nodes is None else hierarchical.layout(nodes, nranks)
     if algo == "hier" and lay is not None and len(lay.members) == 1:
         return "exact", None  # nothing crosses a node link
     if algo == "auto":
         algo = "hier" if lay is not None and lay.hierarchical else auto_algo(count, name, nranks)
     if algo != "hier":
-        if algo not in _ALGORITHMS:
-            raise ValueError(f"algo must be one of auto, {', '.join(ALGOS)}, hier, got {algo!r}")
+        _checks.one_of("algo", algo, ("auto", *ALGOS, "hier"))
         return algo, None
     if lay is None:
         raise ValueError("algo='hier' needs nodes=[the node of each rank]")
@@ -320,15 +318,16 @@ def allreduce(inputs: Sequence[np.ndarray], algo: str = "auto", bits: int = 4,
     """
     codec.check_config(bits, bucket_size, rounding)
     fields = rotated(rotation, rotation_block, clip)
-    if op not in OPS:
-        raise ValueError(f"op must be 'sum' or 'avg', got {op!r}")
+    _checks.one_of("op", op, OPS)
+    seed, call = _checks.uint64("seed", seed), _checks.uint64("call", call)
+    segment_values = _checks.segment_values(segment_values)
     x, name, out_dtype, shape = _inputs(inputs, dtype)
     nranks, count = x.shape
     algo, hier = _plan(algo, nodes, inter_algo, intra_bits, count, name, nranks)
     if algo == "exact":
         return _exact(inputs, x, name, out_dtype, shape, op, return_bounds)
-    cfg = _Config(nranks, bits, bucket_size, rounding, operator.index(seed),
-                  operator.index(call), op == "avg", return_bounds, **fields)
+    cfg = _Config(nranks, bits, bucket_size, rounding, seed, call, op == "avg", return_bounds,
+                  **fields)
     flat = e = None
     if residuals is not None:
         if return_bounds:

@@ -19,16 +19,18 @@ import operator
 
 import numpy as np
 
+from .. import _checks
+
 F32 = np.float32
 WIRE_VERSION = 2  # the version of docs/wire-format.md implemented here
 DTYPES = ("float32", "float16", "bfloat16")
-ROUNDINGS = ("nearest", "stochastic")
+ROUNDINGS = _checks.ROUNDINGS
 # "auto": each bucket's grid from its metadata (cubic where it applies); "uniform": every
 # bucket on the uniform grid (a rotated call's buckets, docs/rotation.md)
 GRIDS = ("auto", "uniform")
 # a rotated call's bucket ranges: "none" the whole [min, max], "gaussian" clipped (clip_range)
-CLIPS = ("none", "gaussian")
-MIN_BITS, MAX_BITS = 1, 8
+CLIPS = _checks.CLIPS
+MIN_BITS, MAX_BITS = _checks.MIN_BITS, _checks.MAX_BITS
 META_BYTES = 8  # per bucket: float32 min, float32 max
 CODE_ALIGN = 8  # the code area is padded to a multiple of this many bytes
 
@@ -37,27 +39,18 @@ _NAN32 = np.array(CANONICAL_NAN_BITS["float32"], np.uint32).view(F32)[()]
 _TWO_POW_126 = F32(2.0**126)
 _TWO_POW_MINUS_126 = F32(2.0**-126)
 _TWO_POW_MINUS_24 = F32(2.0**-24)
-_DTYPE_HELP = ("float32, float16 or bfloat16 arrays (bfloat16 as ml_dtypes.bfloat16, or "
+_DTYPE_HELP = ("a float32, float16 or bfloat16 array (bfloat16 as ml_dtypes.bfloat16, or "
                "uint16 bits with dtype='bfloat16'; float16 bits likewise with dtype='float16')")
 
 
 # ---- configuration and sizes (docs/wire-format.md, Parameters and Layout) ----
 
-def _integer(name, value):
-    try:
-        return operator.index(value)
-    except TypeError:
-        raise TypeError(f"{name} must be an integer, got {type(value).__name__}") from None
-
-
 def check_config(bits, bucket_size, rounding=None):
     """Raises ValueError/TypeError naming the argument and its allowed values."""
-    if not MIN_BITS <= _integer("bits", bits) <= MAX_BITS:
-        raise ValueError(f"bits must be {MIN_BITS}..{MAX_BITS}, got {bits}")
-    if _integer("bucket_size", bucket_size) < 1:
-        raise ValueError(f"bucket_size must be >= 1, got {bucket_size}")
-    if rounding is not None and rounding not in ROUNDINGS:
-        raise ValueError(f"rounding must be 'nearest' or 'stochastic', got {rounding!r}")
+    _checks.bits(bits)
+    _checks.bucket_size(bucket_size)
+    if rounding is not None:
+        _checks.rounding(rounding)
 
 
 def _ceil_div(a, b):
@@ -76,9 +69,7 @@ def code_bytes(count, bits):
 def compressed_size(count, bits, bucket_size):
     """Bytes of a quantized chunk of `count` values: 8*nb + C."""
     check_config(bits, bucket_size)
-    count = _integer("count", count)
-    if count < 0:
-        raise ValueError(f"count must be >= 0, got {count}")
+    count = _checks.count(count)
     return num_buckets(count, bucket_size) * META_BYTES + code_bytes(count, bits)
 
 
@@ -149,20 +140,26 @@ def storage_dtype(name):
     return np.dtype(name)
 
 
-def dtype_name(array_dtype, dtype=None):
+_NUMPY = object()  # dtype_name's source: a numpy array of array_dtype
+
+
+def dtype_name(array_dtype, dtype=None, what="array", source=_NUMPY):
     """The codec type of an array whose numpy dtype is `array_dtype`; `dtype`
-    (a name) is required for uint16 bits and must agree with typed arrays."""
-    if dtype is not None and not isinstance(dtype, str):
-        dtype = np.dtype(dtype).name
-    if dtype is not None and dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    (a name) is required for uint16 bits and must agree with typed arrays. `what`
+    names the array in messages, `source` is the object that was handed in (described
+    in the message: "a list", "a torch.Tensor of dtype torch.int32"; default a numpy array
+    of `array_dtype`)."""
+    if dtype is not None:
+        dtype = _checks.dtype(dtype, DTYPES)
     actual = np.dtype(array_dtype)
     if actual.name in DTYPES and dtype in (None, actual.name):
         return actual.name
     if actual == np.uint16 and dtype in ("float16", "bfloat16"):
         return dtype
-    given = f" with dtype={dtype!r}" if dtype is not None else ""
-    raise TypeError(f"the codec takes {_DTYPE_HELP}; got a {actual} array{given}")
+    given = (f"{_checks.with_article(actual.name)} numpy array" if source is _NUMPY
+             else _checks.describe(source))
+    with_dtype = f" with dtype={dtype!r}" if dtype is not None else ""
+    raise TypeError(f"{what} must be {_DTYPE_HELP}, got {given}{with_dtype}")
 
 
 def to_float32(values, name):
@@ -181,10 +178,12 @@ def from_float32(values, name):
     return bits.view(storage_dtype(name))
 
 
-def as_float32(array, dtype=None):
-    """A flat float32 copy (or view) of `array` and its codec type name."""
+def as_float32(array, dtype=None, what="array"):
+    """A flat float32 copy (or view) of `array` (named `what` in messages) and its codec
+    type name."""
+    source = array
     array = np.asarray(array)
-    name = dtype_name(array.dtype, dtype)
+    name = dtype_name(array.dtype, dtype, what, source)
     return to_float32(np.ascontiguousarray(array).reshape(-1), name), name
 
 
@@ -209,10 +208,7 @@ def _hash32(x):
 
 
 def _uint64(name, value):
-    value = _integer(name, value)
-    if not 0 <= value < 2**64:
-        raise ValueError(f"{name} must be in [0, 2**64), got {value}")
-    return np.uint64(value)
+    return np.uint64(_checks.uint64(name, value))
 
 
 def rng_key(seed, stream):
@@ -263,7 +259,7 @@ def pack_codes(codes, bits):
 def unpack_codes(area, count, bits):
     """The `count` codes (uint8) of a code area written by pack_codes."""
     check_config(bits, 1)
-    area = _as_bytes(area, _ceil_div(count * bits, 8), "code area")
+    area = _as_bytes(area, _ceil_div(count * bits, 8), "area")
     stream_bits = np.unpackbits(area, bitorder="little", count=count * bits).reshape(count, bits)
     return (stream_bits << np.arange(bits, dtype=np.uint8)).sum(axis=1, dtype=np.uint8)
 
@@ -425,9 +421,16 @@ def _bucket_of_each_value(count, bucket_size):
 
 
 def _as_bytes(buf, size, what):
-    buf = np.frombuffer(buf, np.uint8) if not isinstance(buf, np.ndarray) else buf.reshape(-1)
-    if buf.dtype != np.uint8:
-        raise TypeError(f"{what} must be a uint8 array or a bytes-like object, got {buf.dtype}")
+    allowed = f"{what} must be a uint8 numpy array or a bytes-like object"
+    if isinstance(buf, np.ndarray):
+        if buf.dtype != np.uint8:
+            raise TypeError(f"{allowed}, got {_checks.describe(buf)}")
+        buf = buf.reshape(-1)
+    else:
+        try:
+            buf = np.frombuffer(buf, np.uint8)
+        except (TypeError, ValueError):
+            raise TypeError(f"{allowed}, got {_checks.describe(buf)}") from None
     if buf.size < size:
         raise ValueError(f"{what} holds {buf.size} bytes, {size} needed")
     return buf[:size]
@@ -436,14 +439,12 @@ def _as_bytes(buf, size, what):
 def read_meta(buf, count, bucket_size):
     """The metadata of a quantized chunk: a float32 view of shape (nb, 2), (min, max) per bucket."""
     nb = num_buckets(count, bucket_size)
-    return _as_bytes(buf, nb * META_BYTES, "quantized buffer").view("<f4").reshape(nb, 2)
+    return _as_bytes(buf, nb * META_BYTES, "buf").view("<f4").reshape(nb, 2)
 
 
 def _cubic(grid):
     """Whether `grid` lets buckets take the cubic grid (ValueError for a bad name)."""
-    if grid not in GRIDS:
-        raise ValueError(f"grid must be one of {', '.join(GRIDS)}, got {grid!r}")
-    return grid == "auto"
+    return _checks.one_of("grid", grid, GRIDS) == "auto"
 
 
 def _rotation(rotation, rotation_block):
@@ -466,11 +467,7 @@ _CLIP_LARGEST = (
 
 def check_clip(clip, rotation):
     """ValueError unless `clip` is one of CLIPS and allowed with `rotation`."""
-    if clip not in CLIPS:
-        raise ValueError(f"clip must be one of {', '.join(CLIPS)}, got {clip!r}")
-    if clip != "none" and rotation == "none":
-        raise ValueError(f"clip={clip!r} clips rotated buckets' ranges; it needs "
-                         "rotation='hadamard' or 'prerotated' (or clip='none')")
+    _checks.clip(clip, rotation)
 
 
 def clip_fraction(clip, bits, bucket_size):
@@ -561,7 +558,7 @@ def decode(buf, count, bits, bucket_size, grid="auto", rotation="none", rotation
         from . import rotation as rot
         y = decode(buf, count, bits, bucket_size, "uniform")
         return rot.unrotate(y, block, seed)
-    buf = _as_bytes(buf, compressed_size(count, bits, bucket_size), "quantized buffer")
+    buf = _as_bytes(buf, compressed_size(count, bits, bucket_size), "buf")
     meta = read_meta(buf, count, bucket_size)
     codes = unpack_codes(buf[len(meta) * META_BYTES:], count, bits)
     lo, hi = meta[:, 0], meta[:, 1]
@@ -572,8 +569,7 @@ def decode(buf, count, bits, bucket_size, grid="auto", rotation="none", rotation
 def dequantize(buf, count, bits, bucket_size, dtype="float32", grid="auto", rotation="none",
                rotation_block=256, seed=0):
     """The `count` values of a quantized chunk as a flat array of `dtype`."""
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    dtype = _checks.dtype(dtype, DTYPES)
     return from_float32(decode(buf, count, bits, bucket_size, grid, rotation, rotation_block,
                                seed), dtype)
 
@@ -585,10 +581,11 @@ def dequantize_accumulate(buf, count, bits, bucket_size, acc, dtype=None, grid="
     array of `count` float32/float16/bfloat16 values (uint16 bits need `dtype`).
     Returns acc."""
     if not isinstance(acc, np.ndarray) or not acc.flags.c_contiguous or not acc.flags.writeable:
-        raise ValueError("acc must be a C-contiguous writable numpy array")
+        raise ValueError(f"acc must be a C-contiguous writable numpy array, got "
+                         f"{_checks.describe_layout(acc)}")
     if acc.size != count:
         raise ValueError(f"acc holds {acc.size} values, count is {count}")
-    name = dtype_name(acc.dtype, dtype)
+    name = dtype_name(acc.dtype, dtype, "acc")
     with np.errstate(invalid="ignore", over="ignore"):
         total = to_float32(acc.reshape(-1), name) + decode(buf, count, bits, bucket_size, grid,
                                                            rotation, rotation_block, seed)

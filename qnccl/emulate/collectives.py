@@ -32,13 +32,13 @@ quantized piece is quantized from its own first value on, buckets included.
 """
 from __future__ import annotations
 
-import operator
 from typing import Sequence
 
 import numpy as np
 
+from .. import _checks
 from . import codec, rotation as rot
-from .allreduce import AUTO_SRA_MAX_RANKS, F32, _Config, _inputs, _qd, direct_sends, segments
+from .allreduce import AUTO_SRA_MAX_RANKS, F32, OPS, _Config, _inputs, _qd, direct_sends, segments
 
 REDUCE_SCATTER_ALGOS = ("ring", "sra")
 P2P_CALL = 1 << 63  # the `call` bit of point-to-point calls' random streams
@@ -47,8 +47,7 @@ P2P_CALL = 1 << 63  # the `call` bit of point-to-point calls' random streams
 def auto_reduce_scatter_algo(nranks):
     """The algorithm qncclAlgoAuto runs for a reduce-scatter: SRA's direct sends up to
     16 ranks (every contribution quantized once), the ring beyond."""
-    if nranks < 1:
-        raise ValueError(f"nranks must be >= 1, got {nranks}")
+    nranks = _checks.integer("nranks", nranks, 1)
     return "sra" if nranks <= AUTO_SRA_MAX_RANKS else "ring"
 
 
@@ -64,16 +63,17 @@ def _chunked(inputs, dtype, what):
     return x.reshape(n, n, total // n), name, out_dtype, raw.view(codec.storage_dtype(name))
 
 
-def _common(bits, bucket_size, rounding, seed, call, rotation, rotation_block, clip, op="sum"):
+def _common(bits, bucket_size, rounding, seed, call, segment_values, rotation, rotation_block,
+            clip, op="sum"):
     """The checked seed and call, and the call's _Rotation."""
     codec.check_config(bits, bucket_size, rounding)
+    _checks.segment_values(segment_values)
     rot.check(rotation, rotation_block)
     codec.check_clip(clip, rotation)
-    if op not in ("sum", "avg"):
-        raise ValueError(f"op must be 'sum' or 'avg', got {op!r}")
-    seed = operator.index(seed)
+    _checks.one_of("op", op, OPS)
+    seed = _checks.uint64("seed", seed)
     turn = _Rotation(rotation, rotation_block, seed, clip)
-    return seed, operator.index(call), turn
+    return seed, _checks.uint64("call", call), turn
 
 
 class _Rotation:
@@ -137,15 +137,13 @@ def reduce_scatter(inputs: Sequence[np.ndarray], algo: str = "auto", bits: int =
     (auto_reduce_scatter_algo); the other arguments as for allreduce (a rotation rotates
     each chunk on its own, and each owner rotates its result back; clip="gaussian" clips the
     rotated buckets' ranges)."""
-    seed, call, turn = _common(bits, bucket_size, rounding, seed, call, rotation,
+    seed, call, turn = _common(bits, bucket_size, rounding, seed, call, segment_values, rotation,
                                rotation_block, clip, op)
     z, name, out_dtype, _ = _chunked(inputs, dtype, "recvcount")
     n, _, count = z.shape
     if algo == "auto":
         algo = auto_reduce_scatter_algo(n)
-    if algo not in _REDUCE_SCATTER:
-        raise ValueError(f"algo must be one of auto, {', '.join(REDUCE_SCATTER_ALGOS)}, got "
-                         f"{algo!r}")
+    _checks.one_of("algo", algo, ("auto", *REDUCE_SCATTER_ALGOS))
     cfg = _Config(n, bits, bucket_size, rounding, seed, call, op == "avg", False,
                   cubic=turn.cubic, clip=turn.clip)
     out = np.empty((n, count), F32)
@@ -169,7 +167,7 @@ def allgather(inputs: Sequence[np.ndarray], bits: int = 4, bucket_size: int = 12
     quantized once and decoded, in rank order (N * sendcount values, the same bytes on
     every rank; with a rotation, each rank's piece rotated and every decoded one rotated
     back)."""
-    seed, call, turn = _common(bits, bucket_size, rounding, seed, call, rotation,
+    seed, call, turn = _common(bits, bucket_size, rounding, seed, call, segment_values, rotation,
                                rotation_block, clip)
     x, name, out_dtype, _ = _inputs(inputs, dtype)
     n, count = x.shape
@@ -190,7 +188,7 @@ def alltoall(inputs: Sequence[np.ndarray], bits: int = 4, bucket_size: int = 128
     """What a quantized ncclAlltoAll returns on every rank: rank k's chunk j is rank j's
     chunk k (count values each), quantized by j and decoded by k; its own chunk exact
     (with a rotation, each sent chunk rotated and each received one rotated back)."""
-    seed, call, turn = _common(bits, bucket_size, rounding, seed, call, rotation,
+    seed, call, turn = _common(bits, bucket_size, rounding, seed, call, segment_values, rotation,
                                rotation_block, clip)
     z, name, out_dtype, raw = _chunked(inputs, dtype, "count")
     n, _, count = z.shape
@@ -217,14 +215,15 @@ def sendrecv(x: np.ndarray, rank: int, peer: int, nranks: int, call: int = 0, in
     ncclSend in its point-to-point call `call` (counted from 0 per rank and
     communicator), as its index-th send to that peer in the call (with a rotation: the
     message rotated, the received one rotated back)."""
-    seed, call, turn = _common(bits, bucket_size, rounding, seed, call, rotation,
+    seed, call, turn = _common(bits, bucket_size, rounding, seed, call, segment_values, rotation,
                                rotation_block, clip)
-    for name, value in (("rank", rank), ("peer", peer)):
-        if not 0 <= operator.index(value) < nranks:
-            raise ValueError(f"{name} must be in 0..{nranks - 1}, got {value}")
+    nranks = _checks.integer("nranks", nranks, 1)
+    rank = _checks.integer("rank", rank, 0, nranks - 1)
+    peer = _checks.integer("peer", peer, 0, nranks - 1)
+    index = _checks.integer("index", index, 0)
     if peer == rank:
         raise ValueError("a send to the rank itself is not quantized: it is copied exactly")
-    x1, name, out_dtype, _ = _inputs([x], dtype)
+    x1, name, out_dtype, _ = _inputs([x], dtype, "x")
     cfg = _Config(nranks, bits, bucket_size, rounding, seed, P2P_CALL | call, False, False,
                   cubic=turn.cubic, clip=turn.clip)
     out = np.empty(x1.shape[1], F32)

@@ -25,25 +25,23 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import _checks
 from . import codec
 
 F32 = np.float32
 # "prerotated": the caller rotated the values (qnccl.torch's hook rotates each segment itself):
 # every bucket on the uniform grid, as a rotated call's, with nothing rotated here
-ROTATIONS = ("none", "hadamard", "prerotated")
-MIN_BLOCK, MAX_BLOCK = 2, 1 << 14
-DEFAULT_BLOCK = 256
+ROTATIONS = _checks.ROTATIONS  # ("none", "hadamard", "prerotated")
+MIN_BLOCK, MAX_BLOCK = _checks.MIN_ROTATION_BLOCK, _checks.MAX_ROTATION_BLOCK  # 2, 16384
+DEFAULT_BLOCK = _checks.DEFAULT_ROTATION_BLOCK  # 256
 ROTATION_STREAM = 0x726F746174696F6E  # "rotation" in ASCII: the signs' random stream
 
 
-def check(rotation, block):
-    """ValueError unless (rotation, block) is a valid setting."""
-    if rotation not in ROTATIONS:
-        raise ValueError(f"rotation must be one of {', '.join(ROTATIONS)}, got {rotation!r}")
-    if (isinstance(block, bool) or not isinstance(block, (int, np.integer))
-            or not MIN_BLOCK <= block <= MAX_BLOCK or block & (block - 1)):
-        raise ValueError(f"rotation_block must be a power of two in [{MIN_BLOCK}, {MAX_BLOCK}], "
-                         f"got {block!r}")
+def check(rotation, block, rotations=ROTATIONS):
+    """ValueError (TypeError for a wrong type) unless (rotation, block) is a valid setting,
+    rotation one of `rotations`."""
+    _checks.rotation(rotation, rotations)
+    _checks.rotation_block(block)
 
 
 def blocks(count, block):
@@ -80,11 +78,12 @@ def _butterfly(v, size):
     return v
 
 
-def _apply(x, block, seed, forward):
-    x = np.asarray(x)
+def _apply(x, block, seed, forward, what):
+    source, x = x, np.asarray(x)
     if x.dtype != F32:
-        raise ValueError(f"rotation works on float32 values, got {x.dtype}")
-    check("hadamard", block)
+        raise ValueError(f"{what} must be a float32 array (rotation works on float32 values), "
+                         f"got {_checks.describe(source)}")
+    _checks.rotation_block(block, name="block")
     if x.size == 0:
         return x.copy()
     flat = x.reshape(-1, x.shape[-1]) if x.ndim else x.reshape(1, 1)
@@ -115,12 +114,12 @@ def _runs(count, block):
 
 def rotate(x, block, seed):
     """The forward rotation of each row (last axis) of float32 `x`, as a new array."""
-    return _apply(x, block, seed, True)
+    return _apply(x, block, seed, True, "x")
 
 
 def unrotate(y, block, seed):
     """The inverse rotation of each row (last axis) of float32 `y`, as a new array."""
-    return _apply(y, block, seed, False)
+    return _apply(y, block, seed, False, "y")
 
 
 _U32 = 2.0**-24

@@ -17,10 +17,9 @@ widths (qnccl.emulate.adaptive): one call per width, as the DDP hook makes them.
 """
 from __future__ import annotations
 
-import operator
-
 import numpy as np
 
+from .. import _checks
 from . import codec, rotation as rot
 from .allreduce import ALGOS, OPS, _Config, auto_algo, rotated, run
 
@@ -56,20 +55,15 @@ class EmulatedAllReduce:
         codec.check_config(bits, bucket_size, rounding)
         rot.check(rotation, rotation_block)
         codec.check_clip(clip, rotation)
-        if operator.index(nranks) < 1:
-            raise ValueError(f"nranks must be >= 1, got {nranks}")
-        if algo != "auto" and algo not in ALGOS:
-            raise ValueError(f"algo must be one of auto, {', '.join(ALGOS)}, got {algo!r}")
-        if op not in OPS:
-            raise ValueError(f"op must be 'sum' or 'avg', got {op!r}")
-        if not isinstance(error_feedback, bool):
-            raise ValueError(f"error_feedback must be True or False, got {error_feedback!r}")
-        if operator.index(warmup_calls) < 0:
-            raise ValueError(f"warmup_calls must be >= 0, got {warmup_calls}")
+        nranks = _checks.integer("nranks", nranks, 1)
+        _checks.one_of("algo", algo, ("auto", *ALGOS))
+        _checks.one_of("op", op, OPS)
+        _checks.boolean("error_feedback", error_feedback)
+        warmup_calls = _checks.integer("warmup_calls", warmup_calls, 0)
         self.nranks, self.algo, self.bits, self.bucket_size = nranks, algo, bits, bucket_size
-        self.rounding, self.seed, self.op = rounding, operator.index(seed), op
+        self.rounding, self.seed, self.op = rounding, _checks.uint64("seed", seed), op
         self.error_feedback, self.warmup_calls = error_feedback, warmup_calls
-        self.segment_values = operator.index(segment_values)
+        self.segment_values = _checks.segment_values(segment_values)
         self.rotation, self.rotation_block, self.clip = rotation, rotation_block, clip
         if adaptive is not None and (getattr(adaptive, "bits", None), getattr(
                 adaptive, "bucket_size", None)) != (bits, bucket_size):

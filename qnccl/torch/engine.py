@@ -212,4 +212,6 @@ def set_quantization(group, collectives, bits):
     makes for `collectives` on it (names of qnccl.comm.COLLECTIVES; PyTorch's all_to_all
     is "sendrecv" or "alltoall") run with `bits` 1..8, 0 exact, None the environment's
     policy. Call it on every rank of the group."""
+    _comm._flags(collectives)  # the arguments first, whatever the group
+    _comm._policy_bits(bits)
     _comm.set_quantization(communicator(group), collectives, bits)

@@ -1,11 +1,10 @@
 """QuantizedHookState: the hook's configuration, its per-parameter decisions, its counters."""
 from __future__ import annotations
 
-import operator
-
 import torch
 import torch.distributed as dist
 
+from .. import _checks
 from .. import comm as _comm
 from ..emulate import rotation as _rotation
 from ..emulate.adaptive import AdaptiveBits as _AdaptiveBits
@@ -16,28 +15,17 @@ ROTATIONS = ("none", "hadamard")
 CLIPS = ("none", "gaussian")
 
 
-def _int_arg(name, value, low, high=None):
-    try:
-        value = operator.index(value)
-    except TypeError:
-        raise ValueError(f"{name} must be an integer, got {value!r}") from None
-    if value < low or (high is not None and value > high):
-        allowed = f"{low}..{high}" if high is not None else f">= {low}"
-        raise ValueError(f"{name} must be in {allowed}, got {value}")
-    return value
-
-
 def _setting(name, value):
     """(bits, bucket_size) checked, or None (exact)."""
     if value is None:
         return None
-    try:
-        bits, bucket_size = value
-    except (TypeError, ValueError):
-        raise ValueError(f"per_layer[{name!r}] must be (bits, bucket_size) or None, "
-                         f"got {value!r}") from None
-    return (_int_arg(f"per_layer[{name!r}] bits", bits, 1, 8),
-            _int_arg(f"per_layer[{name!r}] bucket_size", bucket_size, 1))
+    allowed = f"per_layer[{name!r}] must be (bits, bucket_size) or None"
+    if not isinstance(value, (tuple, list)):
+        raise TypeError(f"{allowed}, got {_checks.describe(value)}")
+    if len(value) != 2:
+        raise ValueError(f"{allowed}, got {value!r}")
+    return (_checks.bits(value[0], f"per_layer[{name!r}] bits"),
+            _checks.bucket_size(value[1], f"per_layer[{name!r}] bucket_size"))
 
 
 class QuantizedHookState:
@@ -92,21 +80,15 @@ class QuantizedHookState:
                  warmup_steps=0, seed=0, comm=None, adaptive=None, rotation="none",
                  rotation_block=_rotation.DEFAULT_BLOCK, clip="none"):
         if not isinstance(model, torch.nn.Module):
-            raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-        self.bits = _int_arg("bits", bits, 1, 8)
-        self.bucket_size = _int_arg("bucket_size", bucket_size, 1)
-        if rounding not in ROUNDINGS:
-            raise ValueError(f"rounding must be 'stochastic' or 'nearest', got {rounding!r}")
-        self.rounding = rounding
-        self.min_numel = _int_arg("min_numel", min_numel, 0)
-        self.warmup_steps = _int_arg("warmup_steps", warmup_steps, 0)
-        self.seed = _int_arg("seed", seed, 0, 2**64 - 1)
-        if not isinstance(error_feedback, bool):
-            raise ValueError(f"error_feedback must be True or False, got {error_feedback!r}")
-        self.error_feedback = error_feedback
-        if rotation not in ROTATIONS:
-            raise ValueError(f"rotation must be 'none' or 'hadamard', got {rotation!r}")
-        _rotation.check(rotation, rotation_block)
+            raise TypeError(f"model must be a torch.nn.Module, got {_checks.describe(model)}")
+        self.bits = _checks.bits(bits)
+        self.bucket_size = _checks.bucket_size(bucket_size)
+        self.rounding = _checks.one_of("rounding", rounding, ROUNDINGS)
+        self.min_numel = _checks.integer("min_numel", min_numel, 0)
+        self.warmup_steps = _checks.integer("warmup_steps", warmup_steps, 0)
+        self.seed = _checks.uint64("seed", seed)
+        self.error_feedback = _checks.boolean("error_feedback", error_feedback)
+        _rotation.check(rotation, rotation_block, ROTATIONS)
         if rotation != "none" and error_feedback:
             raise ValueError("rotation and error_feedback exclude each other in the hook (its "
                              "residuals would live in each group's rotated domain): pass "
@@ -115,15 +97,12 @@ class QuantizedHookState:
             raise ValueError("rotation and adaptive exclude each other (adaptive widths come "
                              "from unrotated errors on the cubic grid): pass rotation='none' "
                              "or adaptive=None")
-        if clip not in CLIPS:
-            raise ValueError(f"clip must be 'none' or 'gaussian', got {clip!r}")
-        if clip != "none" and rotation == "none":
-            raise ValueError("clip='gaussian' clips rotated buckets' ranges: pass "
-                             "rotation='hadamard' with it, or clip='none'")
+        _checks.clip(clip, rotation, ROTATIONS)
         self.rotation, self.rotation_block, self.clip = rotation, rotation_block, clip
         if per_layer is not None and not callable(per_layer) and not isinstance(per_layer, dict):
-            raise ValueError("per_layer must be None, a dict {name or module prefix: "
-                             f"(bits, bucket_size) or None}} or a callable, got {per_layer!r}")
+            raise TypeError("per_layer must be None, a dict {name or module prefix: "
+                            f"(bits, bucket_size) or None}} or a callable, got "
+                            f"{_checks.describe(per_layer)}")
         if isinstance(per_layer, dict):
             per_layer = {str(k): _setting(k, v) for k, v in per_layer.items()}
         self.per_layer = per_layer

@@ -584,7 +584,14 @@ def policy(comm, failures):
     qnccl.comm.set_quantization(comm, "reducescatter", None)  # the environment: none
     one(comm, "rs", rs, 0)
     checked += 9
-    bad = [(lambda: qnccl.comm.set_quantization(comm, "reducescatter", 9),
+    try:  # Python refuses it before the library, in its own terms
+        qnccl.comm.set_quantization(comm, "reducescatter", 9)
+        failures.add("policy bad arguments", f"rank {RANK}: bits=9 was taken")
+    except ValueError as error:
+        if not str(error).startswith("bits must be 0 (exact), an integer in 1..8"):
+            failures.add("policy bad arguments", f"rank {RANK}: {error}")
+    checked += 1
+    bad = [(lambda: lib.qncclCommSetQuantization(comm, 2, 9),
             "bits = 9; allowed: 1..8 (quantized), 0 (exact) or -1"),
            (lambda: lib.qncclCommSetQuantization(comm, 0, 4), "collectives = 0"),
            (lambda: lib.qncclCommSetQuantization(comm, 64, 4), "collectives = 0x40"),
