@@ -56,7 +56,7 @@ def small_bench(tmp_path_factory):
     args = ["--sizes", "256K:512K", "--bits", "4", "--buckets", "128,1024", "--algos", "sra,ring",
             "--baselines", "mpi", "--iters", "2", "--rates", ",".join(RATES),
             "--nodes-section", "off", "--collectives-section", "off", "--shm-section", "off",
-            "--out", str(out)]
+            "--wide", "--out", str(out)]
     status, output = run_bench(args)
     assert status == 0, output
     return out, output, json.loads((out / "report.json").read_text())
@@ -93,17 +93,26 @@ def test_every_configuration_ran(small_bench):
                 assert all(r["compressed"] == (config["kind"] == "qnccl") for r in rows)
                 if config["kind"] == "qnccl":
                     assert {r["algo"] for r in rows} == {config["algo"]}
-    # Progress: a line per configuration, then per size as the job prints it.
-    assert re.search(r"^\[ 1/26\] uncompressed \(NCCL API\) at 10gbit", output, re.M)
-    assert re.search(r"^\[26/26\] qnccl 4b B128 auto bf16 at none", output, re.M)
-    assert len(re.findall(r"^\s+512 KiB\s+\S+ ms\s+error", output, re.M)) == 26
+    # Progress, not on a terminal: one line per configuration when it ends, its result and
+    # the time left (none after the last); no line per size.
+    assert re.search(r"^\[ 1/26\] uncompressed \(NCCL API\) at 10gbit  512 KiB: \S+ GB/s, "
+                     r"\S+ s, about \S+ (s|min) left$", output, re.M)
+    assert re.search(r"^\[ 2/26\] MPI_Allreduce at 10gbit  512 KiB: \S+ GB/s \(\S+x\), ",
+                     output, re.M)
+    assert re.search(r"^\[26/26\] qnccl 4b B128 auto bf16 at none  512 KiB: \S+ GB/s "
+                     r"\(\S+x\), \S+ s$", output, re.M)
+    assert len(re.findall(r"^\[..?/26\] ", output, re.M)) == 26
+    assert "KiB: " not in output.replace("512 KiB: ", "")
 
 
 @pytest.mark.parametrize("section", range(len(RATES)), ids=RATES)
 def test_table_matches_the_jobs(small_bench, section):
+    """--wide prints the full tables (report.json's "table"): busbw and speedup at every
+    size, wire, limit and error per row, as the jobs measured them."""
     _, output, report = small_bench
     sec = report["sections"][section]
     assert sec["table"] in output and sec["table"] in report["table"]
+    assert sec["compact_table"] not in output
     lines = {line.split("  ")[0].strip(): line for line in sec["table"].splitlines()}
     for config in sec["configurations"]:
         # each speedup is over the uncompressed run of the same type
@@ -197,7 +206,7 @@ def test_two_node_section(tmp_path):
     for row in by_name["2x2 qnccl 4b B128 auto"]["perf"]["rows"]:  # measured: any candidate
         assert row["ok"] and (not row["compressed"] or row["algo"] in ("ring", "tree", "sra",
                                                                        "hier")), row
-    assert section["table"] in output and section["table"] in report["table"]
+    assert section["compact_table"] in output and section["table"] in report["table"]
 
 
 def test_collectives_section(tmp_path):
@@ -216,7 +225,7 @@ def test_collectives_section(tmp_path):
     assert names == ["reducescatter uncompressed (NCCL API)", "reducescatter qnccl 4b B128",
                      "allgather uncompressed (NCCL API)", "allgather qnccl 8b B128",
                      "alltoall uncompressed (NCCL API)", "alltoall qnccl 8b B128"]
-    assert section["table"] in output
+    assert section["compact_table"] in output and section["table"] in report["table"]
     for base, quantized in zip(section["configurations"][::2], section["configurations"][1::2]):
         assert base["status"] == quantized["status"] == "ok" and quantized["check_ok"]
         assert quantized["perf"]["collective"] == quantized["collective"]
@@ -250,7 +259,7 @@ def test_shared_memory_section(tmp_path):
     configs = {c["name"]: c for c in section["configurations"]}
     assert list(configs) == ["shm uncompressed (NCCL API)", "shm qnccl 4b B128 auto",
                              "shm qnccl 4b B128 ring", "shm qnccl 4b B128 sra"]
-    assert section["table"] in output and section["table"] in report["table"]
+    assert section["compact_table"] in output and section["table"] in report["table"]
     base = configs["shm uncompressed (NCCL API)"]
     for config in configs.values():
         assert config["status"] == "ok" and config["check_ok"], config
@@ -339,3 +348,378 @@ def test_rotated_rows(extra, rotated):
         assert run[run.index("--rotation-block") + 1] == "256"
         assert ("--clip" in run) == clip
         assert not clip or run[run.index("--clip") + 1] == "gaussian"
+
+
+# ---- outputs, console and time estimate, without running jobs --------------------------------
+
+def bench_args(*extra):
+    from qnccl import cli
+
+    return cli.bench_settings(cli.build_parser().parse_args(["bench", *extra]))
+
+
+def fake_record(config, args, index, fail=False):
+    """A record as run_config returns it, with made-up rows at every size of args (busbw
+    from the link's rate and the row's wire bytes); fail: a failed job with a long message."""
+    import dataclasses
+
+    ranks = config.ranks or args.ranks
+    factor = (2 if config.collective == "allreduce" else 1) * (ranks - 1) / ranks
+    width = bench.DTYPE_BYTES[config.dtype]
+    wire = factor * ((config.bits / 8 + 8 / config.bucket_size) / width
+                     if config.kind == "qnccl" else 1)
+    bps = bench.rate_bps(config.rate) or 8e9
+    rows = []
+    for size in bench.sweep(args):
+        busbw = bps / 8e9 / ranks * factor / wire * (1 + 0.01 * (index % 7))
+        seconds = size * factor / (busbw * 1e9)
+        rows.append({"size": size, "placement": "out-of-place", "time_us": seconds * 1e6,
+                     "time_us_median": seconds * 1e6, "algbw_gbps": busbw / factor,
+                     "busbw_gbps": busbw, "wire_bytes_per_input_byte": wire,
+                     "error": 0.2 / config.bits if config.bits else 3e-8, "ok": True,
+                     "vs_plain": 0.97 if config.interleave else None})
+    record = {**dataclasses.asdict(config), "status": "ok", "message": None,
+              "wall_s": round(bench.predict_wall(config, args), 2), "perf": {"rows": rows}}
+    if fail:
+        record.update(status="failed", perf={"rows": []},
+                      message="exit 1: " + "a long line of the job's log " * 12)
+    return record
+
+
+def synthetic_report(*extra, fail_every=0):
+    """A report of every configuration of `qnccl bench EXTRA` (all sections; with
+    --dtypes float32,bfloat16,float16 every kind, algorithm, bits, type and rotated row a real
+    run has), with made-up rows; fail_every: every n-th a failed job."""
+    args = bench_args(*extra)
+    count = iter(range(1, 10_000))
+
+    def records(configs):
+        return [fake_record(c, args, i, fail=bool(fail_every) and i % fail_every == 0)
+                for c, i in zip(configs, count)]
+
+    report = {"benchmark": "qnccl bench", "date": "2026-11-29T10:26:35+00:00",
+              "host": {"name": "vm", "cpus": 2, "platform": "Linux-6.18-x86_64"},
+              "nranks": args.ranks, "rounding": args.rounding, "iters": args.iters,
+              "command": "/x/qnccl/__main__.py bench --out build/bench", "sections": []}
+    for rate in args.rates:
+        recs = records(bench.configurations(args, rate))
+        report["sections"].append({"link": {"rate": rate, "requested": rate},
+                                   "sizes": bench.summarize(recs), "configurations": recs,
+                                   "title": f"allreduce at {rate}, " + "explained at length " * 9})
+    two = records(bench.node_configurations(args, args.rates[0]))
+    report["two_nodes"] = {"nodes": 2, "nranks": 4, "link": {"rate": args.rates[0],
+                                                            "requested": args.rates[0]},
+                           "sizes": bench.summarize(two), "configurations": two, "title": "2x2"}
+    collectives = records(bench.collective_configurations(args, args.rates[0]))
+    for i in range(0, len(collectives), 2):
+        bench.summarize(collectives[i:i + 2])
+    report["collectives"] = {"link": {"rate": args.rates[0], "requested": args.rates[0]},
+                             "sizes": bench.sweep(args), "configurations": collectives,
+                             "title": "collectives"}
+    shm = records(bench.shm_configurations(args))
+    report["shared_memory"] = {"link": {"rate": "none"}, "sizes": bench.summarize(shm),
+                               "configurations": shm, "title": "shared memory"}
+    return args, report
+
+
+ALL_TYPES = ("--dtypes", "float32,bfloat16,float16")
+
+
+def test_plot_grid_and_styles(tmp_path):
+    """busbw.png: a grid of panels two wide that fits a laptop screen's width, each legend
+    below its own axes (not over any panel, inside the figure, font 8 or more), and within
+    each panel no two legend entries alike: (color, linestyle, marker, fill) read back from
+    the legend's lines. Every kind, algorithm, bits, type and rotated row of a real run."""
+    args, report = synthetic_report(*ALL_TYPES)
+    panels = [(s["configurations"], s["sizes"], heading)
+              for heading, s in bench.sections_of(report)]
+    assert len(panels) == 5
+    fig = bench.figure(panels)
+    width, height = fig.get_size_inches() * fig.dpi
+    assert width <= 1600 and 700 <= width / 2
+    axes = [ax for ax in fig.axes if ax.get_legend() is not None]
+    assert len(axes) == 5 == len(fig.axes)
+    columns = sorted({round(ax.get_position().x0, 3) for ax in axes})
+    rows = sorted({round(ax.get_position().y0, 3) for ax in axes})
+    assert len(columns) == 2 and len(rows) == 3  # 2 + 2 + 1
+    fig.canvas.draw()  # the legends' places
+    renderer = fig.canvas.get_renderer()
+    figure_box = fig.bbox
+    panel_parts = [box for ax in fig.axes for box in (
+        ax.get_window_extent(renderer), ax.xaxis.get_tightbbox(renderer),
+        ax.yaxis.get_tightbbox(renderer), ax.title.get_window_extent(renderer))]
+    for ax, (records, _, title) in zip(axes, panels):
+        legend = ax.get_legend()
+        lines = legend.get_lines()
+        assert len(lines) == len(records), title
+        looks = [(line.get_color(), line.get_linestyle(), line.get_marker(),
+                  line.get_fillstyle()) for line in lines]
+        clashes = [(label.get_text(), look) for label, look in zip(legend.get_texts(), looks)
+                   if looks.count(look) > 1]
+        assert not clashes, f"{title}: legend entries alike: {clashes}"
+        assert all(text.get_fontsize() >= 8 for text in legend.get_texts())
+        box = legend.get_window_extent(renderer)
+        assert figure_box.x0 <= box.x0 and box.x1 <= figure_box.x1 + 1
+        assert figure_box.y0 <= box.y0 and box.y1 <= figure_box.y1 + 1
+        assert box.width > 0.8 * width / 2  # below its own axes, as wide as they are
+        assert ax.get_window_extent(renderer).x0 - 100 < box.x0 < ax.get_window_extent(renderer).x0
+        clash = [part for part in panel_parts if box.overlaps(part)]  # over no panel's axes,
+        assert not clash, (title, clash)  # tick labels, axis labels or title
+        # dash patterns long enough to tell in the legend
+        assert legend.handlelength >= 4
+    # in the flat panels: each algorithm its own dash pattern and marker, each type its fill
+    flat = axes[0].get_legend()
+    by_label = {t.get_text(): line for t, line in zip(flat.get_texts(), flat.get_lines())}
+    markers = {algo: by_label[f"4b B128 {algo}"].get_marker() for algo in ("ring", "tree", "sra")}
+    markers["auto"] = by_label["4b B128 auto"].get_marker()
+    assert len(set(markers.values())) == 4
+    fills = {by_label[f"4b B128 ring{tag}"].get_fillstyle() for tag in ("", " bf16", " fp16")}
+    assert len(fills) == 3
+    # records that would look alike (the same settings twice, a baseline thrice) still differ
+    twins = [*panels[0][0][:1] * 3, *[r for r in panels[0][0] if r["rotation_block"]] * 2]
+    looks = [(s["color"], s["marker"], s["fillstyle"]) for s in bench.line_styles(twins)]
+    assert len(set(looks)) == len(twins) == 7
+    path = tmp_path / "busbw.png"
+    bench.plot(panels, path)
+    png = path.read_bytes()
+    assert int.from_bytes(png[16:20], "big") == round(width) <= 1600
+    assert int.from_bytes(png[20:24], "big") == round(height)
+
+
+@pytest.mark.parametrize("extra", [(), ("--sizes", "64K:64M", *ALL_TYPES)],
+                         ids=["default", "11 sizes, 3 types"])
+def test_compact_tables_fit_120_columns(extra):
+    """The console's tables (and summary.md's) fit 120 columns, titles, failures and footnotes
+    wrapped; the per-size cells go first to every other size (the largest kept, a footnote
+    names the rest), after the limit column; --wide's table keeps every column."""
+    args, report = synthetic_report(*extra, fail_every=9)
+    sizes = bench.sweep(args)
+    for heading, section in bench.sections_of(report):
+        text = bench.render_text(bench.section_table(section))
+        too_wide = [line for line in text.splitlines() if len(line) > 120]
+        assert not too_wide, f"{heading}:\n" + "\n".join(too_wide)
+        assert any(line.startswith("configuration ") for line in text.splitlines())
+        assert f"  {bench.mib(sizes[-1])}" in text
+        for record in section["configurations"]:
+            assert record["name"] in text
+            if record["status"] != "ok":
+                assert "failed: exit 1: a long line" in text
+        wide = bench.format_table(section["configurations"], section["sizes"], "title")
+        header = wide.splitlines()[2:4]
+        assert all(f"{bench.mib(s):>15}" in header[0] for s in section["sizes"])
+        assert header[0].split()[:3] == ["wire", "limit", "error"]
+        assert header[1].count("GB/s speedup") == len(section["sizes"])
+    if len(sizes) == 11:  # thinned
+        table = bench.section_table(report["sections"][0])
+        assert "limit" not in table.columns
+        assert any("Sizes left out" in note and "32 MiB" in note for note in table.notes)
+        assert "64 KiB" in table.columns and "64 MiB" in table.columns
+    else:
+        assert bench.section_table(report["sections"][0]).columns == [
+            "configuration", "wire", "limit", "error", *(bench.mib(s) for s in sizes)]
+
+
+def test_summary_markdown_and_headline():
+    """summary.md: where and when, the headline (largest size, float32, a column per link and
+    one for the two nodes, whose hierarchical rows have lines of their own), then every
+    section's console table as markdown."""
+    args, report = synthetic_report()
+    text = bench.summary_markdown(report)
+    assert text.startswith("# qnccl bench\n\nMeasured 2026-11-29 10:26:35+00:00 on vm, 2 CPUs, "
+                           "Linux-6.18-x86_64; `qnccl bench --out build/bench`\n")
+    caption, table = bench.headline(report)
+    assert table.columns == ["configuration", "1 Gbit/s", "10 Gbit/s",
+                             "2 nodes x 2 ranks, 1 Gbit/s between"]
+    assert "64 MiB of float32" in caption and "bucket 128" in caption
+    rows = {row[0]: row[1:] for row in table.rows}
+    assert rows["uncompressed (NCCL API)"][0].endswith(" GB/s")
+    hier = rows["qnccl 4b B128 hier"]
+    assert hier[:2] == ["", ""] and hier[2].endswith("x")
+    assert rows["qnccl 4b B128 ring"][2].endswith("x")  # the two-node row on the flat row's line
+    assert "qnccl 2b B128 sra rot256 clip" in rows
+    assert not any("bf16" in name or "B1024" in name for name in rows)
+    for heading, section in bench.sections_of(report):
+        md = bench.render_markdown(bench.section_table(section))
+        assert md in text
+        assert len([line for line in md.splitlines() if line.startswith("| ")]) >= 1 + len(
+            section["configurations"])
+
+
+def run_main(monkeypatch, tmp_path, extra, stream, fail_name=None):
+    """bench.main with jobs that do not run: run_config returns fake_record's rows, announcing
+    each size as a job's row would."""
+    args = bench_args("--out", str(tmp_path), *extra)
+    count = iter(range(1, 10_000))
+
+    def fake_run(config, args, out_dir, on_size=lambda text: None):
+        for size in bench.sweep(args):
+            on_size(f"{bench.mib(size)}: 1.0 ms a call, error 1e-02")
+        return fake_record(config, args, next(count), fail=config.name == fail_name)
+
+    monkeypatch.setattr(bench, "run_config", fake_run)
+    monkeypatch.setattr(bench, "missing_parts", lambda args: [])
+    monkeypatch.setattr(bench.shutil, "which", lambda name: "/usr/bin/" + name)
+    monkeypatch.setattr(bench, "probe_link", lambda rate: bench.Link(
+        rate, "unthrottled" if rate == "none" else rate, True, ""))
+    monkeypatch.setattr(sys, "stdout", stream)
+    status = bench.main(args)
+    configs = [c for rate in args.rates for c in bench.configurations(args, rate)]
+    configs += (bench.node_configurations(args, args.rates[0])
+                + bench.collective_configurations(args, args.rates[0])
+                + bench.shm_configurations(args))
+    return status, stream.getvalue(), configs
+
+
+QUICK = ("--sizes", "1M:4M", "--bits", "4", "--buckets", "128", "--algos", "ring,sra",
+         "--dtypes", "float32,bfloat16")
+
+
+def test_console_not_a_terminal(monkeypatch, tmp_path):
+    """Not on a terminal: exactly one line per configuration, when it ends ('[ i/N] name  its
+    busbw at the largest size (speedup), wall time, about X left'), a failure's message on a
+    line of its own, no line per size; the tables fit 120 columns; summary.md is written."""
+    import io
+
+    status, output, configs = run_main(monkeypatch, tmp_path, QUICK, io.StringIO(),
+                                       fail_name="qnccl 4b B128 sra")
+    assert status == 1  # the failed job
+    assert "\r" not in output and "\033" not in output
+    progress = [line for line in output.splitlines() if re.match(r"\[ *\d+/\d+\] ", line)]
+    n = len(configs)
+    assert len(progress) == n
+    for i, (line, config) in enumerate(zip(progress, configs), 1):
+        assert line.startswith(f"[{i:2d}/{n}] {config.name}"), line
+        assert re.search(r"(\d+ s|[\d.]+ min) left$" if i < n else r"\d s$", line), line
+        if config.name == "qnccl 4b B128 sra" and config.rate == "1gbit":
+            assert "failed after" in line
+    assert re.search(r"^\[ 2/\d+\] MPI_Allreduce at 1gbit  4 MiB: [\d.]+ GB/s \(1\.0\dx\), "
+                     r"[\d.]+ s, about [\d.]+ min left$", output, re.M)
+    assert len(re.findall(r"^      failed: exit 1: a long line", output, re.M)) == 2  # 2 rates
+    assert "1.0 ms a call" not in output
+    tables = output[output.index("\nallreduce of"):output.index("\nreport: ")]
+    assert max(len(line) for line in tables.splitlines()) <= 120
+    summary = (tmp_path / "summary.md").read_text()
+    assert summary.startswith("# qnccl bench\n\nMeasured ") and "## Headline" in summary
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["sections"][0]["compact_table"] in output
+    assert report["sections"][0]["table"] not in output
+    assert f"summary: {tmp_path / 'summary.md'}" in output
+
+
+def test_console_on_a_terminal(monkeypatch, tmp_path):
+    """On a terminal: each configuration's line rewritten in place as its sizes come (carriage
+    return, clear the line), then left as one line with its result; --wide prints the full
+    tables."""
+    import io
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    status, output, configs = run_main(monkeypatch, tmp_path, (*QUICK, "--wide"), Terminal())
+    assert status == 0
+    n = len(configs)
+    shown = [line.rsplit("\r\033[K", 1)[-1] for line in output.split("\n")]  # what stays
+    progress = [line for line in shown if re.match(r"\[ *\d+/\d+\] ", line)]
+    assert [line[:line.index("]") + 1] for line in progress] == [
+        f"[{i:2d}/{n}]" for i in range(1, n + 1)]
+    assert "\r\033[K[ 1/%d] uncompressed (NCCL API) at 1gbit  4 MiB: 1.0 ms a call, error " \
+           "1e-02, about " % n in output
+    assert output.count("\r\033[K") >= n * 4  # a start and three sizes each
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["sections"][0]["table"] in output  # --wide
+
+
+def replay(run):
+    """(estimated, actual) seconds left at each step of a recorded run after its first
+    configuration: bench.seconds_left from the finished ones' wall times against what the rest
+    took."""
+    import types
+
+    args = types.SimpleNamespace(**run["args"])
+    records = run["configurations"]
+    configs = [bench.config_of(r) for r in records]
+    return [(bench.seconds_left(records[:i], configs[i:], args),
+             sum(r["wall_s"] for r in records[i:])) for i in range(1, len(records))]
+
+
+def test_time_estimate_replays_measured_runs():
+    """The time left, replayed over measured runs (tests/bench_walls.json: every job's
+    configuration and wall time): within 20% of what the rest took at every step from the
+    first configuration on. (The small sweeps' jobs take about a second each, mostly their
+    start, which varies by a few tenths from job to job: there 0.5 s counts as close enough.)"""
+    runs = json.loads((REPO / "tests" / "bench_walls.json").read_text())["runs"]
+    assert len(runs) >= 3
+    for run in runs:
+        steps = replay(run)
+        worst = max(steps, key=lambda step: abs(step[0] / step[1] - 1))
+        misses = [(i, f"{est:.1f} s for {actual:.1f} s") for i, (est, actual) in enumerate(steps, 2)
+                  if abs(est / actual - 1) > 0.2 and abs(est - actual) > 0.5]
+        assert not misses, (run["command"], misses)
+        if run["wall_s"] > 60:  # the 64 MiB runs
+            assert abs(worst[0] / worst[1] - 1) <= 0.2
+
+
+def test_time_estimate_model():
+    """What the prediction follows: the link's rate, the wire bytes (bits), the sizes, the
+    calls per size; 'none' has no link term."""
+    assert bench.rate_bps("1gbit") == 1e9 and bench.rate_bps("2.5gbit") == 2.5e9
+    assert bench.rate_bps("100mbit") == 1e8 and bench.rate_bps("none") is None
+    args = bench_args("--sizes", "64M:64M")
+    base = bench.Config("u", "nccl", rate="1gbit")
+    # 4 ranks x 1.5 bytes per byte of 64 MiB on one 1 Gbit/s link: 3.2 s a call
+    assert bench.call_seconds(base, args, 64 << 20) == pytest.approx(3.22, rel=0.01)
+    four = bench.Config("q", "qnccl", 4, 128, "ring", rate="1gbit")
+    two = bench.Config("q", "qnccl", 2, 128, "ring", rate="1gbit")
+    assert bench.predict_wall(four, args) < bench.predict_wall(base, args) / 5
+    assert bench.predict_wall(two, args) < bench.predict_wall(four, args)
+    assert bench.predict_wall(bench.Config("u", "nccl", rate="10gbit"), args) < \
+        bench.predict_wall(base, args) / 5
+    more = bench_args("--sizes", "32M:64M")
+    assert bench.predict_wall(base, more) == pytest.approx(1.5 * bench.predict_wall(base, args),
+                                                           rel=0.05)
+    auto = bench.Config("q", "qnccl", 4, 128, "auto", rate="1gbit")
+    torch = [bench.Config("t", "torch-gloo", rate=rate) for rate in ("1gbit", "10gbit")]
+    assert bench.seconds_left([], torch[1:], args) > 10
+    skipped = {**fake_record(torch[0], args, 1), "status": "skipped", "wall_s": 2.0}
+    assert bench.seconds_left([skipped], torch[1:], args) == 2.0  # torch is missing
+    # five trials of the exact call (3.2 s) in place of five quantized ones (0.46 s)
+    assert bench.predict_wall(auto, args) - bench.predict_wall(four, args) == pytest.approx(
+        5 * (3.22 - 0.46), rel=0.05)
+
+
+def test_bench_docs_script(tmp_path):
+    """scripts/bench_docs.py puts a report's headline into README.md's block and its full
+    summary into docs/benchmark.md's, the markers kept; a second run changes nothing; a
+    missing marker fails with a message naming the file and the marker, and writes nothing."""
+    _, report = synthetic_report()
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "report.json").write_text(json.dumps(report))
+    readme, doc = tmp_path / "README.md", tmp_path / "benchmark.md"
+    readme.write_text("# x\n\n<!-- bench:summary:begin -->\nold\n<!-- bench:summary:end -->\n"
+                      "\nafter\n")
+    doc.write_text("intro\n<!-- bench:full:begin -->\n<!-- bench:full:end -->\nrest\n")
+    script = [sys.executable, str(REPO / "scripts" / "bench_docs.py")]
+
+    def run(*args):
+        return subprocess.run([*script, *args, "--readme", str(readme), "--doc", str(doc)],
+                              capture_output=True, text=True, timeout=60)
+
+    first = run(str(tmp_path / "out"))
+    assert first.returncode == 0, first.stderr
+    texts = readme.read_text(), doc.read_text()
+    assert texts[0].startswith("# x\n\n<!-- bench:summary:begin -->\nMeasured 2026-11-29 ")
+    assert texts[0].endswith("| \n<!-- bench:summary:end -->\n\nafter\n") or \
+        texts[0].endswith("|\n<!-- bench:summary:end -->\n\nafter\n")
+    assert bench.headline_markdown(report).strip() in texts[0] and "old" not in texts[0]
+    assert bench.summary_markdown(report, level=3, title=False).strip() in texts[1]
+    assert texts[1].startswith("intro\n<!-- bench:full:begin -->\nMeasured ")
+    assert texts[1].endswith("\n<!-- bench:full:end -->\nrest\n") and "### Headline" in texts[1]
+    second = run(str(tmp_path / "out" / "report.json"))
+    assert second.returncode == 0 and (readme.read_text(), doc.read_text()) == texts
+    doc.write_text("intro\n<!-- bench:full:begin -->\nrest\n")
+    readme.write_text(texts[0].replace("after", "changed"))
+    broken = run(str(tmp_path / "out"))
+    assert broken.returncode == 1
+    assert f"{doc}: the marker line <!-- bench:full:end --> is missing" in broken.stderr
+    assert readme.read_text() == texts[0].replace("after", "changed")  # nothing written
