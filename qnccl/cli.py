@@ -4,7 +4,7 @@
     qnccl info                       what is installed and built, and what a job would use:
                                      configuration, GPU driver, the NCCL library
     qnccl bench                      quantized vs uncompressed allreduce on a rate-limited link
-                                     (make bench; qnccl/bench.py, docs/perf.md)
+                                     (make bench; qnccl/bench/, docs/perf.md)
     qnccl codec-bench                host codec throughput (codec_bench), beside memcpy
     qnccl config --cflags --libs     flags to compile and link a program against this package
 """

@@ -9,11 +9,11 @@ beside its report.json. Replaces the lines between
     <!-- bench:summary:begin -->  and  <!-- bench:summary:end -->   in README.md
 
 with the headline (where and when it was measured, 64 MiB float32 speedups per row and link:
-qnccl.bench.headline_markdown), and between
+qnccl.bench.report.headline_markdown), and between
 
     <!-- bench:full:begin -->  and  <!-- bench:full:end -->   in docs/benchmark.md
 
-with the full summary (summary.md's tables: qnccl.bench.summary_markdown). The marker lines
+with the full summary (summary.md's tables: qnccl.bench.report.summary_markdown). The marker lines
 stay; running it again on the same report changes nothing. Exits 1, changing no file, when a
 file lacks a marker (or has it twice, or end before begin) or the report cannot be read.
 """
@@ -25,7 +25,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from qnccl import bench  # noqa: E402  (the source tree's, beside this script)
+from qnccl.bench import report as bench  # noqa: E402  (the source tree's, beside this script)
 
 
 class MarkerError(Exception):

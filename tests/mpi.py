@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from qnccl import bench
+from qnccl.bench.jobs import MPI_ENV as BENCH_MPI_ENV, MPI_SHARED_MEMORY_ENV
 
 REPO = Path(__file__).resolve().parents[1]
 # The build the tests run against, and what every rank preloads first: `make
@@ -30,7 +30,7 @@ LIBQNCCL = Path(os.environ.get("QNCCL_LIB") or BUILD / "lib" / "libqnccl.so")
 
 # Open MPI as root in a container, more ranks than cores, no busy waiting,
 # shared memory between the ranks of this machine.
-MPI_ENV = {**bench.MPI_ENV, **bench.MPI_SHARED_MEMORY_ENV, "PYTHONUNBUFFERED": "1"}
+MPI_ENV = {**BENCH_MPI_ENV, **MPI_SHARED_MEMORY_ENV, "PYTHONUNBUFFERED": "1"}
 
 
 def mpirun():

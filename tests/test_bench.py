@@ -1,4 +1,4 @@
-"""`qnccl bench` (qnccl/bench.py, `make bench`): a small sweep run for real,
+"""`qnccl bench` (qnccl/bench/, `make bench`): a small sweep run for real,
 MPI jobs inside perf/netlab, and the table, report.json and plot checked
 against what the jobs measured and against docs/allreduce.md's byte counts.
 Bad options fail before any job starts."""
@@ -14,6 +14,8 @@ import pytest
 from conftest import sent_bytes
 from mpi import REPO
 from qnccl import bench
+from qnccl.bench import configs as bench_configs, estimate as bench_estimate, \
+    jobs as bench_jobs, plots as bench_plots, report as tables
 
 QNCCL = [sys.executable, "-m", "qnccl"]
 
@@ -268,11 +270,11 @@ def test_shared_memory_section(tmp_path):
         assert netlab == ["--nodes", "1", "--rate", "none"], config["command"]
         mpirun = config["command"][config["command"].index("--") + 1:]
         assert mpirun[1:3] == ["--bind-to", "core:overload-allowed"], config["command"]
-        assert config["perf"]["options"]["iters"] == 21  # bench.SHM_MIN_ITERS over --iters 2
+        assert config["perf"]["options"]["iters"] == 21  # bench_configs.SHM_MIN_ITERS over --iters 2
         for size, busbw in config["busbw_gbps"].items():
             assert config["speedup"][size] == pytest.approx(busbw / base["busbw_gbps"][size])
         interleaved = config["name"] == "shm qnccl 4b B128 auto"
-        assert config["perf"]["options"]["interleave"] == (bench.SHM_ROUNDS if interleaved else 0)
+        assert config["perf"]["options"]["interleave"] == (bench_configs.SHM_ROUNDS if interleaved else 0)
         assert bool(config["vs_plain"]) == interleaved, config["vs_plain"]
         if interleaved:
             assert config["vs_plain"] == {str(r["size"]): r["vs_plain"]
@@ -331,7 +333,7 @@ def test_rotated_rows(extra, rotated):
     from qnccl import cli
 
     args = cli.bench_settings(cli.build_parser().parse_args(["bench", *extra]))
-    configs = bench.configurations(args, "1gbit")
+    configs = bench_configs.configurations(args, "1gbit")
     rows = [c for c in configs if c.rotation_block]
     if not rotated:
         assert rows == []
@@ -365,12 +367,12 @@ def fake_record(config, args, index, fail=False):
 
     ranks = config.ranks or args.ranks
     factor = (2 if config.collective == "allreduce" else 1) * (ranks - 1) / ranks
-    width = bench.DTYPE_BYTES[config.dtype]
+    width = bench_estimate.DTYPE_BYTES[config.dtype]
     wire = factor * ((config.bits / 8 + 8 / config.bucket_size) / width
                      if config.kind == "qnccl" else 1)
-    bps = bench.rate_bps(config.rate) or 8e9
+    bps = bench_configs.rate_bps(config.rate) or 8e9
     rows = []
-    for size in bench.sweep(args):
+    for size in bench_estimate.sweep(args):
         busbw = bps / 8e9 / ranks * factor / wire * (1 + 0.01 * (index % 7))
         seconds = size * factor / (busbw * 1e9)
         rows.append({"size": size, "placement": "out-of-place", "time_us": seconds * 1e6,
@@ -379,7 +381,7 @@ def fake_record(config, args, index, fail=False):
                      "error": 0.2 / config.bits if config.bits else 3e-8, "ok": True,
                      "vs_plain": 0.97 if config.interleave else None})
     record = {**dataclasses.asdict(config), "status": "ok", "message": None,
-              "wall_s": round(bench.predict_wall(config, args), 2), "perf": {"rows": rows}}
+              "wall_s": round(bench_estimate.predict_wall(config, args), 2), "perf": {"rows": rows}}
     if fail:
         record.update(status="failed", perf={"rows": []},
                       message="exit 1: " + "a long line of the job's log " * 12)
@@ -402,22 +404,22 @@ def synthetic_report(*extra, fail_every=0):
               "nranks": args.ranks, "rounding": args.rounding, "iters": args.iters,
               "command": "/x/qnccl/__main__.py bench --out build/bench", "sections": []}
     for rate in args.rates:
-        recs = records(bench.configurations(args, rate))
+        recs = records(bench_configs.configurations(args, rate))
         report["sections"].append({"link": {"rate": rate, "requested": rate},
-                                   "sizes": bench.summarize(recs), "configurations": recs,
+                                   "sizes": tables.summarize(recs), "configurations": recs,
                                    "title": f"allreduce at {rate}, " + "explained at length " * 9})
-    two = records(bench.node_configurations(args, args.rates[0]))
+    two = records(bench_configs.node_configurations(args, args.rates[0]))
     report["two_nodes"] = {"nodes": 2, "nranks": 4, "link": {"rate": args.rates[0],
                                                             "requested": args.rates[0]},
-                           "sizes": bench.summarize(two), "configurations": two, "title": "2x2"}
-    collectives = records(bench.collective_configurations(args, args.rates[0]))
+                           "sizes": tables.summarize(two), "configurations": two, "title": "2x2"}
+    collectives = records(bench_configs.collective_configurations(args, args.rates[0]))
     for i in range(0, len(collectives), 2):
-        bench.summarize(collectives[i:i + 2])
+        tables.summarize(collectives[i:i + 2])
     report["collectives"] = {"link": {"rate": args.rates[0], "requested": args.rates[0]},
-                             "sizes": bench.sweep(args), "configurations": collectives,
+                             "sizes": bench_estimate.sweep(args), "configurations": collectives,
                              "title": "collectives"}
-    shm = records(bench.shm_configurations(args))
-    report["shared_memory"] = {"link": {"rate": "none"}, "sizes": bench.summarize(shm),
+    shm = records(bench_configs.shm_configurations(args))
+    report["shared_memory"] = {"link": {"rate": "none"}, "sizes": tables.summarize(shm),
                                "configurations": shm, "title": "shared memory"}
     return args, report
 
@@ -432,9 +434,9 @@ def test_plot_grid_and_styles(tmp_path):
     the legend's lines. Every kind, algorithm, bits, type and rotated row of a real run."""
     args, report = synthetic_report(*ALL_TYPES)
     panels = [(s["configurations"], s["sizes"], heading)
-              for heading, s in bench.sections_of(report)]
+              for heading, s in tables.sections_of(report)]
     assert len(panels) == 5
-    fig = bench.figure(panels)
+    fig = bench_plots.figure(panels)
     width, height = fig.get_size_inches() * fig.dpi
     assert width <= 1600 and 700 <= width / 2
     axes = [ax for ax in fig.axes if ax.get_legend() is not None]
@@ -477,10 +479,10 @@ def test_plot_grid_and_styles(tmp_path):
     assert len(fills) == 3
     # records that would look alike (the same settings twice, a baseline thrice) still differ
     twins = [*panels[0][0][:1] * 3, *[r for r in panels[0][0] if r["rotation_block"]] * 2]
-    looks = [(s["color"], s["marker"], s["fillstyle"]) for s in bench.line_styles(twins)]
+    looks = [(s["color"], s["marker"], s["fillstyle"]) for s in bench_plots.line_styles(twins)]
     assert len(set(looks)) == len(twins) == 7
     path = tmp_path / "busbw.png"
-    bench.plot(panels, path)
+    bench_plots.plot(panels, path)
     png = path.read_bytes()
     assert int.from_bytes(png[16:20], "big") == round(width) <= 1600
     assert int.from_bytes(png[20:24], "big") == round(height)
@@ -493,30 +495,30 @@ def test_compact_tables_fit_120_columns(extra):
     wrapped; the per-size cells go first to every other size (the largest kept, a footnote
     names the rest), after the limit column; --wide's table keeps every column."""
     args, report = synthetic_report(*extra, fail_every=9)
-    sizes = bench.sweep(args)
-    for heading, section in bench.sections_of(report):
-        text = bench.render_text(bench.section_table(section))
+    sizes = bench_estimate.sweep(args)
+    for heading, section in tables.sections_of(report):
+        text = tables.render_text(tables.section_table(section))
         too_wide = [line for line in text.splitlines() if len(line) > 120]
         assert not too_wide, f"{heading}:\n" + "\n".join(too_wide)
         assert any(line.startswith("configuration ") for line in text.splitlines())
-        assert f"  {bench.mib(sizes[-1])}" in text
+        assert f"  {bench_configs.mib(sizes[-1])}" in text
         for record in section["configurations"]:
             assert record["name"] in text
             if record["status"] != "ok":
                 assert "failed: exit 1: a long line" in text
-        wide = bench.format_table(section["configurations"], section["sizes"], "title")
+        wide = tables.format_table(section["configurations"], section["sizes"], "title")
         header = wide.splitlines()[2:4]
-        assert all(f"{bench.mib(s):>15}" in header[0] for s in section["sizes"])
+        assert all(f"{bench_configs.mib(s):>15}" in header[0] for s in section["sizes"])
         assert header[0].split()[:3] == ["wire", "limit", "error"]
         assert header[1].count("GB/s speedup") == len(section["sizes"])
     if len(sizes) == 11:  # thinned
-        table = bench.section_table(report["sections"][0])
+        table = tables.section_table(report["sections"][0])
         assert "limit" not in table.columns
         assert any("Sizes left out" in note and "32 MiB" in note for note in table.notes)
         assert "64 KiB" in table.columns and "64 MiB" in table.columns
     else:
-        assert bench.section_table(report["sections"][0]).columns == [
-            "configuration", "wire", "limit", "error", *(bench.mib(s) for s in sizes)]
+        assert tables.section_table(report["sections"][0]).columns == [
+            "configuration", "wire", "limit", "error", *(bench_configs.mib(s) for s in sizes)]
 
 
 def test_summary_markdown_and_headline():
@@ -524,10 +526,10 @@ def test_summary_markdown_and_headline():
     one for the two nodes, whose hierarchical rows have lines of their own), then every
     section's console table as markdown."""
     args, report = synthetic_report()
-    text = bench.summary_markdown(report)
+    text = tables.summary_markdown(report)
     assert text.startswith("# qnccl bench\n\nMeasured 2026-11-29 10:26:35+00:00 on vm, 2 CPUs, "
                            "Linux-6.18-x86_64; `qnccl bench --out build/bench`\n")
-    caption, table = bench.headline(report)
+    caption, table = tables.headline(report)
     assert table.columns == ["configuration", "1 Gbit/s", "10 Gbit/s",
                              "2 nodes x 2 ranks, 1 Gbit/s between"]
     assert "64 MiB of float32" in caption and "bucket 128" in caption
@@ -538,8 +540,8 @@ def test_summary_markdown_and_headline():
     assert rows["qnccl 4b B128 ring"][2].endswith("x")  # the two-node row on the flat row's line
     assert "qnccl 2b B128 sra rot256 clip" in rows
     assert not any("bf16" in name or "B1024" in name for name in rows)
-    for heading, section in bench.sections_of(report):
-        md = bench.render_markdown(bench.section_table(section))
+    for heading, section in tables.sections_of(report):
+        md = tables.render_markdown(tables.section_table(section))
         assert md in text
         assert len([line for line in md.splitlines() if line.startswith("| ")]) >= 1 + len(
             section["configurations"])
@@ -552,21 +554,21 @@ def run_main(monkeypatch, tmp_path, extra, stream, fail_name=None):
     count = iter(range(1, 10_000))
 
     def fake_run(config, args, out_dir, on_size=lambda text: None):
-        for size in bench.sweep(args):
-            on_size(f"{bench.mib(size)}: 1.0 ms a call, error 1e-02")
+        for size in bench_estimate.sweep(args):
+            on_size(f"{bench_configs.mib(size)}: 1.0 ms a call, error 1e-02")
         return fake_record(config, args, next(count), fail=config.name == fail_name)
 
     monkeypatch.setattr(bench, "run_config", fake_run)
     monkeypatch.setattr(bench, "missing_parts", lambda args: [])
     monkeypatch.setattr(bench.shutil, "which", lambda name: "/usr/bin/" + name)
-    monkeypatch.setattr(bench, "probe_link", lambda rate: bench.Link(
+    monkeypatch.setattr(bench, "probe_link", lambda rate: bench_jobs.Link(
         rate, "unthrottled" if rate == "none" else rate, True, ""))
     monkeypatch.setattr(sys, "stdout", stream)
     status = bench.main(args)
-    configs = [c for rate in args.rates for c in bench.configurations(args, rate)]
-    configs += (bench.node_configurations(args, args.rates[0])
-                + bench.collective_configurations(args, args.rates[0])
-                + bench.shm_configurations(args))
+    configs = [c for rate in args.rates for c in bench_configs.configurations(args, rate)]
+    configs += (bench_configs.node_configurations(args, args.rates[0])
+                + bench_configs.collective_configurations(args, args.rates[0])
+                + bench_configs.shm_configurations(args))
     return status, stream.getvalue(), configs
 
 
@@ -632,14 +634,14 @@ def test_console_on_a_terminal(monkeypatch, tmp_path):
 
 def replay(run):
     """(estimated, actual) seconds left at each step of a recorded run after its first
-    configuration: bench.seconds_left from the finished ones' wall times against what the rest
+    configuration: bench_estimate.seconds_left from the finished ones' wall times against what the rest
     took."""
     import types
 
     args = types.SimpleNamespace(**run["args"])
     records = run["configurations"]
-    configs = [bench.config_of(r) for r in records]
-    return [(bench.seconds_left(records[:i], configs[i:], args),
+    configs = [bench_estimate.config_of(r) for r in records]
+    return [(bench_estimate.seconds_left(records[:i], configs[i:], args),
              sum(r["wall_s"] for r in records[i:])) for i in range(1, len(records))]
 
 
@@ -663,28 +665,28 @@ def test_time_estimate_replays_measured_runs():
 def test_time_estimate_model():
     """What the prediction follows: the link's rate, the wire bytes (bits), the sizes, the
     calls per size; 'none' has no link term."""
-    assert bench.rate_bps("1gbit") == 1e9 and bench.rate_bps("2.5gbit") == 2.5e9
-    assert bench.rate_bps("100mbit") == 1e8 and bench.rate_bps("none") is None
+    assert bench_configs.rate_bps("1gbit") == 1e9 and bench_configs.rate_bps("2.5gbit") == 2.5e9
+    assert bench_configs.rate_bps("100mbit") == 1e8 and bench_configs.rate_bps("none") is None
     args = bench_args("--sizes", "64M:64M")
-    base = bench.Config("u", "nccl", rate="1gbit")
+    base = bench_configs.Config("u", "nccl", rate="1gbit")
     # 4 ranks x 1.5 bytes per byte of 64 MiB on one 1 Gbit/s link: 3.2 s a call
-    assert bench.call_seconds(base, args, 64 << 20) == pytest.approx(3.22, rel=0.01)
-    four = bench.Config("q", "qnccl", 4, 128, "ring", rate="1gbit")
-    two = bench.Config("q", "qnccl", 2, 128, "ring", rate="1gbit")
-    assert bench.predict_wall(four, args) < bench.predict_wall(base, args) / 5
-    assert bench.predict_wall(two, args) < bench.predict_wall(four, args)
-    assert bench.predict_wall(bench.Config("u", "nccl", rate="10gbit"), args) < \
-        bench.predict_wall(base, args) / 5
+    assert bench_estimate.call_seconds(base, args, 64 << 20) == pytest.approx(3.22, rel=0.01)
+    four = bench_configs.Config("q", "qnccl", 4, 128, "ring", rate="1gbit")
+    two = bench_configs.Config("q", "qnccl", 2, 128, "ring", rate="1gbit")
+    assert bench_estimate.predict_wall(four, args) < bench_estimate.predict_wall(base, args) / 5
+    assert bench_estimate.predict_wall(two, args) < bench_estimate.predict_wall(four, args)
+    assert bench_estimate.predict_wall(bench_configs.Config("u", "nccl", rate="10gbit"), args) < \
+        bench_estimate.predict_wall(base, args) / 5
     more = bench_args("--sizes", "32M:64M")
-    assert bench.predict_wall(base, more) == pytest.approx(1.5 * bench.predict_wall(base, args),
+    assert bench_estimate.predict_wall(base, more) == pytest.approx(1.5 * bench_estimate.predict_wall(base, args),
                                                            rel=0.05)
-    auto = bench.Config("q", "qnccl", 4, 128, "auto", rate="1gbit")
-    torch = [bench.Config("t", "torch-gloo", rate=rate) for rate in ("1gbit", "10gbit")]
-    assert bench.seconds_left([], torch[1:], args) > 10
+    auto = bench_configs.Config("q", "qnccl", 4, 128, "auto", rate="1gbit")
+    torch = [bench_configs.Config("t", "torch-gloo", rate=rate) for rate in ("1gbit", "10gbit")]
+    assert bench_estimate.seconds_left([], torch[1:], args) > 10
     skipped = {**fake_record(torch[0], args, 1), "status": "skipped", "wall_s": 2.0}
-    assert bench.seconds_left([skipped], torch[1:], args) == 2.0  # torch is missing
+    assert bench_estimate.seconds_left([skipped], torch[1:], args) == 2.0  # torch is missing
     # five trials of the exact call (3.2 s) in place of five quantized ones (0.46 s)
-    assert bench.predict_wall(auto, args) - bench.predict_wall(four, args) == pytest.approx(
+    assert bench_estimate.predict_wall(auto, args) - bench_estimate.predict_wall(four, args) == pytest.approx(
         5 * (3.22 - 0.46), rel=0.05)
 
 
@@ -711,8 +713,8 @@ def test_bench_docs_script(tmp_path):
     assert texts[0].startswith("# x\n\n<!-- bench:summary:begin -->\nMeasured 2026-11-29 ")
     assert texts[0].endswith("| \n<!-- bench:summary:end -->\n\nafter\n") or \
         texts[0].endswith("|\n<!-- bench:summary:end -->\n\nafter\n")
-    assert bench.headline_markdown(report).strip() in texts[0] and "old" not in texts[0]
-    assert bench.summary_markdown(report, level=3, title=False).strip() in texts[1]
+    assert tables.headline_markdown(report).strip() in texts[0] and "old" not in texts[0]
+    assert tables.summary_markdown(report, level=3, title=False).strip() in texts[1]
     assert texts[1].startswith("intro\n<!-- bench:full:begin -->\nMeasured ")
     assert texts[1].endswith("\n<!-- bench:full:end -->\nrest\n") and "### Headline" in texts[1]
     second = run(str(tmp_path / "out" / "report.json"))
