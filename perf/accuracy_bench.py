@@ -47,8 +47,8 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NO_TORCH = 0, 1, 2, 3
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "perf")]  # qnccl and accuracy_model; workers inherit it
 
-from qnccl.bench import MPI_ENV as BENCH_MPI_ENV, MPI_SHARED_MEMORY_ENV  # noqa: E402
-from qnccl.cli import int_in  # noqa: E402  (after the path: the repository's qnccl)
+from qnccl.bench.jobs import MPI_ENV as BENCH_MPI_ENV, MPI_SHARED_MEMORY_ENV  # noqa: E402
+from qnccl.cli import int_in, size_in  # noqa: E402  (after the path: the repository's qnccl)
 from qnccl.emulate import rotation  # noqa: E402
 from gloo_ranks import rendezvous_port  # noqa: E402
 
@@ -151,7 +151,7 @@ def build_parser():
     p.add_argument("--alltoall", type=bit_pairs, default=ALLTOALL_BITS, metavar="PAIRS",
                    help="Table 2: forward/backward bits of the embeddings' all-to-alls, e.g. "
                         "8/8,4/2, or none (default: the paper's seven pairs)")
-    p.add_argument("--bucket-size", type=int_in(1), default=128,
+    p.add_argument("--bucket-size", type=size_in(1, 2**40), default=128,
                    help="values per quantization bucket (default 128)")
     p.add_argument("--rounding", choices=("auto", "nearest", "stochastic"), default="auto",
                    help="the codec's rounding; auto (default): nearest where error feedback "

@@ -33,7 +33,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from qnccl.bench import MPI_ENV  # noqa: E402
+from qnccl.bench.jobs import MPI_ENV  # noqa: E402
 from gloo_ranks import rendezvous_port  # noqa: E402  (this file's folder)
 
 # qnccl.torch's hook settings (bucket 128): "r", rotated in blocks of 256 (docs/rotation.md)

@@ -107,6 +107,15 @@ def size_in(low, high=None):
 _byte_size = size_in(0, 2**64 - 1)  # bytes
 
 
+def size_list(low, high=None):
+    """argparse type: a comma list of sizes or counts, each as size_in(low, high) takes it."""
+    one = size_in(low, high)
+
+    def parse(text):
+        return [one(value) for value in text.split(",")]
+    return parse
+
+
 def _library_path(text):
     """argparse type: a library file (a path, checked) or a bare name for dlopen's search."""
     if "/" not in text:
@@ -617,8 +626,8 @@ def build_parser():
                        help="message sizes, doubling (default 1M:64M)")
     bench.add_argument("--bits", type=_int_list(1, 8), default=[8, 4, 2],
                        help="bits per value, comma list (default 8,4,2)")
-    bench.add_argument("--buckets", type=_int_list(1), default=[128, 1024],
-                       help="bucket sizes, comma list (default 128,1024)")
+    bench.add_argument("--buckets", type=size_list(1, 2**40), default=[128, 1024],
+                       help="bucket sizes, comma list, K suffixes allowed (default 128,1024)")
     bench.add_argument("--algos", type=_name_list(("ring", "tree", "sra")),
                        default=["ring", "tree", "sra"], help="comma list (default ring,tree,sra)")
     bench.add_argument("--dtypes", type=_name_list(("float32", "bfloat16", "float16")),
@@ -675,8 +684,9 @@ def build_parser():
                     "float32 input and as a fraction of memcpy.")
     codec_bench.add_argument("--bits", type=_int_list(1, 8), default=[8, 4, 2],
                              help="bits per value, comma list (default 8,4,2)")
-    codec_bench.add_argument("--bucket", type=_int_list(1), default=[128, 1024],
-                             help="bucket sizes, comma list (default 128,1024)")
+    codec_bench.add_argument("--bucket", type=size_list(1, 2**40), default=[128, 1024],
+                             help="bucket sizes, comma list, K suffixes allowed (default "
+                                  "128,1024)")
     codec_bench.add_argument("--bytes", default="64M", help="float32 input size (default 64M)")
     codec_bench.add_argument("--reps", type=int, default=7, help="timed repetitions (default 7)")
     codec_bench.add_argument("--rotation", type=_rotation_block, default=0, metavar="BLOCK",

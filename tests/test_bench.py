@@ -352,6 +352,24 @@ def test_rotated_rows(extra, rotated):
         assert not clip or run[run.index("--clip") + 1] == "gaussian"
 
 
+@pytest.mark.parametrize("command, flag", [("bench", "--buckets"), ("codec-bench", "--bucket")])
+@pytest.mark.parametrize("text, values", [("128,1K", [128, 1024]), ("2k,64", [2048, 64]),
+                                          ("0", None), ("1KB", None), ("128,", None),
+                                          ("2T", None)])
+def test_bucket_lists_read_as_qnccl_bucket_size(capsys, command, flag, text, values):
+    """The benchmarks' bucket lists take each value as QNCCL_BUCKET_SIZE does: 1..2^40 with an
+    optional K, M or G suffix in either case, nothing else; a refusal says what is allowed."""
+    from qnccl import cli
+
+    if values is not None:
+        args = cli.build_parser().parse_args([command, flag, text])
+        assert getattr(args, flag.lstrip("-")) == values
+        return
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args([command, flag, text])
+    assert "1..2**40 with an optional K, M or G suffix" in capsys.readouterr().err
+
+
 # ---- outputs, console and time estimate, without running jobs --------------------------------
 
 def bench_args(*extra):

@@ -1,5 +1,5 @@
 /* Every environment variable QNCCL reads is read here, and only here: the
- * table in env.cc is the code's counterpart of the README's. Parsing and
+ * table in env.cc is the code's counterpart of docs/environment.md's. Parsing and
  * validation live with the users (src/config/config.cc for QNCCL_* knobs). */
 #ifndef QNCCL_COMMON_ENV_H_
 #define QNCCL_COMMON_ENV_H_

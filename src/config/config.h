@@ -8,7 +8,7 @@
 
 namespace qnccl {
 
-/* The defaults of the README's environment table. */
+/* The defaults of docs/environment.md's table. */
 qncclEnvConfig_t default_config();
 
 /* Reads every QNCCL_* knob. A bad value fails with ncclInvalidArgument and a

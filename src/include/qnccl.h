@@ -301,7 +301,7 @@ typedef struct {
 ncclResult_t qncclRedOpCreateQuantized(ncclRedOp_t* op, const qncclQuantizedOpConfig_t* config,
                                        ncclComm_t comm);
 
-/* ---- Configuration from the environment (README, "Environment variables") -- */
+/* ---- Configuration from the environment (docs/environment.md) ------------ */
 
 typedef enum { qncclDebugWarn = 0, qncclDebugInfo = 1, qncclDebugTrace = 2 } qncclDebugLevel_t;
 
