@@ -1,6 +1,6 @@
 # QNCCL build.
-#   make          libqnccl.so (+ CUDA kernels when the CUDA 12 wheels are in .venv), cffi header,
-#                 perf binaries
+#   make          libqnccl.so with its CUDA kernels (the CUDA 12 wheels make setup puts in .venv;
+#                 CUDA=0: without), the host backend, cffi header, perf binaries
 #   make setup    install what building and testing need (idempotent)
 #   make test     setup + build + the test suite + make sanitize
 #   make bench    setup + build + the benchmark
@@ -21,7 +21,6 @@ PYTHON  ?= $(VENV)/bin/python
 # machine code per architecture) and CCCL (standard headers for NVRTC).
 # A library built with it serves every driver from R525 on. No nvcc is used.
 CUDA ?= 1
-# (absolute, as setup.py names it: the flags stamp below then matches between the two)
 CUDA_ROOT ?= $(abspath $(patsubst %/cuda_nvrtc,%,$(firstword $(wildcard $(VENV)/lib/python3*/site-packages/nvidia/cuda_nvrtc))))
 # GPU architectures: machine code for each of CUDA_ARCHS (V100, A100,
 # H100/H200, B200, RTX 50), PTX for CUDA_PTX, the oldest (compute_70: the
@@ -139,7 +138,11 @@ native: $(LIB) $(HOST_LIB) $(CDEF) $(PERF_BINS) $(NCCL_INCLUDE)/nccl.h
 # Objects depend on the compilers and flags they were built with: a build
 # with other settings (say CUDA=0) rebuilds everything instead of mixing.
 FLAGS_STAMP := $(BUILD)/flags.txt
-FLAGS_NOW := $(CXX) $(CXXFLAGS) | $(CODEC_FLAGS) $(foreach i,$(HOST_ISAS),$(ISA_FLAGS_$(i))) | $(CUDA_ROOT) $(CUDA_ARCHS) / $(CUDA_PTX) | $(LDFLAGS) $(CUDA_LIBS)
+# The toolkit enters by its wheels' versions, not its folder: pip's isolated build of a wheel
+# installs it under a new temporary folder each time, which would rebuild everything.
+CUDA_VERSIONS := $(if $(CUDA_ROOT),$(notdir $(wildcard $(CUDA_ROOT)/../nvidia_cuda_*_cu12-*.dist-info)))
+FLAGS_RAW := $(CXX) $(CXXFLAGS) | $(CODEC_FLAGS) $(foreach i,$(HOST_ISAS),$(ISA_FLAGS_$(i))) | $(CUDA_VERSIONS) $(CUDA_ARCHS) / $(CUDA_PTX) | $(LDFLAGS) $(CUDA_LIBS)
+FLAGS_NOW := $(if $(CUDA_ROOT),$(subst $(CUDA_ROOT),<cuda>,$(FLAGS_RAW)),$(FLAGS_RAW))
 $(shell mkdir -p $(BUILD) && { test -f $(FLAGS_STAMP) && test "$$(cat $(FLAGS_STAMP))" = '$(FLAGS_NOW)' || echo '$(FLAGS_NOW)' > $(FLAGS_STAMP); })
 
 $(BUILD)/obj/%.o: %.cc $(HEADERS) $(FLAGS_STAMP)

@@ -60,9 +60,17 @@ def cuda_root():
 
 def make_arguments():
     """The variables `make native` runs with: the build folder, this interpreter (the kernels'
-    build script runs on it), and the CUDA toolkit, or CUDA=0 when asked for."""
-    args = [f"BUILD={os.environ.get('BUILD') or 'build/wheel'}", f"PYTHON={sys.executable}"]
-    if os.environ.get("CUDA", "1") == "0":
+    build script runs on it), the CUDA toolkit (or CUDA=0 when asked for), and the knobs the
+    package's layout depends on, fixed (the environment's NCCL_INCLUDE or SANITIZE would build
+    another header or an instrumented library)."""
+    build = os.environ.get("BUILD") or "build/wheel"
+    args = [f"BUILD={build}", f"PYTHON={sys.executable}", f"NCCL_INCLUDE={build}/include/nccl",
+            "SANITIZE="]
+    cuda = os.environ.get("CUDA", "1")
+    if cuda not in ("0", "1"):
+        raise SystemExit(f"qnccl: CUDA={cuda!r}: must be 1 (the default: with the CUDA kernels) "
+                         "or 0 (a host-only library)")
+    if cuda == "0":
         return args + ["CUDA=0"]
     root = cuda_root()
     if root is None:
@@ -73,7 +81,7 @@ def make_arguments():
             "--no-build-isolation install them first (pip install $(bash scripts/setup.sh "
             "--cuda-pins)) or set CUDA_ROOT to their site-packages/nvidia folder; or build "
             "a host-only library on purpose: CUDA=0 pip install .")
-    return args + [f"CUDA_ROOT={root}"]
+    return args + ["CUDA=1", f"CUDA_ROOT={root}"]
 
 
 PKG_CONFIG = """\
@@ -103,6 +111,10 @@ class BuildWithNative(build_py):
     """build_py, then `make native` and its outputs copied into the package."""
 
     def run(self):
+        if not getattr(self, "editable_mode", False):
+            # setuptools keeps its build folder between builds, and a wheel takes all of it:
+            # a module since moved or removed would ship again
+            shutil.rmtree(Path(self.build_lib) / "qnccl", ignore_errors=True)
         super().run()
         if getattr(self, "editable_mode", False):
             return  # the tree's build/ serves an editable install

@@ -247,8 +247,8 @@ def _cuda_toolkit():
         return (f"NVRTC {importlib.metadata.version('nvidia-cuda-nvrtc-cu12')}, runtime "
                 f"{importlib.metadata.version('nvidia-cuda-runtime-cu12')} (pip wheels)")
     except importlib.metadata.PackageNotFoundError:
-        return ("not installed: `make` here would build the library without CUDA kernels "
-                "(run `make setup` first)")
+        return ("not installed: `make` here stops before the CUDA kernels (run `make setup` "
+                "first, or build without them on purpose: make CUDA=0)")
 
 
 def _loaded_path(name):
@@ -553,7 +553,7 @@ def config_flags():
         "cflags": " ".join(f"-I{d}" for d in _native.include_dirs()),
         "libs": f"-L{host} -Wl,-rpath,{host} -lnccl",
         "qnccl-libs": f"-L{lib} -Wl,-rpath,{lib} -lqnccl",
-        "includedir": _native.include_dirs()[0],
+        "includedir": " ".join(_native.include_dirs()),
         "libdir": str(host),
         "preload": str(libqnccl_path()),
         "pkg-config-path": str(_native.PACKAGED / "lib" / "pkgconfig"),
@@ -712,7 +712,7 @@ def build_parser():
     for name, what in (("cflags", "-I flags for nccl.h and qnccl.h"),
                        ("libs", "link flags for the host backend's libnccl.so (-lnccl)"),
                        ("qnccl-libs", "link flags for libqnccl.so (qnccl.h's own API)"),
-                       ("includedir", "the folder of the headers"),
+                       ("includedir", "the folder of the headers (a source tree: two)"),
                        ("libdir", "the folder of the host backend's libnccl.so"),
                        ("preload", "the libqnccl.so `qnccl run` preloads"),
                        ("pkg-config-path", "the folder of qnccl.pc (PKG_CONFIG_PATH), in an "

@@ -2,6 +2,7 @@
 MPI jobs inside perf/netlab, and the table, report.json and plot checked
 against what the jobs measured and against docs/allreduce.md's byte counts.
 Bad options fail before any job starts."""
+import io
 import json
 import os
 import re
@@ -270,11 +271,12 @@ def test_shared_memory_section(tmp_path):
         assert netlab == ["--nodes", "1", "--rate", "none"], config["command"]
         mpirun = config["command"][config["command"].index("--") + 1:]
         assert mpirun[1:3] == ["--bind-to", "core:overload-allowed"], config["command"]
-        assert config["perf"]["options"]["iters"] == 21  # bench_configs.SHM_MIN_ITERS over --iters 2
+        assert config["perf"]["options"]["iters"] == 21  # SHM_MIN_ITERS over --iters 2
         for size, busbw in config["busbw_gbps"].items():
             assert config["speedup"][size] == pytest.approx(busbw / base["busbw_gbps"][size])
         interleaved = config["name"] == "shm qnccl 4b B128 auto"
-        assert config["perf"]["options"]["interleave"] == (bench_configs.SHM_ROUNDS if interleaved else 0)
+        rounds = bench_configs.SHM_ROUNDS if interleaved else 0
+        assert config["perf"]["options"]["interleave"] == rounds
         assert bool(config["vs_plain"]) == interleaved, config["vs_plain"]
         if interleaved:
             assert config["vs_plain"] == {str(r["size"]): r["vs_plain"]
@@ -567,14 +569,14 @@ def test_summary_markdown_and_headline():
 
 def run_main(monkeypatch, tmp_path, extra, stream, fail_name=None):
     """bench.main with jobs that do not run: run_config returns fake_record's rows, announcing
-    each size as a job's row would."""
+    each size as a job's row would (fail_name: the configuration that fails; "*": every one)."""
     args = bench_args("--out", str(tmp_path), *extra)
     count = iter(range(1, 10_000))
 
     def fake_run(config, args, out_dir, on_size=lambda text: None):
         for size in bench_estimate.sweep(args):
             on_size(f"{bench_configs.mib(size)}: 1.0 ms a call, error 1e-02")
-        return fake_record(config, args, next(count), fail=config.name == fail_name)
+        return fake_record(config, args, next(count), fail=fail_name in ("*", config.name))
 
     monkeypatch.setattr(bench, "run_config", fake_run)
     monkeypatch.setattr(bench, "missing_parts", lambda args: [])
@@ -594,11 +596,37 @@ QUICK = ("--sizes", "1M:4M", "--bits", "4", "--buckets", "128", "--algos", "ring
          "--dtypes", "float32,bfloat16")
 
 
+def test_every_job_failing_still_writes_the_outputs(monkeypatch, tmp_path):
+    """A run whose every job fails ends with exit 1 and the failures named, not a traceback:
+    report.json, summary.md (no headline: nothing measured) and busbw.png are written."""
+    status, output, configs = run_main(monkeypatch, tmp_path, QUICK, io.StringIO(), "*")
+    assert status == 1
+    assert "Traceback" not in output
+    for name in ("report.json", "summary.md", "busbw.png"):
+        assert (tmp_path / name).is_file(), name
+    assert len(json.loads((tmp_path / "report.json").read_text())["sections"]) == 2  # the rates
+
+
+def test_a_missing_matplotlib_stops_before_the_jobs(monkeypatch, tmp_path, capsys):
+    """Without matplotlib (a package installed without its bench extra) the command says what to
+    install and exits 1 before running a job, not after an hour of them."""
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "matplotlib" else find_spec(name, *a))
+    ran = []
+    monkeypatch.setattr(bench, "run_config", lambda *a, **k: ran.append(a))
+    monkeypatch.setattr(bench, "missing_parts", lambda args: [])
+    assert bench.main(bench_args("--out", str(tmp_path), *QUICK)) == 1
+    assert ran == []
+    assert "pip install 'qnccl[bench]'" in capsys.readouterr().err
+
+
 def test_console_not_a_terminal(monkeypatch, tmp_path):
     """Not on a terminal: exactly one line per configuration, when it ends ('[ i/N] name  its
     busbw at the largest size (speedup), wall time, about X left'), a failure's message on a
     line of its own, no line per size; the tables fit 120 columns; summary.md is written."""
-    import io
 
     status, output, configs = run_main(monkeypatch, tmp_path, QUICK, io.StringIO(),
                                        fail_name="qnccl 4b B128 sra")
@@ -630,7 +658,6 @@ def test_console_on_a_terminal(monkeypatch, tmp_path):
     """On a terminal: each configuration's line rewritten in place as its sizes come (carriage
     return, clear the line), then left as one line with its result; --wide prints the full
     tables."""
-    import io
 
     class Terminal(io.StringIO):
         def isatty(self):
@@ -652,7 +679,7 @@ def test_console_on_a_terminal(monkeypatch, tmp_path):
 
 def replay(run):
     """(estimated, actual) seconds left at each step of a recorded run after its first
-    configuration: bench_estimate.seconds_left from the finished ones' wall times against what the rest
+    configuration: estimate.seconds_left from the finished ones' wall times against what the rest
     took."""
     import types
 
@@ -696,16 +723,15 @@ def test_time_estimate_model():
     assert bench_estimate.predict_wall(bench_configs.Config("u", "nccl", rate="10gbit"), args) < \
         bench_estimate.predict_wall(base, args) / 5
     more = bench_args("--sizes", "32M:64M")
-    assert bench_estimate.predict_wall(base, more) == pytest.approx(1.5 * bench_estimate.predict_wall(base, args),
-                                                           rel=0.05)
+    predict = bench_estimate.predict_wall
+    assert predict(base, more) == pytest.approx(1.5 * predict(base, args), rel=0.05)
     auto = bench_configs.Config("q", "qnccl", 4, 128, "auto", rate="1gbit")
     torch = [bench_configs.Config("t", "torch-gloo", rate=rate) for rate in ("1gbit", "10gbit")]
     assert bench_estimate.seconds_left([], torch[1:], args) > 10
     skipped = {**fake_record(torch[0], args, 1), "status": "skipped", "wall_s": 2.0}
     assert bench_estimate.seconds_left([skipped], torch[1:], args) == 2.0  # torch is missing
     # five trials of the exact call (3.2 s) in place of five quantized ones (0.46 s)
-    assert bench_estimate.predict_wall(auto, args) - bench_estimate.predict_wall(four, args) == pytest.approx(
-        5 * (3.22 - 0.46), rel=0.05)
+    assert predict(auto, args) - predict(four, args) == pytest.approx(5 * (3.22 - 0.46), rel=0.05)
 
 
 def test_bench_docs_script(tmp_path):

@@ -121,6 +121,58 @@ def test_the_wheel_carries_the_compiled_parts(wheel):
         archive.read("qnccl/_native/host/libnccl.so.2")
 
 
+def test_the_wheel_carries_the_trees_modules_and_no_others(wheel):
+    """Its Python modules are the tree's, exactly: none left over from an earlier build (a
+    module since moved, like the old qnccl/bench.py) and none missing."""
+    tree = subprocess.run(["git", "ls-files", "qnccl"], cwd=REPO, capture_output=True,
+                          text=True, check=True).stdout.split()
+    want = {name for name in tree if name.endswith(".py")}
+    got = {n for n in zipfile.ZipFile(wheel).namelist()
+           if n.startswith("qnccl/") and n.endswith(".py") and not n.startswith("qnccl/_native/")}
+    assert got == want, f"only in the wheel: {sorted(got - want)}; missing: {sorted(want - got)}"
+
+
+def test_the_build_backend_serves_every_pep517_and_pep660_hook():
+    """scripts/build_backend.py wraps setuptools' backend: a regular build, an sdist and an
+    editable install (make setup's pip install -e .) each find their hooks."""
+    code = ("import build_backend as b\n"
+            "hooks = ['build_wheel', 'build_sdist', 'get_requires_for_build_wheel',\n"
+            "         'get_requires_for_build_sdist', 'prepare_metadata_for_build_wheel',\n"
+            "         'build_editable', 'get_requires_for_build_editable',\n"
+            "         'prepare_metadata_for_build_editable']\n"
+            "print(*[h for h in hooks if not callable(getattr(b, h, None))])\n")
+    missing = subprocess.run([sys.executable, "-c", code], cwd=REPO / "scripts",
+                             capture_output=True, text=True, check=True).stdout.split()
+    assert missing == []
+
+
+def test_a_build_without_the_cuda_toolkit_stops_and_says_how(tmp_path):
+    """make: a library asked for with kernels (CUDA=1, the default) and no toolkit stops
+    before compiling anything, naming the ways out; CUDA=0 builds on purpose without."""
+    target = f"{tmp_path}/lib/libqnccl.so"
+    stopped = subprocess.run(["make", "-n", f"BUILD={tmp_path}", "CUDA_ROOT=", target],
+                             cwd=REPO, capture_output=True, text=True)
+    assert stopped.returncode != 0
+    assert "no CUDA 12 toolkit" in stopped.stderr and "make setup" in stopped.stderr
+    assert "CUDA=0" in stopped.stderr
+    planned = subprocess.run(["make", "-n", f"BUILD={tmp_path}", "CUDA=0", target], cwd=REPO,
+                             capture_output=True, text=True)
+    assert planned.returncode == 0, planned.stderr
+    assert "QNCCL_WITH_CUDA" not in planned.stdout
+
+
+def test_a_wheel_build_refuses_an_unknown_cuda_setting(tmp_path):
+    """CUDA is 1 or 0: any other value stops the wheel's build, saying so, rather than
+    building one or the other silently."""
+    made = subprocess.run([sys.executable, "-m", "pip", "wheel", str(REPO), "--no-deps",
+                           "--no-build-isolation", "-q", "-w", str(tmp_path)],
+                          env=dict(os.environ, CUDA="yes", BUILD=str(tmp_path / "build")),
+                          capture_output=True, text=True, timeout=600)
+    assert made.returncode != 0
+    assert "CUDA='yes': must be 1" in made.stdout + made.stderr
+    assert not list(tmp_path.glob("*.whl"))
+
+
 def test_the_wheels_binaries_carry_no_debug_sections(wheel, tmp_path):
     """Its ELF files are stripped of -g's debug sections (two thirds of the library's size) and
     keep their symbols; the library keeps its CUDA images. Size: the parts' sum, no more."""
@@ -212,7 +264,8 @@ def test_bench_runs_from_the_package_and_writes_under_the_current_folder(venv, t
     package's perf binaries and netlab, and writes its results under the current folder."""
     result = outside(venv, tmp_path, "qnccl", "bench", "--sizes", "1M:1M", "--rates", "1gbit",
                      "--bits", "4", "--buckets", "128", "--algos", "sra", "--dtypes",
-                     "float32", "--baselines", "mpi", "--rotated-rows", "off", "--nodes-section", "off",
+                     "float32", "--baselines", "mpi", "--rotated-rows", "off",
+                     "--nodes-section", "off",
                      "--collectives-section", "off", "--shm-section", "off", timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     out = tmp_path / "qnccl-bench"

@@ -434,6 +434,38 @@ def test_a_group_without_nccl_has_no_communicator_to_set():
     assert "ERROR" in out.stdout and "has no NCCL backend" in out.stdout, out.stdout
 
 
+def readme_script():
+    """The README's DDP hook script: the python block of its "PyTorch DDP hook" section."""
+    text = (REPO / "README.md").read_text()
+    section = text[text.index("## PyTorch DDP hook"):]
+    return section[section.index("```python\n") + 10:section.index("\n```\n")] + "\n"
+
+
+def test_the_readmes_ddp_script_trains_and_resumes(tmp_path):
+    """The README's complete DDP script, as a user runs it (torchrun, 2 processes, gloo on
+    CPUs): the first run trains 100 steps and saves its checkpoints, the second resumes from
+    them and ends at step 200."""
+    (tmp_path / "train.py").write_text(readme_script())
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    outputs = []
+    for _ in range(2):
+        run = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                "--nproc-per-node", "2", "train.py"], cwd=tmp_path, env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               start_new_session=True)
+        try:
+            out, _ = run.communicate(timeout=300)
+        except subprocess.TimeoutExpired:
+            os.killpg(run.pid, 9)
+            pytest.fail(f"the README's script ran past 300 s: {run.communicate()[0][-3000:]}")
+        assert run.returncode == 0, out[-4000:]
+        outputs.append(out)
+    assert "step 100: loss" in outputs[0], outputs[0][-2000:]
+    assert "step 200: loss" in outputs[1], outputs[1][-2000:]
+    assert sorted(p.name for p in tmp_path.glob("checkpoint.rank*.pt")) == \
+        ["checkpoint.rank0.pt", "checkpoint.rank1.pt"]
+
+
 # ---- checkpoints -------------------------------------------------------------------------
 
 @pytest.mark.parametrize("path", ["torch", "engine"])

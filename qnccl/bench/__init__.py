@@ -17,6 +17,7 @@ report.json, summary.md (the tables as markdown, and the headline) and busbw.png
     (here)     the command: the sections in order, progress, the outputs
 """
 import datetime
+import importlib.util
 import json
 import os
 import platform
@@ -29,13 +30,14 @@ import time
 
 
 from .. import _native
-from .configs import (COLLECTIVE_TOOLS, NODE_RANKS, NODES, SHM_ROUNDS, collective_configurations,
-                      configurations, mib, node_configurations, shm_configurations, timed_calls, tool)
+from .configs import (COLLECTIVE_TOOLS, NODE_RANKS, NODES, SHM_ROUNDS,
+                      collective_configurations, configurations, mib, node_configurations,
+                      shm_configurations, timed_calls, tool)
 from .estimate import minutes, seconds_left, time_left
 from .jobs import NETLAB, flat, probe_link, run_config
 from .plots import plot
-from .report import (TABLE_WIDTH, busbw_by_size, compact_table, format_table, render_text, summarize,
-                     summary_markdown)
+from .report import (TABLE_WIDTH, busbw_by_size, compact_table, format_table, render_text,
+                     summarize, summary_markdown)
 
 class Progress:
     """The console's progress. On a terminal: a configuration's line is rewritten as its sizes
@@ -99,7 +101,12 @@ def main(args):
               file=sys.stderr)
         return 1
     if shutil.which("mpirun") is None:
-        print("qnccl bench: mpirun not found: run `make setup` (installs Open MPI)", file=sys.stderr)
+        print("qnccl bench: mpirun not found: run `make setup` (installs Open MPI)",
+              file=sys.stderr)
+        return 1
+    if importlib.util.find_spec("matplotlib") is None:  # before the jobs, not after them
+        print("qnccl bench: busbw.png needs matplotlib, which is not installed: pip install "
+              "'qnccl[bench]' (or matplotlib)", file=sys.stderr)
         return 1
     out_dir = args.out
     for sub in ("runs", "logs"):

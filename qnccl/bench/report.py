@@ -260,9 +260,10 @@ def headline(report):
     flat rows' lines (the hierarchical rows have their own). (caption, Table), or None
     without a flat section."""
     sections = [s for s in report.get("sections", []) if s.get("configurations")]
-    if not sections:
+    sized = [s for s in sections if s.get("sizes")]  # (a section whose every job failed: none)
+    if not sized:
         return None
-    size = max(sections[0]["sizes"])
+    size = max(sized[0]["sizes"])
     columns = [(link_label(s["link"]), s["configurations"]) for s in sections]
     two_nodes = report.get("two_nodes")
     if two_nodes and two_nodes.get("configurations"):
