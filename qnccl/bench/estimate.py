@@ -3,11 +3,12 @@
 Each configuration's wall time is predicted from what it does (predict_wall: its sizes, the
 calls per size, the bytes each call puts on the link at its rate, the codec's work, the job's
 start), then scaled by how the finished ones compared with their predictions (seconds_left).
-The constants were fitted to 64 MiB runs on the 2-core VM of the README's measurements
-(tests/bench_walls.json holds three: every job's configuration and wall time; the test
-replays them, worst error 14% after the first job). Another CPU mostly moves the compute
-terms, which the calibration picks up from the first jobs of each kind; the shared-memory,
-torch and collectives terms, which no recorded run has, are estimates.
+The constants were fitted to 64 MiB runs on a 2-core VM, the shared-memory section's to the
+first full `make bench` (tests/bench_walls.json holds these and smaller sweeps: every job's
+configuration and wall time; the test replays them). Replayed, the estimate is within 8% of
+what was left at every step from the first job on (the small sweeps' one-second jobs: 24%, or
+half a second). Another CPU mostly moves the compute terms, which the calibration picks up from
+the first jobs of each kind.
 """
 import dataclasses
 
@@ -26,9 +27,11 @@ PLAIN_NS_PER_VALUE = 6.0   # uncompressed: the sums and TCP's copies
 CODEC_NS_PER_VALUE = 2.5   # quantized ring: encode, decode-accumulate
 CODEC_ALGO_FACTOR = {"sra": 1.27, "tree": 1.1}
 ROTATION_NS_PER_VALUE = 1.6  # the rotated rows' Hadamard transforms
-SHM_PLAIN_NS_PER_VALUE = 6.0   # over shared memory, nothing else bounds the call (README's
-SHM_CODEC_NS_PER_VALUE = 9.0   # busbw of that section)
-TORCH_LINK_EFFICIENCY = 0.85   # gloo reaches this share of the link (README)
+# over shared memory nothing else bounds the call: the plain sum's copies per byte, the codec's
+# work per value (fitted to the first full run's shared-memory section, 2026-11-29)
+SHM_PLAIN_NS_PER_BYTE = 1.5
+SHM_CODEC_NS_PER_VALUE = 4.0
+TORCH_LINK_EFFICIENCY = 0.85   # gloo reaches this share of the link (docs/benchmark.md)
 # Two nodes: the share of N x wire bytes that crosses a node's uplink per algorithm (ring: the
 # two crossing hops; SRA: 2 of 3 peers; hier: its shard, a third of SRA's wire, all of it
 # crossing), and what the uplinks reach of their rate.
@@ -70,7 +73,7 @@ def call_seconds(config, args, size, algo=None, compute=True):
     if not compute:
         return link
     if config.shared_memory:
-        ns = SHM_CODEC_NS_PER_VALUE if quantized else SHM_PLAIN_NS_PER_VALUE
+        ns = SHM_CODEC_NS_PER_VALUE if quantized else SHM_PLAIN_NS_PER_BYTE * width
     elif quantized:
         ns = (CODEC_NS_PER_VALUE * CODEC_ALGO_FACTOR.get(algo, 1.0)
               + (ROTATION_NS_PER_VALUE if config.rotation_block else 0.0))
