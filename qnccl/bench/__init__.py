@@ -33,8 +33,8 @@ from .. import _native
 from .configs import (COLLECTIVE_TOOLS, NODE_RANKS, NODES, SHM_ROUNDS,
                       collective_configurations, configurations, mib, node_configurations,
                       shm_configurations, timed_calls, tool)
-from .estimate import minutes, seconds_left, time_left
-from .jobs import NETLAB, flat, probe_link, run_config
+from .estimate import minutes, run_start, seconds_left, time_left
+from .jobs import NETLAB, flat, job_environment, probe_link, run_config
 from .plots import plot
 from .report import (TABLE_WIDTH, busbw_by_size, compact_table, format_table, render_text,
                      summarize, summary_markdown)
@@ -85,6 +85,15 @@ def result_words(record, done):
     return words + f", {record['wall_s']:.1f} s"
 
 
+def time_qnccl_run():
+    """Seconds one `python -m qnccl run -- true` takes here (the time estimate's start of a
+    quantized job, estimate.run_start)."""
+    start = time.monotonic()
+    subprocess.run([sys.executable, "-m", "qnccl", "run", "--", "true"], env=job_environment(),
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=120)
+    return time.monotonic() - start
+
+
 def missing_parts(args):
     needed = [tool(name) for name in COLLECTIVE_TOOLS.values()]
     needed += [_native.path("lib/libqnccl.so"), _native.path("host/libnccl.so.2"), NETLAB]
@@ -133,6 +142,8 @@ def main(args):
                    if "on" in args.collectives_section else [])
     shm = shm_configurations(args) if "on" in args.shm_section else []
     configs = [c for _, section in sections for c in section] + nodes + collectives + shm
+    args.qnccl_run_start_s = round(run_start(time_qnccl_run(), args.ranks, os.cpu_count() or 1),
+                                   3)
     log(textwrap.fill(
         f"qnccl bench: {len(configs)} configurations, {args.ranks} ranks, "
         f"{mib(args.sizes[0])}..{mib(args.sizes[1])}, on "
@@ -257,6 +268,7 @@ def main(args):
                  "platform": platform.platform()},
         "nranks": args.ranks, "datatypes": args.dtypes, "op": "sum",
         "rounding": args.rounding, "iters": args.iters, "warmup": args.warmup,
+        "qnccl_run_start_s": args.qnccl_run_start_s,
         "command": " ".join(sys.argv), "wall_s": round(time.monotonic() - started, 1),
         "sections": report_sections, "two_nodes": two_nodes,
         "collectives": collective_section, "shared_memory": shm_section,

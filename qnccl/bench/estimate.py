@@ -11,6 +11,8 @@ half a second). Another CPU mostly moves the compute terms, which the calibratio
 the first jobs of each kind.
 """
 import dataclasses
+import functools
+import importlib.util
 
 from .configs import SETTLE, Config, rate_bps, timed_calls
 
@@ -18,8 +20,10 @@ from .configs import SETTLE, Config, rate_bps, timed_calls
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 JOB_START_S = 0.3          # perf/netlab's namespace(s), mpirun, MPI_Init, the binary's setup
-QNCCL_RUN_START_S = 0.6    # python -m qnccl run on every rank (4 ranks on 2 cores)
+QNCCL_RUN_START_S = 0.6    # python -m qnccl run on every rank (4 ranks on 2 cores), where
+                           # the run did not time it (args.qnccl_run_start_s: run_start)
 TORCH_START_S = 6.0        # python and `import torch.distributed` on every rank (4 on 2 cores)
+TORCH_SKIP_S = 0.4         # its job without torch: the ranks' python starts, and ends
 SIZE_NS_PER_VALUE = 62.0   # per size: every rank's inputs, the check's exact result of its slice
 TORCH_SIZE_NS_PER_VALUE = 120.0  # the same in numpy (perf/torch_all_reduce_perf.py; a guess)
 # Compute of one call per value reduced, beside the link (4 ranks on 2 cores, flat over TCP):
@@ -82,12 +86,23 @@ def call_seconds(config, args, size, algo=None, compute=True):
     return (link ** 2 + (size / width * ns * 1e-9) ** 2) ** 0.5
 
 
+@functools.lru_cache(maxsize=None)
+def torch_installed():
+    """Whether the torch gloo baseline will run: its script runs on this interpreter, and
+    exits at once without torch (the job is then skipped)."""
+    return importlib.util.find_spec("torch") is not None
+
+
 def predict_wall(config, args):
     """A configuration's predicted wall time in seconds: the job's start, then per size the
     untimed calls (SETTLE; under measured auto first five trials of each candidate), the timed
     ones and the check's call (with --interleave, the plain NCCL's rounds too), and the warm-up
-    calls at the largest and the smallest size (Config.argv, perf/perf.cc)."""
-    total = (JOB_START_S + (QNCCL_RUN_START_S if config.kind == "qnccl" else 0)
+    calls at the largest and the smallest size (Config.argv, perf/perf.cc). The torch gloo
+    baseline without torch: its skip (the interpreter's start)."""
+    if config.kind == "torch-gloo" and not torch_installed():
+        return TORCH_SKIP_S
+    run_start = getattr(args, "qnccl_run_start_s", None) or QNCCL_RUN_START_S
+    total = (JOB_START_S + (run_start if config.kind == "qnccl" else 0)
              + (TORCH_START_S if config.kind == "torch-gloo" else 0))
     iters = timed_calls(args, config.shared_memory)
     per_value = TORCH_SIZE_NS_PER_VALUE if config.kind == "torch-gloo" else SIZE_NS_PER_VALUE
@@ -174,6 +189,14 @@ def seconds_left(done, todo, args):
             scale = ratio(key, scale)
         total += predicted * scale
     return total
+
+
+def run_start(one, ranks, cpus):
+    """What `python -m qnccl run` adds to a quantized job's start: `one` start timed on this
+    machine, times the ranks each core starts (they start together, each a Python
+    interpreter importing the package). The quantized jobs' start depends on the machine's
+    Python more than anything the model holds; a job's size does not tell it."""
+    return one * max(1.0, ranks / max(cpus, 1))
 
 
 def minutes(seconds):
