@@ -677,12 +677,13 @@ def test_console_on_a_terminal(monkeypatch, tmp_path):
     assert report["sections"][0]["table"] in output  # --wide
 
 
-def replay(run):
+def replay(run, monkeypatch):
     """(estimated, actual) seconds left at each step of a recorded run after its first
     configuration: estimate.seconds_left from the finished ones' wall times against what the rest
-    took."""
+    took (with torch importable or not, as where the run was measured)."""
     import types
 
+    monkeypatch.setattr(bench_estimate, "torch_installed", lambda: run.get("torch", True))
     args = types.SimpleNamespace(**run["args"])
     records = run["configurations"]
     configs = [bench_estimate.config_of(r) for r in records]
@@ -690,7 +691,7 @@ def replay(run):
              sum(r["wall_s"] for r in records[i:])) for i in range(1, len(records))]
 
 
-def test_time_estimate_replays_measured_runs():
+def test_time_estimate_replays_measured_runs(monkeypatch):
     """The time left, replayed over measured runs (tests/bench_walls.json: every job's
     configuration and wall time): within 20% of what the rest took at every step from the
     first configuration on. (The small sweeps' jobs take about a second each, mostly their
@@ -698,7 +699,7 @@ def test_time_estimate_replays_measured_runs():
     runs = json.loads((REPO / "tests" / "bench_walls.json").read_text())["runs"]
     assert len(runs) >= 3
     for run in runs:
-        steps = replay(run)
+        steps = replay(run, monkeypatch)
         worst = max(steps, key=lambda step: abs(step[0] / step[1] - 1))
         misses = [(i, f"{est:.1f} s for {actual:.1f} s") for i, (est, actual) in enumerate(steps, 2)
                   if abs(est / actual - 1) > 0.2 and abs(est - actual) > 0.5]
