@@ -654,6 +654,18 @@ def test_console_not_a_terminal(monkeypatch, tmp_path):
     assert f"summary: {tmp_path / 'summary.md'}" in output
 
 
+@pytest.mark.parametrize("width", [40, 79, 200])
+def test_a_progress_line_fits_the_terminal_and_keeps_the_time_left(width):
+    """A rewritten progress line never wraps (a wrapped line is not rewritten, it piles up),
+    and on a narrow terminal the configuration's name gives way before the time left."""
+    text = ("[12/95] qnccl 2b B128 sra rot256 clip at 10gbit  32 MiB: 3.1 ms a call, error "
+            "2e-01, about 37.1 min left")
+    shown = bench.fit(text, width)
+    assert len(shown) <= width
+    assert shown.endswith(", about 37.1 min left")
+    assert shown == text or "..." in shown
+
+
 def test_console_on_a_terminal(monkeypatch, tmp_path):
     """On a terminal: each configuration's line rewritten in place as its sizes come (carriage
     return, clear the line), then left as one line with its result; --wide prints the full
@@ -663,6 +675,7 @@ def test_console_on_a_terminal(monkeypatch, tmp_path):
         def isatty(self):
             return True
 
+    monkeypatch.setenv("COLUMNS", "120")  # the terminal's width (the lines fit it)
     status, output, configs = run_main(monkeypatch, tmp_path, (*QUICK, "--wide"), Terminal())
     assert status == 0
     n = len(configs)

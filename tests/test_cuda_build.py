@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from mpi import BUILD
+from mpi import BUILD, REPO
 from qnccl import _lib, cli
 
 LIBQNCCL = BUILD / "lib" / "libqnccl.so"
@@ -113,7 +113,7 @@ def test_default_build_targets_every_supported_gpu():
     first minor one: a T4 (7.5) runs sm_70's, an sm_86 or sm_89 GPU sm_80's) and PTX of the
     oldest (compute_70), so one library loads on every GPU from V100 on, where PyTorch
     runs (the library test above then checks that a library carries what it says)."""
-    makefile = (cli.REPO / "Makefile").read_text()
+    makefile = (REPO / "Makefile").read_text()
     assert re.search(r"^CUDA_ARCHS \?= (.*)$", makefile, re.M).group(1).split() == DEFAULT_SASS
     assert re.search(r"^CUDA_PTX \?= (.*)$", makefile, re.M).group(1) == \
         "$(firstword $(CUDA_ARCHS))" and DEFAULT_PTX == DEFAULT_SASS[:1]

@@ -39,6 +39,17 @@ from .plots import plot
 from .report import (TABLE_WIDTH, busbw_by_size, compact_table, format_table, render_text,
                      summarize, summary_markdown)
 
+def fit(text, width):
+    """A progress line cut to `width` (a rewritten line must not wrap), the time left kept: the
+    middle gives way."""
+    if len(text) <= width:
+        return text
+    head, sep, tail = text.rpartition(", about ")
+    if sep and len(sep) + len(tail) + 10 <= width:
+        return head[:width - len(sep) - len(tail) - 3] + "..." + sep + tail
+    return text[:width]
+
+
 class Progress:
     """The console's progress. On a terminal: a configuration's line is rewritten as its sizes
     come (carriage return, clear to the end of the line), and ends as one line with its result
@@ -53,7 +64,7 @@ class Progress:
     def update(self, text):
         if self.tty:
             columns = shutil.get_terminal_size((TABLE_WIDTH, 24)).columns
-            self.stream.write("\r\033[K" + text[:max(columns - 1, 20)])
+            self.stream.write("\r\033[K" + fit(text, max(columns - 1, 20)))
             self.stream.flush()
             self.live = True
 
