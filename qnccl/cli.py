@@ -500,6 +500,10 @@ def _name_list(allowed):
     return parse
 
 
+# An on|off switch of qnccl bench (default on): its value is a one-name list, as the others.
+ON_OFF = dict(type=_name_list(("on", "off")), default=["on"], metavar="on|off")
+
+
 def _rate_list(text):
     """Rates for perf/netlab --rate, comma-separated (netlab checks each)."""
     rates = [r.strip() for r in text.split(",")]
@@ -637,26 +641,22 @@ def build_parser():
                             "of --buckets only (default float32,bfloat16)")
     bench.add_argument("--rounding", choices=("stochastic", "nearest"), default="stochastic",
                        help="default stochastic (QNCCL's default)")
-    bench.add_argument("--rotated-rows", type=_name_list(("on", "off")), default=["on"],
-                       metavar="on|off",
+    bench.add_argument("--rotated-rows", **ON_OFF,
                        help="then, in each flat section, the settings that train at fewer bits "
                             "(docs/accuracy.md, \"Fewer bits\"): 3 bits rotated, 2 bits rotated "
                             "and clipped, SRA, blocks of 256, the first of --buckets, float32 "
                             "(default on; off with --quick)")
     bench.add_argument("--baselines", type=_name_list(("mpi", "torch")), default=["mpi", "torch"],
                        help="besides uncompressed all_reduce_perf: mpi, torch (default both)")
-    bench.add_argument("--nodes-section", type=_name_list(("on", "off")), default=["on"],
-                       metavar="on|off",
+    bench.add_argument("--nodes-section", **ON_OFF,
                        help="then 2 emulated nodes x 2 ranks, the first of --rates between "
                             "the nodes: "
                             "uncompressed, MPI_Allreduce, flat ring/SRA and hierarchical at 8 "
                             "and 4 bits, measured auto at 4 (default on)")
-    bench.add_argument("--collectives-section", type=_name_list(("on", "off")), default=["on"],
-                       metavar="on|off",
+    bench.add_argument("--collectives-section", **ON_OFF,
                        help="then, at the first of --rates, reduce-scatter at 4 bits, allgather "
                             "and all-to-all at 8 bits beside each uncompressed (default on)")
-    bench.add_argument("--shm-section", type=_name_list(("on", "off")), default=["on"],
-                       metavar="on|off",
+    bench.add_argument("--shm-section", **ON_OFF,
                        help="then --ranks ranks on one node over shared memory, no rate limit "
                             "(where uncompressed is fastest): per type of --dtypes, uncompressed, "
                             "and 4 bits / bucket 128 with auto and each of --algos (default on)")
